@@ -1,0 +1,1 @@
+"""Timing, sweeps and their command line."""

@@ -1,0 +1,201 @@
+"""The paged indexer K cache in the byte layouts the kernels read.
+
+FP8 (DeepSeek V3.2): each block of `block_size` tokens holds `block_size x D` e4m3
+bytes followed by `block_size` float32 scales, i.e. D + 4 bytes a token, viewed
+`[num_blocks, block_size, 1, D + 4]` uint8. The view's last dim is *not* a token's
+bytes: a token's values and its scale sit in two regions of the block.
+
+MXFP4 (DeepSeek V4): each block holds `block_size x D/2` bytes of packed e2m1 pairs
+(low nibble = even element) followed by `block_size x D/32` ue8m0 scale bytes (one
+per 32 values): D/2 + D/32 bytes a token (68 at D = 128).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dsa_lab.errors import check_choice, check_tensor
+
+FP8_MAX = 448.0
+FP8_MIN_AMAX = 1e-4
+MX_GROUP = 32
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def bytes_per_token(head_dim: int, cache_dtype: str) -> int:
+    """Bytes one cached token occupies (values + its share of the scales)."""
+    check_choice("cache_dtype", cache_dtype, ("fp8", "mxfp4"))
+    if cache_dtype == "fp8":
+        return head_dim + 4
+    return head_dim // 2 + head_dim // MX_GROUP
+
+
+@dataclass(frozen=True)
+class PagedCache:
+    """A paged K cache plus the block table that maps each request's logical blocks."""
+
+    data: torch.Tensor  # uint8 [num_blocks, block_size, 1, bytes_per_token]
+    block_table: torch.Tensor  # int32 [B, max_blocks]; unused slots hold valid ids too
+    head_dim: int
+    cache_dtype: str
+
+    @property
+    def block_size(self) -> int:
+        return self.data.shape[1]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.data.shape[0]
+
+
+def quantize_fp8(k: torch.Tensor, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token e4m3 quantisation: scale = max(amax, 1e-4) / 448, optionally rounded up to 2^n."""
+    check_tensor("k", k, ndim=2)
+    kf = k.float()
+    scale = kf.abs().amax(dim=-1).clamp(min=FP8_MIN_AMAX) / FP8_MAX
+    if ue8m0:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    values = (kf / scale[:, None]).to(torch.float8_e4m3fn)
+    return values, scale
+
+
+def _e2m1_codes(x: torch.Tensor) -> torch.Tensor:
+    """Round to the nearest e2m1 value (ties to the even code) and return 4-bit codes."""
+    grid = torch.tensor(E2M1_VALUES, device=x.device)
+    mag = x.abs().clamp(max=6.0)
+    dist = (mag[..., None] - grid).abs()
+    # argmin returns the first minimum; for ties prefer the even code (mantissa 0).
+    codes = torch.argmin(dist * 2 + (torch.arange(8, device=x.device) % 2) * 1e-6, dim=-1)
+    sign = ((x < 0) & (codes > 0)).to(torch.uint8) << 3
+    return codes.to(torch.uint8) | sign
+
+
+def quantize_mxfp4(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4: per 32 values a ue8m0 scale 2^ceil(log2(amax/6)); values as packed e2m1 pairs."""
+    check_tensor("k", k, ndim=2)
+    tokens, dim = k.shape
+    if dim % MX_GROUP:
+        raise ValueError(f"k: head_dim {dim} must be a multiple of {MX_GROUP} for mxfp4")
+    groups = k.float().reshape(tokens, dim // MX_GROUP, MX_GROUP)
+    amax = groups.abs().amax(dim=-1).clamp(min=2.0**-126)
+    exponent = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+    codes = _e2m1_codes(groups / torch.exp2(exponent)[..., None]).reshape(tokens, dim)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return packed, (exponent + 127).to(torch.uint8)
+
+
+def dequantize_mxfp4(packed: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
+    """Inverse of `quantize_mxfp4`: float32 [tokens, D]."""
+    grid = torch.tensor(E2M1_VALUES, device=packed.device)
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+    values = grid[(codes & 7).long()] * torch.where(codes >= 8, -1.0, 1.0)
+    scale = torch.exp2(scale_bytes.float() - 127).repeat_interleave(MX_GROUP, dim=-1)
+    return values * scale
+
+
+def _token_regions(cache_dtype: str, head_dim: int, block_size: int) -> tuple[int, int]:
+    """Byte sizes (values region, scales region) of one block."""
+    if cache_dtype == "fp8":
+        return block_size * head_dim, block_size * 4
+    return block_size * head_dim // 2, block_size * head_dim // MX_GROUP
+
+
+def build_paged_cache(
+    keys: list[torch.Tensor],
+    block_size: int = 64,
+    cache_dtype: str = "fp8",
+    ue8m0: bool = False,
+    spare_blocks: int = 1,
+    seed: int = 0,
+) -> PagedCache:
+    """Quantise each request's K `[L_b, D]` into a randomly permuted paged cache.
+
+    Physical block ids are a random permutation so that no kernel can pass by reading
+    blocks contiguously; `spare_blocks` extra blocks hold random bytes nobody owns.
+    """
+    check_choice("cache_dtype", cache_dtype, ("fp8", "mxfp4"))
+    if not keys:
+        raise ValueError("keys: need one K tensor per request, got none")
+    head_dim = keys[0].shape[-1]
+    device = keys[0].device
+    per_request = [max(1, -(-k.shape[0] // block_size)) for k in keys]
+    num_blocks = sum(per_request) + spare_blocks
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(num_blocks, generator=gen)
+    value_bytes, scale_bytes = _token_regions(cache_dtype, head_dim, block_size)
+    flat = torch.randint(0, 256, (num_blocks, value_bytes + scale_bytes), generator=gen, dtype=torch.uint8)
+    if cache_dtype == "fp8":  # stale scales must still be finite floats
+        flat[:, value_bytes:].view(torch.float32)[:] = torch.rand(num_blocks, block_size, generator=gen)
+    flat = flat.to(device)
+    table = torch.empty(len(keys), max(per_request), dtype=torch.int32)
+    cursor = 0
+    for b, k in enumerate(keys):
+        check_tensor(f"keys[{b}]", k, ndim=2, shape=(None, head_dim))
+        ids = perm[cursor : cursor + per_request[b]]
+        cursor += per_request[b]
+        table[b, : len(ids)] = ids.to(torch.int32)
+        table[b, len(ids) :] = ids[0].item()  # valid but unused ids
+        _write_request(flat, ids.to(device), k, cache_dtype, block_size, value_bytes, ue8m0)
+    data = flat.view(num_blocks, block_size, 1, -1)
+    return PagedCache(data, table.to(device), head_dim, cache_dtype)
+
+
+def _write_request(
+    flat: torch.Tensor,
+    ids: torch.Tensor,
+    k: torch.Tensor,
+    cache_dtype: str,
+    block_size: int,
+    value_bytes: int,
+    ue8m0: bool,
+) -> None:
+    tokens, dim = k.shape
+    if tokens == 0:
+        return
+    if cache_dtype == "fp8":
+        values, scale = quantize_fp8(k, ue8m0)
+        value_rows, scale_rows = values.view(torch.uint8), scale.view(torch.uint8).reshape(tokens, 4)
+    else:
+        value_rows, scale_rows = quantize_mxfp4(k)
+    width_v, width_s = value_rows.shape[1], scale_rows.shape[1]
+    for i, block in enumerate(ids.tolist()):
+        lo, hi = i * block_size, min((i + 1) * block_size, tokens)
+        n = hi - lo
+        flat[block, : n * width_v] = value_rows[lo:hi].reshape(-1)
+        flat[block, value_bytes : value_bytes + n * width_s] = scale_rows[lo:hi].reshape(-1)
+
+
+def split_block(cache: PagedCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of the (values, scales) regions: fp8 -> (e4m3 [nb, bs, D], f32 [nb, bs])."""
+    nb, bs = cache.num_blocks, cache.block_size
+    flat = cache.data.view(nb, -1)
+    value_bytes, _ = _token_regions(cache.cache_dtype, cache.head_dim, bs)
+    values, scales = flat[:, :value_bytes], flat[:, value_bytes:]
+    if cache.cache_dtype == "fp8":
+        return (
+            values.view(torch.float8_e4m3fn).view(nb, bs, cache.head_dim),
+            scales.contiguous().view(torch.float32).view(nb, bs),
+        )
+    return values.view(nb, bs, cache.head_dim // 2), scales.view(nb, bs, cache.head_dim // MX_GROUP)
+
+
+def dequantize_blocks(cache: PagedCache, block_ids: torch.Tensor) -> torch.Tensor:
+    """K in float32 `[len(block_ids) * block_size, D]` for the given physical blocks."""
+    values, scales = split_block(cache)
+    v, s = values[block_ids.long()], scales[block_ids.long()]
+    if cache.cache_dtype == "fp8":
+        return (v.float() * s[..., None]).reshape(-1, cache.head_dim)
+    return dequantize_mxfp4(v.reshape(-1, v.shape[-1]), s.reshape(-1, s.shape[-1]))
+
+
+def gather_request_keys(cache: PagedCache, request: int, length: int) -> torch.Tensor:
+    """The dequantised K of one request's first `length` tokens (float32 `[length, D]`)."""
+    blocks = -(-length // cache.block_size)
+    if blocks > cache.block_table.shape[1]:
+        raise ValueError(
+            f"length={length} needs {blocks} blocks; the block table holds "
+            f"{cache.block_table.shape[1]}"
+        )
+    return dequantize_blocks(cache, cache.block_table[request, :blocks])[:length]

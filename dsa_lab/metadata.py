@@ -1,0 +1,208 @@
+"""Decode metadata: how a step's query tokens become rows of paged-MQA-logits launches.
+
+Three strategies, one result type:
+- native: one launch, q `[B, n]` with 2-D context lens (n = max decode len);
+- flatten: one launch of `num_decode_tokens` single-row pseudo-requests, each with a
+  copy of its request's block-table row (vLLM 0.33's `_prepare_decode_tensors`);
+- atom: several native launches over pieces of the n rows (e.g. 8 = 4+4, 3 = padded 4),
+  so a kernel that is native only for some n still reads each KV tile once per piece.
+
+Ragged requests (decode_len < n) are right-aligned in native/atom rows, so row j of a
+request keeps the context `L - n + 1 + j` that vLLM gives it and every real token sees
+exactly its own causal context. (vLLM packs such requests left-aligned with
+`pack_seq_triton`, which under-counts their context; see docs/ARCHITECTURE.md.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dsa_lab.errors import check_choice
+from dsa_lab.workload import DecodeBatch
+
+STRATEGIES = ("native", "flatten", "atom")
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    """The metadata of one paged-MQA-logits launch."""
+
+    token_rows: torch.Tensor  # int64 [B', n']: query token of each kernel row, -1 = filler
+    context_lens: torch.Tensor  # int32 [B', n']
+    block_table: torch.Tensor  # int32 [B', max_blocks]
+
+    @property
+    def batch_size(self) -> int:
+        return self.token_rows.shape[0]
+
+    @property
+    def next_n(self) -> int:
+        return self.token_rows.shape[1]
+
+
+@dataclass(frozen=True)
+class DecodeMetadata:
+    """Every launch of one decode step, and how their rows map back to query tokens."""
+
+    strategy: str
+    launches: tuple[KernelLaunch, ...]
+    num_tokens: int
+    max_context_len: int
+
+    @property
+    def kernel_rows(self) -> int:
+        """Query rows the kernels compute, fillers included (each reads its KV range)."""
+        return sum(launch.token_rows.numel() for launch in self.launches)
+
+    def token_context_lens(self) -> torch.Tensor:
+        """Context length of every query token as the kernels see it (0 if no row holds it)."""
+        out = torch.zeros(self.num_tokens, dtype=torch.int32, device=self.launches[0].context_lens.device)
+        for launch in self.launches:
+            rows = launch.token_rows.reshape(-1)
+            real = rows >= 0
+            out[rows[real]] = launch.context_lens.reshape(-1)[real]
+        return out
+
+
+def _request_tensors(batch: DecodeBatch, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    device = block_table.device
+    seq = torch.tensor(batch.seq_lens, dtype=torch.int32, device=device)
+    dec = torch.tensor(batch.decode_lens, dtype=torch.int32, device=device)
+    start = torch.cumsum(dec, 0) - dec
+    return seq, dec, start
+
+
+def _check_table(batch: DecodeBatch, block_table: torch.Tensor) -> None:
+    if block_table.dtype != torch.int32 or block_table.dim() != 2:
+        raise ValueError(f"block_table: expected int32 [B, max_blocks], got {block_table.dtype} {tuple(block_table.shape)}")
+    if block_table.shape[0] != batch.batch_size:
+        raise ValueError(f"block_table: {block_table.shape[0]} rows for batch_size={batch.batch_size}")
+    need = -(-batch.max_seq_len // batch.block_size)
+    if block_table.shape[1] < need:
+        raise ValueError(
+            f"block_table: {block_table.shape[1]} blocks per request cannot hold "
+            f"seq_len={batch.max_seq_len} (needs {need} of {batch.block_size} tokens)"
+        )
+
+
+def _native_rows(batch: DecodeBatch, block_table: torch.Tensor, offset: int, width: int) -> KernelLaunch:
+    """Native rows [offset, offset + width) of the right-aligned `[B, n]` layout."""
+    seq, dec, start = _request_tensors(batch, block_table)
+    n = batch.max_decode_len
+    j = torch.arange(offset, offset + width, device=block_table.device, dtype=torch.int32)
+    context = (seq[:, None] - n + 1 + j[None, :]).clamp(min=0)
+    first_real = n - dec  # right alignment: rows before it are fillers
+    real = (j[None, :] >= first_real[:, None]) & (j[None, :] < n)
+    token = start[:, None] + j[None, :] - first_real[:, None]
+    token_rows = torch.where(real, token, torch.full_like(token, -1)).long()
+    return KernelLaunch(token_rows, context.to(torch.int32).contiguous(), block_table)
+
+
+def build_native_metadata(batch: DecodeBatch, block_table: torch.Tensor) -> DecodeMetadata:
+    """One launch with q `[B, max_decode_len]` and context `L - n + 1 + j`, clamped at 0."""
+    _check_table(batch, block_table)
+    launch = _native_rows(batch, block_table, 0, batch.max_decode_len)
+    return DecodeMetadata("native", (launch,), batch.num_decode_tokens, batch.max_seq_len)
+
+
+def build_flatten_metadata(batch: DecodeBatch, block_table: torch.Tensor) -> DecodeMetadata:
+    """`num_decode_tokens` single-row pseudo-requests, each re-reading its request's blocks.
+
+    Token t of request b sees `L_b - d_b + 1 + i`; surplus (CUDA-graph padding) tokens
+    get context 0 and an all-zero block-table row.
+    """
+    _check_table(batch, block_table)
+    seq, dec, _ = _request_tensors(batch, block_table)
+    real = batch.num_real_tokens
+    total = batch.num_decode_tokens
+    owner = torch.repeat_interleave(torch.arange(batch.batch_size, device=block_table.device), dec.long())
+    within = torch.arange(real, device=block_table.device) - (torch.cumsum(dec, 0) - dec).long()[owner]
+    context = torch.zeros(total, 1, dtype=torch.int32, device=block_table.device)
+    context[:real, 0] = (seq[owner] - dec[owner] + 1 + within).clamp(min=0).to(torch.int32)
+    table = torch.zeros(total, block_table.shape[1], dtype=torch.int32, device=block_table.device)
+    table[:real] = block_table[owner]
+    rows = torch.arange(total, device=block_table.device).long()[:, None]
+    launch = KernelLaunch(rows, context, table)
+    return DecodeMetadata("flatten", (launch,), total, batch.max_seq_len)
+
+
+@dataclass(frozen=True)
+class AtomPiece:
+    """`size` native rows starting at native row `offset`; `offset < 0` means front padding."""
+
+    size: int
+    offset: int
+
+
+def plan_atoms(next_n: int, native_sizes: Sequence[int], allow_padding: bool = True) -> tuple[AtomPiece, ...]:
+    """Split next_n rows into natively supported pieces: fewest launches, then least padding.
+
+    e.g. with sizes {1, 2, 4}: 3 -> one padded 4, 5 -> 4+1, 6 -> 4+2, 7 -> 4+padded 4, 8 -> 4+4.
+    """
+    sizes = sorted(set(native_sizes))
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"native_sizes={tuple(native_sizes)}: need positive sizes")
+    if next_n in sizes:
+        return (AtomPiece(next_n, 0),)
+    best: tuple[int, int, tuple[int, ...]] | None = None
+    for combo in _combinations(sizes, next_n, allow_padding):
+        key = (len(combo), sum(combo) - next_n, tuple(-s for s in combo))
+        if best is None or key < best:
+            best = key
+    if best is None:
+        raise ValueError(f"next_n={next_n} cannot be built from native sizes {tuple(sizes)}")
+    pieces, pad = sorted((-s for s in best[2]), reverse=True), best[1]
+    out, offset = [], -pad
+    for size in pieces:
+        out.append(AtomPiece(size, offset))
+        offset += size
+    return tuple(out)
+
+
+def _combinations(sizes: list[int], target: int, allow_padding: bool) -> list[tuple[int, ...]]:
+    """Multisets of sizes covering target rows (exactly, or with padding in the last piece)."""
+    found: list[tuple[int, ...]] = []
+
+    def walk(remaining: int, smallest_index: int, chosen: tuple[int, ...]) -> None:
+        if remaining <= 0:
+            if remaining == 0 or allow_padding:
+                found.append(chosen)
+            return
+        if len(chosen) >= target:
+            return
+        for i in range(smallest_index, len(sizes)):
+            walk(remaining - sizes[i], i, chosen + (sizes[i],))
+
+    walk(target, 0, ())
+    return found
+
+
+def build_atom_metadata(
+    batch: DecodeBatch, block_table: torch.Tensor, pieces: Sequence[AtomPiece]
+) -> DecodeMetadata:
+    """Native launches over the given pieces of the right-aligned `[B, n]` row layout."""
+    _check_table(batch, block_table)
+    n = batch.max_decode_len
+    covered = sorted(r for p in pieces for r in range(p.offset, p.offset + p.size) if 0 <= r < n)
+    if covered != list(range(n)):
+        raise ValueError(f"pieces={tuple(pieces)}: must cover native rows 0..{n - 1} exactly once")
+    launches = tuple(_native_rows(batch, block_table, p.offset, p.size) for p in pieces)
+    return DecodeMetadata("atom", launches, batch.num_decode_tokens, batch.max_seq_len)
+
+
+def build_metadata(
+    strategy: str,
+    batch: DecodeBatch,
+    block_table: torch.Tensor,
+    native_sizes: Sequence[int] = (1, 2, 4),
+) -> DecodeMetadata:
+    """Dispatch by strategy name; atom pieces come from `plan_atoms(max_decode_len, native_sizes)`."""
+    check_choice("strategy", strategy, STRATEGIES)
+    if strategy == "native":
+        return build_native_metadata(batch, block_table)
+    if strategy == "flatten":
+        return build_flatten_metadata(batch, block_table)
+    return build_atom_metadata(batch, block_table, plan_atoms(batch.max_decode_len, native_sizes))

@@ -1,0 +1,87 @@
+"""Per-row top-k of indexer logits, and a tie-aware comparison of two selections.
+
+vLLM keeps the top 2048 positions per query row and fills rows with fewer valid
+tokens with -1. Equal scores may legally swap indices, so two selections agree when
+the *scores* they select, sorted, agree - not when their index lists do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dsa_lab.errors import check_range, check_tensor
+
+DEFAULT_TOPK = 2048
+
+
+def topk_per_row(logits: torch.Tensor, context_lens: torch.Tensor, k: int = DEFAULT_TOPK) -> torch.Tensor:
+    """int32 `[T, k]`: the k best positions of each row among its first context_lens[t], -1 after.
+
+    Positions at or beyond a row's context are never chosen, whatever the logits hold there.
+    """
+    check_tensor("logits", logits, dtype=torch.float32, ndim=2)
+    check_tensor("context_lens", context_lens, ndim=1, shape=(logits.shape[0],))
+    check_range("k", k, 1, 1 << 20)
+    rows, width = logits.shape
+    pos = torch.arange(width, device=logits.device)
+    valid = pos[None, :] < context_lens[:, None].to(logits.device)
+    masked = torch.where(valid, logits, torch.full_like(logits, float("-inf")))
+    take = min(k, width)
+    _, idx = torch.topk(masked, take, dim=-1)
+    counts = context_lens.to(logits.device).clamp(max=take)
+    keep = torch.arange(take, device=logits.device)[None, :] < counts[:, None]
+    out = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
+    out[:, :take] = torch.where(keep, idx, torch.full_like(idx, -1)).to(torch.int32)
+    return out
+
+
+@dataclass(frozen=True)
+class SelectionAgreement:
+    """How two top-k selections compare on the same reference scores."""
+
+    rows: int
+    rows_equal: int  # selected score multisets equal within tolerance
+    max_score_gap: float  # largest |sorted score difference| over all rows
+    index_overlap: float  # mean fraction of shared indices (informative only)
+
+    @property
+    def equal(self) -> bool:
+        return self.rows_equal == self.rows
+
+
+def compare_selections(
+    a: torch.Tensor, b: torch.Tensor, scores: torch.Tensor, atol: float = 1e-4, rtol: float = 1e-4
+) -> SelectionAgreement:
+    """Compare selections `a`, `b` (int32 `[T, k]`, -1 = none) by the reference `scores` they pick.
+
+    A row agrees when both pick the same number of positions and the picked scores,
+    sorted, match within `atol + rtol * |score|`: ties may swap indices freely.
+    """
+    check_tensor("a", a, dtype=torch.int32, ndim=2)
+    check_tensor("b", b, dtype=torch.int32, shape=tuple(a.shape))
+    check_tensor("scores", scores, ndim=2, shape=(a.shape[0], None))
+
+    def picked(sel: torch.Tensor) -> torch.Tensor:
+        vals = torch.gather(scores.double(), 1, sel.clamp(min=0).long())
+        vals = torch.where(sel >= 0, vals, torch.full_like(vals, float("-inf")))
+        return torch.sort(vals, dim=-1, descending=True).values
+
+    sa, sb = picked(a), picked(b)
+    both = torch.isfinite(sa) & torch.isfinite(sb)
+    same_count = (torch.isfinite(sa) == torch.isfinite(sb)).all(dim=-1)
+    gap = torch.where(both, (sa - sb).abs(), torch.zeros_like(sa))
+    tol = atol + rtol * sa.abs().where(both, torch.zeros_like(sa))
+    row_ok = same_count & (gap <= tol).all(dim=-1)
+    overlap = []
+    for ra, rb in zip(a.tolist(), b.tolist()):
+        sa_set, sb_set = {x for x in ra if x >= 0}, {x for x in rb if x >= 0}
+        union = sa_set | sb_set
+        overlap.append(len(sa_set & sb_set) / len(union) if union else 1.0)
+    return SelectionAgreement(
+        rows=a.shape[0],
+        rows_equal=int(row_ok.sum()),
+        max_score_gap=float(gap.max()) if gap.numel() else 0.0,
+        index_overlap=sum(overlap) / max(1, len(overlap)),
+    )
