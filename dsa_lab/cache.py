@@ -12,6 +12,7 @@ per 32 values): D/2 + D/32 bytes a token (68 at D = 128).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -89,7 +90,7 @@ def quantize_mxfp4(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_mxfp4(packed: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
     """Inverse of `quantize_mxfp4`: float32 [tokens, D]."""
     grid = torch.tensor(E2M1_VALUES, device=packed.device)
-    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], 2 * packed.shape[-1])
     values = grid[(codes & 7).long()] * torch.where(codes >= 8, -1.0, 1.0)
     scale = torch.exp2(scale_bytes.float() - 127).repeat_interleave(MX_GROUP, dim=-1)
     return values * scale
@@ -199,3 +200,62 @@ def gather_request_keys(cache: PagedCache, request: int, length: int) -> torch.T
             f"{cache.block_table.shape[1]}"
         )
     return dequantize_blocks(cache, cache.block_table[request, :blocks])[:length]
+
+
+def random_paged_cache(
+    seq_lens: Sequence[int],
+    head_dim: int,
+    block_size: int = 64,
+    cache_dtype: str = "fp8",
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    chunk_tokens: int = 1 << 20,
+) -> PagedCache:
+    """A paged cache of fresh standard-normal K, quantised, drawn and written on `device`.
+
+    The fast path for benchmark caches of gigabytes: keys come from a generator on the
+    device and are scattered into the randomly permuted blocks a chunk of tokens at a
+    time, with no Python loop per block. Layout and block-table conventions are those of
+    `build_paged_cache` (spare block, unused table slots holding valid ids).
+    """
+    check_choice("cache_dtype", cache_dtype, ("fp8", "mxfp4"))
+    if not seq_lens or min(seq_lens) < 0:
+        raise ValueError(f"seq_lens: need one length >= 0 per request, got {tuple(seq_lens)}")
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    per_request = [max(1, -(-int(length) // block_size)) for length in seq_lens]
+    num_blocks = sum(per_request) + 1
+    value_bytes, scale_bytes = _token_regions(cache_dtype, head_dim, block_size)
+    perm = torch.randperm(num_blocks, generator=gen, device=device).to(torch.int32)
+    flat = torch.randint(0, 256, (num_blocks, value_bytes + scale_bytes), generator=gen, device=device, dtype=torch.uint8)
+    if cache_dtype == "fp8":  # stale scales must still be finite floats
+        flat[:, value_bytes:].view(torch.float32)[:] = torch.rand(num_blocks, block_size, generator=gen, device=device)
+    table = torch.empty(len(seq_lens), max(per_request), dtype=torch.int32, device=device)
+    first = 0
+    for b, count in enumerate(per_request):
+        table[b, :count] = perm[first : first + count]
+        table[b, count:] = perm[first]  # valid but unused ids
+        first += count
+    values = flat[:, :value_bytes].view(num_blocks, block_size, -1)
+    scales = flat[:, value_bytes:]
+    scales = scales.view(torch.float32) if cache_dtype == "fp8" else scales.view(num_blocks, block_size, -1)
+    lens = torch.tensor([int(x) for x in seq_lens], dtype=torch.int64, device=device)
+    starts = torch.cumsum(lens, 0) - lens
+    total = int(lens.sum())
+    step = chunk_tokens if cache_dtype == "fp8" else max(1, chunk_tokens // 16)  # e2m1 rounding is wide
+    for lo in range(0, total, step):
+        token = torch.arange(lo, min(lo + step, total), device=device)
+        request = torch.searchsorted(starts, token, right=True) - 1
+        within = token - starts[request]
+        block = table[request, within // block_size].long()
+        slot = within % block_size
+        keys = torch.randn(token.numel(), head_dim, generator=gen, device=device)
+        if cache_dtype == "fp8":
+            v, s = quantize_fp8(keys)
+            values[block, slot] = v.view(torch.uint8)
+            scales[block, slot] = s
+        else:
+            v, s = quantize_mxfp4(keys)
+            values[block, slot] = v
+            scales[block, slot] = s
+    return PagedCache(flat.view(num_blocks, block_size, 1, -1), table, head_dim, cache_dtype)

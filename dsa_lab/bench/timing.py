@@ -1,0 +1,327 @@
+"""Timing one callable: CUDA events (cold or warm L2) or graph replays, wall clock on CPU.
+
+Each sample times one call. With `cold_l2` a buffer of at least twice the L2 is
+zeroed before every timed call (outside the events), so KV blocks left in L2 by the
+previous call cannot make the next look faster. Sampling stops by a noise rule in the
+spirit of nvbench: once the running median has settled (the relative IQR of the last
+`window` running medians is below `rel_tolerance`), or when the sample or time budget
+ends; the reason is recorded. Before each timed call the GPU is kept busy by a spin
+kernel longer than the host takes to issue the call (nvbench's blocking-kernel idea), so
+the events time the GPU work and not Python's launch overhead, which for small shapes
+exceeds the kernel itself; that overhead is reported apart as `host_us`. Graph mode
+captures `graph_launches` calls and divides a replay by that count; it cannot flush L2
+between the captured calls, and says so in `timing_method`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from dsa_lab.errors import check_range
+
+FLUSH_L2_MULTIPLE = 2
+DEFAULT_L2_BYTES = 60 * 1024 * 1024  # H200; used when the device does not report its L2
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How long and how carefully to time one point."""
+
+    warmup: int = 3
+    min_samples: int = 10
+    max_samples: int = 200
+    max_seconds: float = 0.5  # wall-clock budget for the timed samples of one point
+    rel_tolerance: float = 0.005  # relative IQR of the recent running medians that counts as settled
+    window: int = 8  # running medians the noise rule looks at
+    sync_every: int = 8  # timed samples between host synchronisations
+    cold_l2: bool = True
+    use_graph: bool = False
+    graph_launches: int = 10
+
+    def __post_init__(self) -> None:
+        check_range("warmup", self.warmup, 0, 10_000)
+        check_range("min_samples", self.min_samples, 1, 100_000)
+        check_range("max_samples", self.max_samples, self.min_samples, 100_000)
+        check_range("window", self.window, 2, 10_000)
+        check_range("sync_every", self.sync_every, 1, 10_000)
+        check_range("graph_launches", self.graph_launches, 1, 10_000)
+        if not self.max_seconds > 0:
+            raise ValueError(f"max_seconds={self.max_seconds}: must be > 0")
+        if not 0 < self.rel_tolerance < 1:
+            raise ValueError(f"rel_tolerance={self.rel_tolerance}: must lie in (0, 1)")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Summary of the samples of one timed callable (all times in ms, host time in us)."""
+
+    device: str  # 'cuda' or 'cpu'
+    timing_method: str
+    samples: int
+    median_ms: float
+    mean_ms: float
+    min_ms: float
+    p10_ms: float
+    p25_ms: float
+    p75_ms: float
+    p90_ms: float
+    iqr_ms: float
+    rel_iqr: float
+    stop_reason: str  # 'converged', 'max_samples' or 'time_budget'
+    host_us: float  # median host time to issue one call (no synchronisation inside)
+    warmup: int
+    spin_us: float = 0.0  # GPU busy-wait queued before each timed call (hides the host's issue time)
+    samples_ms: tuple[float, ...] = field(repr=False, default=())
+
+    def as_row(self, prefix: str = "") -> dict[str, object]:
+        row = asdict(self)
+        row["samples_ms"] = list(self.samples_ms)
+        return {f"{prefix}{key}": value for key, value in row.items()}
+
+
+def summarize(
+    samples_ms: list[float], host_us: list[float], device: str, method: str, stop: str, warmup: int, spin_us: float = 0.0
+) -> Measurement:
+    values = np.asarray(samples_ms, dtype=np.float64)
+    p10, p25, median, p75, p90 = np.percentile(values, [10, 25, 50, 75, 90])
+    return Measurement(
+        device=device,
+        timing_method=method,
+        samples=len(samples_ms),
+        median_ms=float(median),
+        mean_ms=float(values.mean()),
+        min_ms=float(values.min()),
+        p10_ms=float(p10),
+        p25_ms=float(p25),
+        p75_ms=float(p75),
+        p90_ms=float(p90),
+        iqr_ms=float(p75 - p25),
+        rel_iqr=float((p75 - p25) / median) if median > 0 else float("inf"),
+        stop_reason=stop,
+        host_us=float(np.median(host_us)) if host_us else float("nan"),
+        warmup=warmup,
+        spin_us=spin_us,
+        samples_ms=tuple(float(x) for x in values),
+    )
+
+
+class StoppingRule:
+    """Tracks running medians; `reason()` says why to stop, or None to keep sampling."""
+
+    def __init__(self, config: TimingConfig) -> None:
+        self.config = config
+        self.samples: list[float] = []
+        self.medians: list[float] = []
+        self.started = time.perf_counter()
+
+    def add(self, sample_ms: float) -> None:
+        self.samples.append(sample_ms)
+        self.medians.append(float(np.median(self.samples)))
+
+    def settled(self) -> bool:
+        recent = np.asarray(self.medians[-self.config.window :])
+        if len(recent) < self.config.window:
+            return False
+        q25, mid, q75 = np.percentile(recent, [25, 50, 75])
+        return mid > 0 and (q75 - q25) / mid <= self.config.rel_tolerance
+
+    def reason(self) -> str | None:
+        cfg = self.config
+        if len(self.samples) >= cfg.min_samples and self.settled():
+            return "converged"
+        if len(self.samples) >= cfg.max_samples:
+            return "max_samples"
+        if len(self.samples) >= cfg.min_samples and time.perf_counter() - self.started >= cfg.max_seconds:
+            return "time_budget"
+        return None
+
+
+class L2Flusher:
+    """Zeroes a buffer of FLUSH_L2_MULTIPLE x the L2 size, evicting whatever the last call left there."""
+
+    def __init__(self, device: torch.device) -> None:
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or DEFAULT_L2_BYTES
+        self.nbytes = FLUSH_L2_MULTIPLE * l2
+        self.buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+
+    def __call__(self) -> None:
+        self.buffer.zero_()
+
+
+class GpuSpin:
+    """Queues a busy-wait of a given length on the GPU (torch.cuda._sleep counts SM cycles).
+
+    Cycles per microsecond: the larger of a calibration and the rated clock, so that a GPU
+    running below its rated clock spins longer than asked, never shorter.
+    """
+
+    MIN_US = 50.0
+    MAX_US = 20_000.0
+
+    def __init__(self, device: torch.device) -> None:
+        cycles = 2_000_000
+        torch.cuda._sleep(cycles)  # raise the clocks before calibrating
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        torch.cuda.synchronize(device)
+        calibrated = cycles / max(begin.elapsed_time(end) * 1e3, 1e-3)
+        rated = getattr(torch.cuda.get_device_properties(device), "clock_rate", 0) / 1e3  # kHz
+        self.cycles_per_us = max(calibrated, rated)
+
+    def lead_for(self, host_us: float) -> float:
+        """A spin comfortably longer than the host's issue time."""
+        return min(self.MAX_US, max(self.MIN_US, 2.0 * host_us + 20.0))
+
+    def __call__(self, us: float) -> None:
+        torch.cuda._sleep(int(us * self.cycles_per_us))
+
+
+def flush_bytes(device: torch.device) -> int:
+    """Bytes the cold-L2 flush buffer takes on `device` (0 off CUDA)."""
+    if device.type != "cuda":
+        return 0
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or DEFAULT_L2_BYTES
+    return FLUSH_L2_MULTIPLE * l2
+
+
+def time_callable(fn: Callable[[], object], device: torch.device | str, config: TimingConfig = TimingConfig()) -> Measurement:
+    """Time `fn` on `device`: CUDA events (per call) or graph replays on CUDA, wall clock elsewhere."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return _time_wall_clock(fn, config)
+    if config.use_graph:
+        return _time_graph(fn, device, config)
+    return _time_events(fn, device, config)
+
+
+def _time_wall_clock(fn: Callable[[], object], config: TimingConfig) -> Measurement:
+    for _ in range(config.warmup):
+        fn()
+    rule, host = StoppingRule(config), []
+    while (stop := rule.reason()) is None:
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+        host.append(elapsed * 1e6)
+        rule.add(elapsed * 1e3)
+    return summarize(rule.samples, host, "cpu", "wall_clock", stop, config.warmup)
+
+
+def _time_events(fn: Callable[[], object], device: torch.device, config: TimingConfig) -> Measurement:
+    flush = L2Flusher(device) if config.cold_l2 else None
+    with torch.cuda.device(device):
+        warm_host = []
+        for _ in range(max(1, config.warmup)):
+            issued = time.perf_counter()
+            fn()
+            warm_host.append((time.perf_counter() - issued) * 1e6)
+            torch.cuda.synchronize(device)
+        spin = GpuSpin(device)
+        lead_us = spin.lead_for(float(np.median(warm_host)))
+        rule, host = StoppingRule(config), []
+        while (stop := rule.reason()) is None:
+            pairs = []
+            for _ in range(config.sync_every):
+                if flush is not None:
+                    flush()
+                spin(lead_us)
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                issued = time.perf_counter()
+                begin.record()
+                fn()
+                end.record()
+                host.append((time.perf_counter() - issued) * 1e6)
+                pairs.append((begin, end))
+            torch.cuda.synchronize(device)
+            for begin, end in pairs:
+                rule.add(begin.elapsed_time(end))
+        method = "cuda_events_cold_l2" if flush is not None else "cuda_events_warm_l2"
+        del flush
+    return summarize(rule.samples, host, "cuda", method, stop, max(1, config.warmup), lead_us)
+
+
+def _time_graph(fn: Callable[[], object], device: torch.device, config: TimingConfig) -> Measurement:
+    n = config.graph_launches
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up off the default stream, as graph capture requires
+            for _ in range(max(1, config.warmup)):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(n):
+                fn()
+        graph.replay()
+        torch.cuda.synchronize(device)
+        spin = GpuSpin(device)
+        lead_us = spin.lead_for(0.0)
+        rule, host = StoppingRule(config), []
+        while (stop := rule.reason()) is None:
+            pairs = []
+            for _ in range(config.sync_every):
+                spin(lead_us)
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                issued = time.perf_counter()
+                begin.record()
+                graph.replay()
+                end.record()
+                host.append((time.perf_counter() - issued) * 1e6 / n)
+                pairs.append((begin, end))
+            torch.cuda.synchronize(device)
+            for begin, end in pairs:
+                rule.add(begin.elapsed_time(end) / n)
+        del graph
+    return summarize(rule.samples, host, "cuda", "cuda_graph_warm_l2", stop, config.warmup, lead_us)
+
+
+def _median_ms_of_read(device: torch.device, gib: int) -> float:
+    from triton.testing import do_bench
+
+    buf = torch.rand(gib * (1 << 30) // 4, device=device)
+    return do_bench(lambda: buf.sum(), warmup=50, rep=300, return_mode="median")
+
+
+def _median_ms_of_fp8_gemm(device: torch.device, n: int) -> float:
+    from triton.testing import do_bench
+
+    a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()  # _scaled_mm wants b column-major
+    one = torch.ones((), device=device)
+    return do_bench(
+        lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+        warmup=50, rep=300, return_mode="median",
+    )  # fmt: skip
+
+
+def measure_ceilings(device: torch.device | str = "cuda", read_gib: int = 4, gemm_size: int = 8192) -> dict[str, object]:
+    """Measured memory-read bandwidth and FP8 tensor throughput of `device` (medians, triton do_bench).
+
+    Read: a float32 sum over `read_gib` GiB (bytes read / time). FP8: `torch._scaled_mm`
+    of two random e4m3 `gemm_size`^2 matrices to bf16 (2 n^3 / time).
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"device={device}: ceilings are measured on CUDA devices only")
+    with torch.cuda.device(device):
+        read_ms = _median_ms_of_read(device, read_gib)
+        torch.cuda.empty_cache()
+        gemm_ms = _median_ms_of_fp8_gemm(device, gemm_size)
+        torch.cuda.empty_cache()
+    return {
+        "read_bytes": read_gib * (1 << 30),
+        "read_ms": read_ms,
+        "read_tbps": read_gib * (1 << 30) / (read_ms * 1e9),
+        "fp8_gemm_size": gemm_size,
+        "fp8_gemm_ms": gemm_ms,
+        "fp8_tflops": 2 * gemm_size**3 / (gemm_ms * 1e9),
+        "method": "triton.testing.do_bench median (clears L2 between runs); read = float32 sum, fp8 = torch._scaled_mm to bf16",
+    }

@@ -1,0 +1,118 @@
+"""What this machine is: versions, GPU, decode-policy platform and usable kernel backends.
+
+`environment_facts()` is the provenance every stored result carries (no hostname).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.metadata
+import platform as host_platform
+import shutil
+import subprocess
+from typing import Any
+
+import torch
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _nvidia_driver() -> str | None:
+    """The driver version from `nvidia-smi`, or None where there is none (or it fails)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return lines[0].strip() if lines else None
+
+
+def _gpu_facts() -> dict[str, Any]:
+    if not torch.cuda.is_available():
+        return {"gpu_name": None, "gpu_capability": None, "gpu_sm_count": None}
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu_name": props.name,
+        "gpu_capability": f"{props.major}.{props.minor}",
+        "gpu_sm_count": props.multi_processor_count,
+    }
+
+
+@functools.cache
+def environment_facts() -> dict[str, Any]:
+    """GPU, driver, CUDA/HIP, library versions, python and OS; cached (importing deep_gemm is slow)."""
+    from dsa_lab.policy import Platform, import_deep_gemm
+
+    policy_platform = Platform.detect()
+    deep_gemm, origin = import_deep_gemm()
+    return {
+        **_gpu_facts(),
+        "driver": _nvidia_driver(),
+        "cuda": torch.version.cuda,
+        "hip": torch.version.hip,
+        "torch": torch.__version__,
+        "triton": _package_version("triton"),
+        "vllm": _package_version("vllm"),
+        "deep_gemm": getattr(deep_gemm, "__version__", "unknown") if deep_gemm else None,
+        "deep_gemm_origin": origin if deep_gemm else None,
+        "python": host_platform.python_version(),
+        "os": host_platform.platform(),
+        "policy_platform": policy_platform.family,
+        "dsa_lab": _package_version("dsa_lab"),
+    }
+
+
+def _print_env(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from dsa_lab.kernels import backend_names, get_backend
+    from dsa_lab.policy import Platform
+
+    facts = environment_facts()
+    console = Console()
+    plat = Platform(facts["policy_platform"], facts["deep_gemm"] is not None)
+    console.print(f"[bold]policy platform[/]: family={plat.family} has_deep_gemm={plat.has_deep_gemm}")
+    if facts["gpu_name"] is None:
+        console.print("[bold]GPU[/]: no GPU (torch.cuda.is_available() is False)")
+    else:
+        console.print(
+            f"[bold]GPU[/]: {facts['gpu_name']}  capability {facts['gpu_capability']}  "
+            f"{facts['gpu_sm_count']} SMs  driver {facts['driver']}"
+        )
+    versions = Table(title="versions")
+    versions.add_column("component")
+    versions.add_column("version")
+    for key in ("python", "torch", "cuda", "hip", "triton", "vllm", "deep_gemm", "deep_gemm_origin", "dsa_lab", "os"):
+        versions.add_row(key, str(facts[key]))
+    console.print(versions)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    backends = Table(title=f"kernel backends on {device}")
+    backends.add_column("backend")
+    backends.add_column("available")
+    backends.add_column("native next_n")
+    backends.add_column("why not")
+    for name in backend_names():
+        backend = get_backend(name)
+        state = backend.availability(device)
+        native = backend.native_next_n(device) if state.ok else None
+        shown = "any" if native is None else ",".join(map(str, sorted(native)))
+        backends.add_row(name, "[green]yes[/]" if state.ok else "[red]no[/]", shown if state.ok else "", state.reason)
+    console.print(backends)
+    return 0
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("env", help="versions, GPU, policy platform and which kernel backends run here")
+    parser.set_defaults(func=_print_env)

@@ -1,0 +1,214 @@
+"""Bytes, FLOPs and time floors of one paged-MQA-logits decode step.
+
+Two byte counts matter: what *must* move (each request's KV once, the valid logits
+written once, q and weights read once) and what a strategy *does* read (flatten
+re-reads a request's KV once per query row, atom once per piece). FLOPs count the
+useful q·k products only (2·H·D per token-row pair). Floors use a GPU table whose
+rows say where each number comes from; times for GPUs we do not have are *modeled*
+and labelled `source='modeled'`, never mixed with measured rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dsa_lab.cache import bytes_per_token
+from dsa_lab.errors import check_choice
+from dsa_lab.metadata import STRATEGIES, AtomPiece, plan_atoms
+
+LOGIT_BYTES = 4  # float32 logits
+WEIGHT_BYTES = 4  # float32 head weights
+Q_BYTES = 1  # fp8 queries
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Ceilings of one GPU: HBM bandwidth and dense FP8 tensor throughput, with sources."""
+
+    name: str
+    hbm_tbps: float
+    fp8_tflops: float
+    source: str  # where the numbers come from
+    measured: bool = False
+
+
+GPUS: dict[str, GpuSpec] = {
+    spec.name: spec
+    for spec in (
+        GpuSpec("H100", 3.35, 1979.0, "NVIDIA H100 SXM datasheet: 3.35 TB/s HBM3, 3,958 TFLOPS FP8 with sparsity (half dense)"),
+        GpuSpec("H200", 4.8, 1979.0, "NVIDIA H200 SXM datasheet: 4.8 TB/s HBM3e, 3,958 TFLOPS FP8 with sparsity (half dense)"),
+        GpuSpec("B200", 8.0, 4500.0, "NVIDIA DGX/HGX B200 datasheet: 8 TB/s HBM3e, 72 PFLOPS FP8 sparse per 8 GPUs (4.5 PF dense each)"),
+        GpuSpec("GB200", 8.0, 5000.0, "NVIDIA GB200 NVL72 datasheet: 576 TB/s HBM3e and 720 PFLOPS FP8 sparse per 72 GPUs (8 TB/s, 5 PF dense each)"),
+        GpuSpec(
+            "H200-measured",
+            4.2,
+            1310.0,
+            "measured on this project's H200: 4 GiB device read 4.2 TB/s; 8192^3 torch._scaled_mm FP8 1.31 PFLOP/s",
+            measured=True,
+        ),
+    )
+}
+
+
+def get_gpu(name: str) -> GpuSpec:
+    check_choice("gpu", name, tuple(GPUS))
+    return GPUS[name]
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What the cost model needs: per-request cached lengths and the strategy's launches."""
+
+    seq_lens: tuple[int, ...]
+    next_n: int
+    strategy: str
+    heads: int = 64
+    head_dim: int = 128
+    cache_dtype: str = "fp8"
+    native_sizes: tuple[int, ...] = (1, 2, 4)
+
+    def __post_init__(self) -> None:
+        check_choice("strategy", self.strategy, STRATEGIES)
+        if self.next_n < 1 or any(length < self.next_n for length in self.seq_lens):
+            raise ValueError(f"seq_lens: every length must be >= next_n={self.next_n}, got {self.seq_lens}")
+
+    def pieces(self) -> tuple[AtomPiece, ...]:
+        """Native row ranges per launch: one piece for native, `plan_atoms` for atom."""
+        if self.strategy == "atom":
+            return plan_atoms(self.next_n, self.native_sizes)
+        return (AtomPiece(self.next_n, 0),)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    unique_bytes: int  # KV once + valid logits + q and weights
+    strategy_bytes: int  # KV as the strategy reads it + the same logits, q and weights
+    flops: int  # 2 * H * D * sum of every query row's context
+    kernel_rows: int
+    launches: int
+
+
+def row_context(seq_len: int, next_n: int, row: int) -> int:
+    """Tokens native row `row` of a request sees (vLLM: L - n + 1 + j, 0 for front padding)."""
+    return max(0, seq_len - next_n + 1 + row) if row >= 0 else 0
+
+
+def step_cost(shape: StepShape) -> StepCost:
+    """Count bytes and FLOPs of one step; KV is counted in tokens, not whole blocks."""
+    n, per_token = shape.next_n, bytes_per_token(shape.head_dim, shape.cache_dtype)
+    contexts = sum(row_context(length, n, j) for length in shape.seq_lens for j in range(n))
+    tokens = n * len(shape.seq_lens)
+    side_bytes = contexts * LOGIT_BYTES + tokens * shape.heads * (shape.head_dim * Q_BYTES + WEIGHT_BYTES)
+    unique_kv = sum(shape.seq_lens) * per_token
+    if shape.strategy == "flatten":
+        read_tokens = contexts
+        kernel_rows, launches = tokens, 1
+    else:
+        pieces = shape.pieces()
+        read_tokens = sum(
+            row_context(length, n, p.offset + p.size - 1) for length in shape.seq_lens for p in pieces
+        )
+        kernel_rows = len(shape.seq_lens) * sum(p.size for p in pieces)
+        launches = len(pieces)
+    return StepCost(
+        unique_bytes=unique_kv + side_bytes,
+        strategy_bytes=read_tokens * per_token + side_bytes,
+        flops=2 * shape.heads * shape.head_dim * contexts,
+        kernel_rows=kernel_rows,
+        launches=launches,
+    )
+
+
+def floor_ms(cost: StepCost, gpu: GpuSpec, strategy_bytes: bool = False) -> tuple[float, str]:
+    """max(bytes / bandwidth, FLOPs / peak) in ms, and which term bounds it ('memory'/'compute')."""
+    moved = cost.strategy_bytes if strategy_bytes else cost.unique_bytes
+    memory_ms = moved / (gpu.hbm_tbps * 1e12) * 1e3
+    compute_ms = cost.flops / (gpu.fp8_tflops * 1e12) * 1e3
+    return (memory_ms, "memory") if memory_ms >= compute_ms else (compute_ms, "compute")
+
+
+def gpu_for_device(device_name: str, ceilings: dict[str, float] | None = None) -> GpuSpec | None:
+    """Ceilings to judge a device by: those measured in this run, else the table's row for its name."""
+    if ceilings:
+        return GpuSpec(
+            f"{device_name} (this run)",
+            ceilings["read_tbps"],
+            ceilings["fp8_tflops"],
+            "measured at the start of this run (see provenance 'ceilings')",
+            measured=True,
+        )
+    upper = device_name.upper()
+    if "H200" in upper:
+        return GPUS["H200-measured"]
+    for name in ("GB200", "B200", "H100"):
+        if name in upper:
+            return GPUS[name]
+    return None
+
+
+def roofline_columns(cost: StepCost, median_ms: float | None, gpu: GpuSpec | None) -> dict[str, float | int | str | None]:
+    """The per-row roofline columns of a point: rates None when untimed, floor None without a GPU row."""
+    floor, bound = floor_ms(cost, gpu) if gpu is not None else (None, None)
+    timed = median_ms is not None and median_ms > 0
+    return {
+        "unique_bytes": cost.unique_bytes,
+        "strategy_bytes": cost.strategy_bytes,
+        "flops": cost.flops,
+        "roofline_gpu": gpu.name if gpu is not None else None,
+        "floor_ms": floor,
+        "floor_bound": bound,
+        "achieved_tbps": cost.strategy_bytes / (median_ms * 1e9) if timed else None,
+        "effective_tbps": cost.unique_bytes / (median_ms * 1e9) if timed else None,
+        "achieved_tflops": cost.flops / (median_ms * 1e9) if timed else None,
+        "fraction_of_floor": floor / median_ms if timed and floor is not None else None,
+    }
+
+
+@dataclass(frozen=True)
+class ModeledPoint:
+    """A time for a GPU we did not measure: the strategy's bytes and FLOPs at the GPU's ceilings."""
+
+    shape: StepShape
+    gpu: str
+    time_ms: float
+    bound: str
+    cost: StepCost
+    source: str = "modeled"
+
+
+def modeled_time(shape: StepShape, gpu: GpuSpec | str) -> ModeledPoint:
+    """Roofline time of the strategy as it reads (re-reads included): a lower bound, not a measurement."""
+    spec = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    cost = step_cost(shape)
+    time, bound = floor_ms(cost, spec, strategy_bytes=True)
+    return ModeledPoint(shape, spec.name, time, bound, cost)
+
+
+def modeled_rows(shapes: Sequence[StepShape], gpus: Sequence[str]) -> list[dict[str, object]]:
+    """Flat records of `modeled_time` for every shape on every GPU, each tagged source='modeled'."""
+    rows = []
+    for shape in shapes:
+        for name in gpus:
+            point = modeled_time(shape, name)
+            rows.append(
+                {
+                    "source": point.source,
+                    "gpu": point.gpu,
+                    "batch": len(shape.seq_lens),
+                    "mean_seq_len": sum(shape.seq_lens) / len(shape.seq_lens),
+                    "next_n": shape.next_n,
+                    "strategy": shape.strategy,
+                    "heads": shape.heads,
+                    "head_dim": shape.head_dim,
+                    "cache_dtype": shape.cache_dtype,
+                    "modeled_ms": point.time_ms,
+                    "bound": point.bound,
+                    "unique_bytes": point.cost.unique_bytes,
+                    "strategy_bytes": point.cost.strategy_bytes,
+                    "flops": point.cost.flops,
+                    "launches": point.cost.launches,
+                    "kernel_rows": point.cost.kernel_rows,
+                }
+            )
+    return rows

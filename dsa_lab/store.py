@@ -1,0 +1,438 @@
+"""Runs on disk: `data/<device>/<run_id>/` = results.parquet + provenance.json (+ points.jsonl).
+
+A sweep appends one JSON line per finished point to `points.jsonl` (flushed and
+fsynced), so an interrupted run loses at most the point in flight and resumes where it
+stopped; `write_results` turns the lines into `results.parquet` (atomic: tmp file +
+os.replace). A run folder is never overwritten. `load_run` checks both files and names
+the file at fault; `compare_runs` matches points by their axes and flags changes larger
+than the measured spread. Every row carries `source` (measured or modeled), and two runs
+of different sources are never compared silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+SCHEMA_VERSION = 1
+RESULTS_FILE = "results.parquet"
+PROVENANCE_FILE = "provenance.json"
+POINTS_FILE = "points.jsonl"
+SOURCES = ("measured", "modeled")
+STATUSES = ("ok", "failed", "error", "skipped")
+PROVENANCE_KEYS = ("schema_version", "run_id", "source", "device", "created", "command", "timing_method", "seed", "environment", "git")
+RESULT_COLUMNS = (
+    "point_key", "status", "message", "source", "backend", "strategy", "batch", "context",
+    "next_n", "cache_dtype", "heads", "head_dim", "median_ms", "p25_ms", "p75_ms", "iqr_ms",
+)  # fmt: skip
+PACKAGE_ROOT = Path(__file__).resolve().parent
+
+
+class RunFormatError(ValueError):
+    """A run file is missing, corrupt or not one of ours; the message names the file."""
+
+
+def device_label(device_name: str) -> str:
+    """Folder name for a device: 'NVIDIA H200' -> 'h200', 'cpu' -> 'cpu'."""
+    label = re.sub(r"^nvidia[\s_-]*", "", device_name.strip(), flags=re.IGNORECASE).lower()
+    label = re.sub(r"[^a-z0-9]+", "-", label).strip("-")
+    return label or "unknown"
+
+
+def new_run_id(prefix: str) -> str:
+    return f"{prefix}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
+
+
+# ---------------------------------------------------------------- provenance
+
+
+def git_state() -> dict[str, Any]:
+    """Commit and dirty flag of the checkout (env DSA_LAB_GIT_SHA / DSA_LAB_GIT_DIRTY win, for copies
+    without .git such as the device machine's), plus a hash of the package sources that needs no git."""
+    state: dict[str, Any] = {"sha": os.environ.get("DSA_LAB_GIT_SHA"), "dirty": None, "tree_sha256": _package_hash()}
+    if os.environ.get("DSA_LAB_GIT_DIRTY") is not None:
+        state["dirty"] = os.environ["DSA_LAB_GIT_DIRTY"].lower() in ("1", "true", "yes")
+    if state["sha"] is None:
+        try:
+            root = PACKAGE_ROOT.parent
+            sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+            porcelain = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError) as err:
+            state["error"] = f"git not usable: {err}"
+            return state
+        if sha.returncode == 0:
+            state["sha"] = sha.stdout.strip()
+            state["dirty"] = bool(porcelain.stdout.strip())
+        else:
+            state["error"] = sha.stderr.strip() or "git rev-parse failed"
+    return state
+
+
+def _package_hash() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        digest.update(str(path.relative_to(PACKAGE_ROOT)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def environment(device: str) -> dict[str, Any]:
+    """GPU, driver and library versions: `dsa_lab.env_info.environment_facts` where it exists."""
+    try:
+        from dsa_lab.env_info import environment_facts
+    except ImportError:
+        return _minimal_environment(device)
+    return environment_facts()
+
+
+def _minimal_environment(device: str) -> dict[str, Any]:
+    import importlib.metadata as md
+
+    import torch
+
+    def version(name: str) -> str | None:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    facts: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": version("triton"),
+        "vllm": version("vllm"),
+    }
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.device(device))
+        facts.update(
+            gpu_name=props.name,
+            capability=f"{props.major}.{props.minor}",
+            sm_count=props.multi_processor_count,
+            l2_bytes=getattr(props, "L2_cache_size", None),
+            memory_bytes=props.total_memory,
+            driver=_driver_version(),
+        )
+    return facts
+
+
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def build_provenance(
+    run_id: str,
+    device: str,
+    device_name: str,
+    source: str,
+    seed: int,
+    timing_method: str,
+    spec: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    if source not in SOURCES:
+        raise ValueError(f"source={source!r}: allowed values are {SOURCES}")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id,
+        "source": source,
+        "device": device,
+        "device_name": device_name,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": list(sys.argv),
+        "timing_method": timing_method,
+        "seed": seed,
+        "spec": spec,
+        "environment": environment(device),
+        "git": git_state(),
+        **(extra or {}),
+    }
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n"))
+
+
+def create_run(run_dir: str | Path, provenance: dict[str, Any]) -> Path:
+    """Make a fresh run folder holding provenance.json; refuse if the folder already holds anything."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise FileExistsError(
+            f"run folder {run_dir} already exists and is never overwritten: "
+            "resume it (--resume) or choose another --run-id/--out"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / PROVENANCE_FILE, provenance)
+    return run_dir
+
+
+def resume_run(run_dir: str | Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """Reopen a run to continue it; its sweep spec must equal `spec`. Returns its provenance."""
+    run_dir = Path(run_dir)
+    provenance = read_provenance(run_dir / PROVENANCE_FILE)
+    if provenance.get("spec") != json.loads(json.dumps(spec, default=str)):
+        raise ValueError(
+            f"{run_dir / PROVENANCE_FILE}: the run was started with another sweep spec; "
+            "resume only with the same axes, or start a new run"
+        )
+    _repair_points(run_dir / POINTS_FILE)
+    return provenance
+
+
+def update_provenance(run_dir: str | Path, **fields: Any) -> None:
+    path = Path(run_dir) / PROVENANCE_FILE
+    provenance = read_provenance(path)
+    provenance.update(fields)
+    write_json(path, provenance)
+
+
+def append_point(run_dir: str | Path, row: dict[str, Any]) -> None:
+    """Append one finished point as a JSON line and force it to disk."""
+    with open(Path(run_dir) / POINTS_FILE, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row, default=_json_default, allow_nan=True) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, (tuple, set)):
+        return list(value)
+    return str(value)
+
+
+def _repair_points(path: Path) -> None:
+    """Drop a torn last line (a point cut off mid-write), so appends start on a fresh line."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    cut = data.rfind(b"\n") + 1
+    if cut != len(data):
+        with open(path, "r+b") as handle:
+            handle.truncate(cut)
+
+
+def read_points(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Rows of points.jsonl; a torn last line is ignored, any other bad line is an error naming the file."""
+    path = Path(run_dir) / POINTS_FILE
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").split("\n")
+    complete, torn = lines[:-1], lines[-1]
+    rows = []
+    for number, line in enumerate(complete, start=1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise RunFormatError(f"{path}: line {number} is not valid JSON ({err})") from None
+    del torn  # a line without its newline was cut off mid-write: that point re-runs
+    return rows
+
+
+def done_keys(run_dir: str | Path) -> set[str]:
+    return {row["point_key"] for row in read_points(run_dir)}
+
+
+def write_results(run_dir: str | Path) -> Path:
+    """Write results.parquet from points.jsonl atomically; returns its path."""
+    run_dir = Path(run_dir)
+    rows = read_points(run_dir)
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        frame = pd.DataFrame(columns=list(RESULT_COLUMNS))
+    frame = frame.drop_duplicates("point_key", keep="last").reset_index(drop=True)
+    path = run_dir / RESULTS_FILE
+    _atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
+    return path
+
+
+# ---------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class Run:
+    path: Path
+    provenance: dict[str, Any]
+    results: pd.DataFrame
+
+    @property
+    def source(self) -> str:
+        return self.provenance["source"]
+
+
+def read_provenance(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise RunFormatError(f"{path}: no provenance file (is this a dsa_lab run folder?)")
+    try:
+        provenance = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RunFormatError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(provenance, dict):
+        raise RunFormatError(f"{path}: expected a JSON object, got {type(provenance).__name__}")
+    missing = [key for key in PROVENANCE_KEYS if key not in provenance]
+    if missing:
+        raise RunFormatError(f"{path}: not a dsa_lab provenance file (missing keys {missing})")
+    if provenance["schema_version"] != SCHEMA_VERSION:
+        raise RunFormatError(f"{path}: schema_version {provenance['schema_version']!r}, this dsa_lab reads {SCHEMA_VERSION}")
+    if provenance["source"] not in SOURCES:
+        raise RunFormatError(f"{path}: source {provenance['source']!r}, allowed {SOURCES}")
+    return provenance
+
+
+def load_run(path: str | Path) -> Run:
+    """Read and validate a run (its folder, or its results.parquet); never writes."""
+    path = Path(path)
+    run_dir = path.parent if path.name == RESULTS_FILE else path
+    provenance = read_provenance(run_dir / PROVENANCE_FILE)
+    results_path = run_dir / RESULTS_FILE
+    if not results_path.is_file():
+        raise RunFormatError(f"{results_path}: missing (an unfinished run? `write_results` builds it from {POINTS_FILE})")
+    try:
+        results = pd.read_parquet(results_path)
+    except Exception as err:  # pyarrow raises several types for corrupt files
+        raise RunFormatError(f"{results_path}: not a readable parquet file ({type(err).__name__}: {err})") from None
+    missing = [column for column in RESULT_COLUMNS if column not in results.columns]
+    if missing:
+        raise RunFormatError(f"{results_path}: not a dsa_lab results file (missing columns {missing})")
+    bad_status = sorted(set(results["status"]) - set(STATUSES))
+    if bad_status:
+        raise RunFormatError(f"{results_path}: unknown status values {bad_status}, allowed {STATUSES}")
+    sources = set(results["source"])
+    if sources - {provenance["source"]}:
+        raise RunFormatError(
+            f"{results_path}: rows of source {sorted(sources)} in a run whose provenance says {provenance['source']!r}"
+        )
+    if results["point_key"].duplicated().any():
+        raise RunFormatError(f"{results_path}: duplicate point_key rows")
+    return Run(run_dir, provenance, results)
+
+
+def list_runs(root: str | Path = "data") -> pd.DataFrame:
+    """One row per run folder under `root` (device/run_id/provenance.json), newest first."""
+    import pyarrow.parquet as pq
+
+    rows = []
+    for provenance_path in sorted(Path(root).glob(f"*/*/{PROVENANCE_FILE}")):
+        try:
+            provenance = read_provenance(provenance_path)
+        except RunFormatError as err:
+            rows.append({"path": str(provenance_path.parent), "problem": str(err)})
+            continue
+        results = provenance_path.parent / RESULTS_FILE
+        rows.append(
+            {
+                "path": str(provenance_path.parent),
+                "run_id": provenance["run_id"],
+                "device": provenance.get("device_name", provenance["device"]),
+                "source": provenance["source"],
+                "created": provenance["created"],
+                "rows": pq.read_metadata(results).num_rows if results.is_file() else None,
+                "problem": None if results.is_file() else f"no {RESULTS_FILE} yet",
+            }
+        )
+    frame = pd.DataFrame(rows)
+    return frame.sort_values("created", ascending=False, na_position="last") if "created" in frame else frame
+
+
+# ---------------------------------------------------------------- comparing
+
+AXES = ("backend", "strategy", "batch", "context", "next_n", "cache_dtype", "heads", "head_dim")
+
+
+def compare_runs(a: Run, b: Run, allow_mixed_sources: bool = False) -> pd.DataFrame:
+    """Per point timed ok in both: b/a time ratio and a verdict from the two interquartile ranges.
+
+    'slower' when b's 25th percentile lies above a's 75th, 'faster' when b's 75th lies below
+    a's 25th, else 'same' (the change is inside the measured spread).
+    """
+    if a.source != b.source and not allow_mixed_sources:
+        raise ValueError(
+            f"runs {a.path} ({a.source}) and {b.path} ({b.source}) differ in source; "
+            "measured and modeled times are not compared silently (allow_mixed_sources=True to do it anyway)"
+        )
+    keep = ["point_key", *AXES, "median_ms", "p25_ms", "p75_ms", "iqr_ms"]
+    left = a.results.loc[a.results["status"] == "ok", keep]
+    right = b.results.loc[b.results["status"] == "ok", ["point_key", "median_ms", "p25_ms", "p75_ms", "iqr_ms"]]
+    merged = left.merge(right, on="point_key", suffixes=("_a", "_b"))
+    merged["ratio"] = merged["median_ms_b"] / merged["median_ms_a"]
+    merged["verdict"] = "same"
+    merged.loc[merged["p25_ms_b"] > merged["p75_ms_a"], "verdict"] = "slower"
+    merged.loc[merged["p75_ms_b"] < merged["p25_ms_a"], "verdict"] = "faster"
+    return merged.sort_values("ratio", ascending=False).reset_index(drop=True)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    a, b = load_run(args.run_a), load_run(args.run_b)
+    table_data = compare_runs(a, b, allow_mixed_sources=args.allow_mixed_sources)
+    console = Console()
+    if table_data.empty:
+        console.print(f"no point timed ok in both {a.path} and {b.path}")
+        return 0
+    table = Table(title=f"{b.path.name} vs {a.path.name} (ratio = B/A median; verdict from the IQRs)")
+    for column in ("backend", "strategy", "batch", "context", "next_n", "A ms", "B ms", "ratio", "verdict"):
+        table.add_column(column, justify="right" if column not in ("backend", "strategy", "verdict") else "left")
+    colours = {"slower": "red", "faster": "green", "same": "white"}
+    for row in table_data.itertuples():
+        table.add_row(
+            row.backend, row.strategy, str(row.batch), str(row.context), str(row.next_n),
+            f"{row.median_ms_a:.4f}", f"{row.median_ms_b:.4f}", f"{row.ratio:.3f}",
+            f"[{colours[row.verdict]}]{row.verdict}[/]",
+        )  # fmt: skip
+    console.print(table)
+    counts = table_data["verdict"].value_counts().to_dict()
+    console.print(f"{len(table_data)} matching points: {counts}")
+    return 0
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    frame = list_runs(args.root)
+    if frame.empty:
+        print(f"no runs under {args.root}")
+    else:
+        print(frame.to_string(index=False))
+    return 0
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    compare = subparsers.add_parser("compare", help="compare two runs point by point (ratios, regressions)")
+    compare.add_argument("run_a", help="baseline run folder (or its results.parquet)")
+    compare.add_argument("run_b", help="run folder compared with the baseline")
+    compare.add_argument("--allow-mixed-sources", action="store_true", help="compare a measured with a modeled run")
+    compare.set_defaults(func=_cmd_compare)
+    runs = subparsers.add_parser("runs", help="list the runs stored under a data folder")
+    runs.add_argument("--root", default="data", help="folder holding <device>/<run_id>/ runs (default: data)")
+    runs.set_defaults(func=_cmd_runs)
