@@ -1,0 +1,133 @@
+"""Profile runs on disk and in memory: store-format provenance, tables, loading, the CPU fallback.
+
+A profile run is a store run folder (`provenance.json` from `dsa_lab.store`, with
+`kind: profile`) holding tables instead of timings: `torch_kernels.parquet`,
+`torch_phases.parquet`, `ncu_kernels.parquet` (one row per logits kernel, configuration
+attached), `ncu_raw.txt.gz` (ncu's own output, for re-parsing) and Chrome traces
+`trace_<backend>.json.gz`. Profile runs live under `data/<device>/profiles/<run_id>/`, out
+of the way of `dsa-lab runs`, which lists timings.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from dsa_lab import store
+from dsa_lab.metadata import STRATEGIES
+from dsa_lab.profiling.ncu import NcuStatus
+from dsa_lab.profiling.sweep import ProfileRun, ProfileSpec, run_torch_sweep
+from dsa_lab.profiling.torch_profile import device_label
+
+KIND = "profile"
+TABLES = {
+    "torch_kernels": "torch.profiler: one row per (config, phase, kernel, grid)",
+    "torch_phases": "torch.profiler: one row per (config, phase)",
+    "ncu_kernels": "Nsight Compute: one row per profiled logits kernel, config attached",
+}
+RAW_NCU = "ncu_raw.txt.gz"
+CPU_LABEL = "CPU reference, not H200"
+
+
+def profile_provenance(run_id: str, device: torch.device, spec: ProfileSpec, status: NcuStatus | None) -> dict[str, Any]:
+    return store.build_provenance(
+        run_id,
+        device.type,
+        device_label(device),
+        "measured",
+        spec.seed,
+        "torch.profiler (one step after a warm-up) + Nsight Compute CLI (kernel replay, caches flushed)",
+        spec.as_dict(),
+        extra={"kind": KIND, "ncu": status.as_dict() if status else None, "tables": TABLES},
+    )
+
+
+def write_tables(run: ProfileRun, folder: Path) -> None:
+    """Write the run's tables next to its provenance (atomically, one file each)."""
+    for name, frame in (("torch_kernels", run.kernels), ("torch_phases", run.phases), ("ncu_kernels", run.ncu)):
+        path = folder / f"{name}.parquet"
+        tmp = path.with_name(f".{path.name}.tmp")
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    if run.raw_ncu:
+        with gzip.open(folder / RAW_NCU, "wt", encoding="utf-8") as handle:
+            handle.write(run.raw_ncu)
+    store.update_provenance(folder, configs=run.configs)
+
+
+def is_profile_run(folder: Path) -> bool:
+    try:
+        return store.read_provenance(folder / store.PROVENANCE_FILE).get("kind") == KIND
+    except store.RunFormatError:
+        return False
+
+
+def find_profile_runs(root: str | Path) -> list[Path]:
+    """Profile run folders under `root` (any depth), newest first."""
+    found = [p.parent for p in Path(root).rglob(store.PROVENANCE_FILE) if is_profile_run(p.parent)]
+    return sorted(found, key=lambda p: store.read_provenance(p / store.PROVENANCE_FILE)["created"], reverse=True)
+
+
+def load_profile_run(folder: str | Path) -> ProfileRun:
+    """Read a stored profile run; a table that was not produced loads as an empty frame."""
+    folder = Path(folder)
+    provenance = store.read_provenance(folder / store.PROVENANCE_FILE)
+    if provenance.get("kind") != KIND:
+        raise store.RunFormatError(f"{folder}: a {provenance.get('kind', 'timing')!r} run, not a profile run")
+
+    def table(name: str) -> pd.DataFrame:
+        path = folder / f"{name}.parquet"
+        return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+
+    raw_text = ""
+    if (folder / RAW_NCU).is_file():
+        with gzip.open(folder / RAW_NCU, "rt", encoding="utf-8") as handle:
+            raw_text = handle.read()
+    return ProfileRun(
+        table("torch_kernels"), table("torch_phases"), table("ncu_kernels"), provenance.get("configs", []), provenance, folder, raw_text
+    )
+
+
+
+def cpu_reference_run(batch_size: int = 2, context_len: int = 256, next_ns: tuple[int, ...] = (1, 2, 4), topk: int = 64, seed: int = 0) -> ProfileRun:
+    """torch.profiler tables of the reference backend on this CPU, held in memory, labelled as such.
+
+    Kineto's log level is raised (unless set) so that its per-session chatter and its
+    expected complaint about the missing GPU stay out of notebooks.
+    """
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    spec = ProfileSpec(("reference",), STRATEGIES, (batch_size,), context_len, tuple(next_ns), seed, topk, trace=False)
+    run = run_torch_sweep(spec, torch.device("cpu"), None, log=lambda message: None)
+    run.provenance = {
+        "kind": KIND,
+        "source": "measured",
+        "device": "cpu",
+        "device_name": CPU_LABEL,
+        "run_id": "cpu-reference-in-memory",
+        "created": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds"),
+        "git": store.git_state(),
+        "spec": spec.as_dict(),
+        "ncu_skipped": "no GPU here: Nsight Compute needs CUDA kernels",
+    }
+    return run
+
+
+def shipped_or_cpu_reference(root: str | Path, **cpu: Any) -> ProfileRun:
+    """The newest profile run stored under `root`, else a fresh `cpu_reference_run(**cpu)`."""
+    runs = find_profile_runs(root) if Path(root).is_dir() else []
+    return load_profile_run(runs[0]) if runs else cpu_reference_run(**cpu)
+
+
+def versus_native(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """Each strategy's `columns` divided by native's at the same backend, batch, context and next_n."""
+    keys = [k for k in ("backend", "batch_size", "context_len", "next_n") if k in frame]
+    native = frame.loc[frame["strategy"] == "native", keys + columns]
+    merged = frame[keys + ["strategy", *columns]].merge(native, on=keys, how="left", suffixes=("", "_native"))
+    for column in columns:
+        merged[f"{column}_vs_native"] = merged[column] / merged[f"{column}_native"]
+    return merged.drop(columns=[f"{c}_native" for c in columns])

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Profile native vs flatten vs atom on the H200: torch.profiler tables + one Chrome trace per
+# backend, and Nsight Compute counters (CLI, kernel replay, logits kernels only).
+#
+#   OUT=/some/folder bash scripts/h200_profile.sh        # on the device machine, from the repo root
+#
+# Expected: about 6 minutes (torch.profiler <= 2 min, ncu <= 100 s per backend, start-up), more
+# if DeepGEMM's JIT cache is cold. Configurations cut by a budget are recorded as skipped.
+# Grid: backends deepgemm and triton (a backend that is missing or unavailable is recorded with
+# its reason and skipped), B in {128, 64}, L = 64K, next_n in {4, 2, 8, 1, 3} (most telling
+# first, so a time limit cuts the least useful points), strategies native, flatten, atom.
+# Writes (8 files, flat enough for the device's copy-back):
+#   $OUT/log.txt                          everything printed, ncu's choice of path included
+#   $OUT/profile/provenance.json          store-format provenance + every config's status/reason
+#   $OUT/profile/torch_kernels.parquet    torch.profiler: (config, phase, kernel, grid) rows
+#   $OUT/profile/torch_phases.parquet     torch.profiler: (config, phase) rows
+#   $OUT/profile/ncu_kernels.parquet      ncu: one row per logits kernel, config attached
+#   $OUT/profile/ncu_raw.txt.gz           ncu's own output, to re-parse
+#   $OUT/profile/trace_<backend>.json.gz  B=128, n=4: a native step then a flatten step
+# Afterwards copy $OUT/profile to data/h200/profiles/<run_id>/ (run_id is in provenance.json).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${OUT:?set OUT to the folder whose files come back}"
+PY="${PYTHON:-python3}"
+export PYTHONPATH="$PWD/.dg:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+BACKENDS="${BACKENDS:-deepgemm triton}"
+TORCH_BUDGET="${TORCH_BUDGET:-120}"  # seconds: torch.profiler starts no configuration after this
+NCU_TIMEOUT="${NCU_TIMEOUT:-100}"    # seconds per backend's ncu run (its target stops 45 s earlier)
+TOTAL_TIMEOUT="${TOTAL_TIMEOUT:-420}"  # last-resort guard; tables are written after each stage
+mkdir -p "$OUT"
+{
+  echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1)"
+  "$PY" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+  # shellcheck disable=SC2086  # BACKENDS is a list
+  timeout --signal=INT "$TOTAL_TIMEOUT" "$PY" -m dsa_lab.profile --both \
+    --backend $BACKENDS --strategy all --batch 128 64 --context-len 65536 --next-n 4 2 8 1 3 \
+    --repeats 1 --torch-budget "$TORCH_BUDGET" --ncu-timeout "$NCU_TIMEOUT" --out "$OUT/profile"
+  echo "== dsa_lab.profile exit $?"
+} 2>&1 | tee "$OUT/log.txt"

@@ -1,0 +1,453 @@
+"""Profiling: torch.profiler tables on the CPU reference path, ncu detection and CSV parsing, the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import ClassVar
+
+import pandas as pd
+import pytest
+import torch
+
+from dsa_lab.cache import gather_request_keys
+from dsa_lab.cli import main as cli_main
+from dsa_lab.decode import run_decode
+from dsa_lab.kernels import registry
+from dsa_lab.kernels.reference import ReferenceBackend
+from dsa_lab.profile import (
+    PHASES,
+    NcuUnavailable,
+    ProfileRefused,
+    attach_configs,
+    detect_ncu,
+    load_profile_run,
+    parse_ncu_csv,
+    phased_decode,
+    profile_decode_step,
+    profile_inputs,
+    summarize_ncu,
+)
+from dsa_lab.profiling import cli as profile_cli
+from dsa_lab.profiling.ncu import missing_metrics, ncu_command, query_metric_names, require_ncu, usable_metrics
+from dsa_lab.profiling.step import useful_costs
+from dsa_lab.profiling.torch_profile import tables_from_trace
+from dsa_lab.workload import uniform_batch
+
+TOPK = 16
+
+
+class OneTwoBackend(ReferenceBackend):
+    """The reference, declaring only next_n 1 and 2 native: atom splits 3 into 2 + 1."""
+
+    name = "test-native-1-2"
+    baseline = False
+
+    def native_next_n(self, device: torch.device) -> frozenset[int]:
+        return frozenset({1, 2})
+
+
+class SkewedBackend(ReferenceBackend):
+    """Wrong by 1 %: must be refused, never profiled."""
+
+    name = "test-skewed"
+    baseline = False
+
+    def logits(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return super().logits(*args, **kwargs) * 1.01
+
+
+class HoleBackend(ReferenceBackend):
+    """Leaves one valid logit unwritten (NaN), as a kernel that skips a tile would."""
+
+    name = "test-hole"
+    baseline = False
+    cleans_tail: ClassVar[bool] = False
+
+    def logits(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = super().logits(*args, **kwargs)
+        out[0, 0] = float("nan")
+        return out
+
+
+@pytest.fixture(scope="module")
+def inputs3():
+    return profile_inputs(uniform_batch(2, 160, 3), seed=5)
+
+
+def test_phased_step_equals_run_decode(inputs3) -> None:
+    phased = phased_decode(inputs3, "flatten", "reference", TOPK)
+    plain = run_decode(inputs3, "flatten", "reference", TOPK)
+    assert torch.equal(phased.logits, plain.logits)
+    assert torch.equal(phased.indices, plain.indices)
+
+
+def test_profile_inputs_cache_holds_finite_quantised_keys(inputs3) -> None:
+    cache = inputs3.cache
+    assert cache.data.shape[1:] == (64, 1, 132)
+    used = cache.block_table[:, :3].flatten()
+    assert len(set(used.tolist())) == used.numel()  # requests own distinct blocks
+    keys = gather_request_keys(cache, 1, 160)
+    assert torch.isfinite(keys).all() and keys.abs().sum() > 0
+    assert inputs3.q.float().abs().sum() > 0
+
+
+def test_torch_profile_native_vs_atom_launches(inputs3, tmp_path: Path) -> None:
+    native = profile_decode_step(inputs3, "native", "reference", topk=TOPK, trace_dir=tmp_path)
+    assert native.launch_shapes == ((2, 3),)
+    phases = native.phases.set_index("phase")
+    assert set(PHASES) <= set(phases.index)
+    assert phases.loc["logits", "calls"] == 1
+    assert native.kernels["launches"].sum() > 0 and (native.kernels["total_us"] >= 0).all()
+    assert native.kernels["share"].sum() == pytest.approx(1.0)
+    assert native.config["rel_err"] == 0.0
+
+    split = profile_decode_step(inputs3, "atom", OneTwoBackend(), topk=TOPK)
+    assert split.launch_shapes == ((2, 2), (2, 1))
+    assert split.phases.set_index("phase").loc["logits", "calls"] == 2
+    assert split.phases.set_index("phase").loc["pack", "calls"] == 2
+    assert split.trace_path is None
+
+    padded = profile_decode_step(inputs3, "atom", "reference", topk=TOPK)  # sizes {1, 2, 4}: 3 = padded 4
+    assert padded.launch_shapes == ((2, 4),)
+    flat = profile_decode_step(inputs3, "flatten", "reference", topk=TOPK)
+    assert flat.launch_shapes == ((6, 1),)
+
+    trace = json.loads(native.trace_path.read_text())
+    names = {e.get("name") for e in trace["traceEvents"] if e.get("cat") == "user_annotation"}
+    assert set(PHASES) <= names
+
+
+@pytest.mark.parametrize("backend", [SkewedBackend(), HoleBackend()])
+def test_incorrect_backend_is_refused(inputs3, backend) -> None:
+    with pytest.raises(ProfileRefused, match="relative error"):
+        profile_decode_step(inputs3, "native", backend, topk=TOPK)
+
+
+def test_useful_costs_count_kv_once_and_flatten_rereads() -> None:
+    batch = uniform_batch(2, 100, 4)
+    native = useful_costs(batch, "native", (1, 2, 4))
+    flatten = useful_costs(batch, "flatten", (1, 2, 4))
+    assert native["unique_kv_bytes"] == 2 * 100 * 132
+    assert native["useful_flops"] == 2 * 64 * 128 * 2 * (97 + 98 + 99 + 100)
+    assert native["modeled_kv_bytes"] == 2 * 100 * 132
+    assert flatten["modeled_kv_bytes"] == 2 * (97 + 98 + 99 + 100) * 132
+
+
+def _fake_run(stdout: str):
+    def run(command, **kwargs):  # type: ignore[no-untyped-def]
+        return subprocess.CompletedProcess(command, 0, stdout=stdout, stderr="")
+
+    return run
+
+
+def test_missing_ncu_gives_one_clear_message(tmp_path: Path) -> None:
+    status = detect_ncu(which=lambda name: None, globs=(), params=tmp_path / "none")
+    assert not status.usable
+    with pytest.raises(NcuUnavailable) as err:
+        require_ncu(status)
+    message = str(err.value)
+    assert "Nsight Compute not found" in message and "2022.1" in message and "\n" not in message
+
+
+def test_cli_ncu_without_ncu_exits_with_one_line(monkeypatch, tmp_path: Path, capsys) -> None:
+    missing = detect_ncu(which=lambda name: None, globs=(), params=tmp_path / "none")
+    monkeypatch.setattr(profile_cli, "detect_ncu", lambda: missing)
+    code = cli_main(["profile", "--ncu", "--device", "cpu", "--out", str(tmp_path / "run")])
+    captured = capsys.readouterr()
+    assert code == 2
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Nsight Compute not found" in lines[0] and "Traceback" not in captured.err
+
+
+def test_ncu_too_old_or_not_permitted(tmp_path: Path, monkeypatch) -> None:
+    old = detect_ncu(which=lambda name: "/x/ncu", run=_fake_run("Version 2021.1.0 (build 1)"), params=tmp_path / "none")
+    assert not old.usable and "too old" in old.problems[0]
+    params = tmp_path / "params"
+    params.write_text("RmProfilingAdminOnly: 1\n")
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    locked = detect_ncu(which=lambda name: "/x/ncu", run=_fake_run("Version 2025.3.1.0 (build 36398880)"), params=params)
+    assert locked.counters_permitted is False and "RmProfilingAdminOnly" in locked.problems[0]
+
+
+def test_ncu_cli_path_chosen_and_explained(tmp_path: Path) -> None:
+    status = detect_ncu(
+        which=lambda name: "/opt/ncu", run=_fake_run("NVIDIA Nsight Compute\nVersion 2025.3.1.0 (build 36398880)"), params=tmp_path / "none"
+    )
+    assert status.usable and status.path == "ncu-cli" and status.ncu_version == (2025, 3, 1)
+    assert "nsight-python" in status.reason
+    assert status.as_dict()["ncu_version"] == "2025.3.1"
+
+
+def test_metric_query_and_command() -> None:
+    listing = "Device NVIDIA H200 (GH100)\ndram__bytes_read   Counter   # of bytes read\ngpu__time_duration  Counter  time\n"
+    offered = query_metric_names("/opt/ncu", "gh100", run=_fake_run(listing))
+    kept, dropped = usable_metrics(["dram__bytes_read.sum", "sm__pipe_tensor_op_gmma_cycles_active.avg.pct"], offered)
+    assert kept == ["dram__bytes_read.sum"] and dropped == ["sm__pipe_tensor_op_gmma_cycles_active.avg.pct"]
+    command = ncu_command("/opt/ncu", kept, ["python", "-m", "dsa_lab.profile", "--ncu-target"], launch_count=40)
+    assert command[:2] == ["/opt/ncu", "--csv"] and "--profile-from-start" in command and "kernel" in command
+    assert command[command.index("--metrics") + 1] == "dram__bytes_read.sum"
+    assert missing_metrics("==ERROR== Failed to find metric sm__foo.avg.pct_of_peak_sustained_active") == [
+        "sm__foo.avg.pct_of_peak_sustained_active"
+    ]
+
+
+HEADER = (
+    '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+    '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value","Rule Name","Rule Type",'
+    '"Rule Description","Estimated Speedup Type","Estimated Speedup"'
+)
+
+
+def _rows(kernel_id: int, name: str, grid: str, values: dict[str, tuple[str, str]]) -> list[str]:
+    return [
+        f'"{kernel_id}","4242","python3.12","127.0.0.1","{name}","1","7","(128, 1, 1)","{grid}","0","9.0",'
+        f'"Command line profiler metrics","{metric}","{unit}","{value}","","","","",""'
+        for metric, (unit, value) in values.items()
+    ]
+
+
+def _metrics(read_mb: str, usec: str, gmma: str) -> dict[str, tuple[str, str]]:
+    return {
+        "dram__bytes_read.sum": ("Mbyte", read_mb),
+        "dram__bytes_write.sum": ("byte", "4,096"),
+        "dram__throughput.avg.pct_of_peak_sustained_elapsed": ("%", "61.5"),
+        "gpu__time_duration.sum": ("usecond", usec),
+        "lts__t_sector_hit_rate.pct": ("%", "40.25"),
+        "lts__t_sectors_srcunit_tex_op_read.sum": ("sector", "10,000"),
+        "sm__warps_active.avg.pct_of_peak_sustained_active": ("%", "12.5"),
+        "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": ("%", gmma),
+        "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": ("%", "n/a"),
+    }
+
+
+NCU_SAMPLE = "\n".join(
+    [
+        "==PROF== Connected to process 4242 (/usr/bin/python3.12)",
+        '==PROF== Profiling "dsa_lab_ncu_marker" - 0: 0%....50%....100% - 1 pass',
+        HEADER,
+        *_rows(0, "dsa_lab_ncu_marker", "(1, 1, 1)", {"gpu__time_duration.sum": ("nsecond", "1,504")}),
+        *_rows(1, "void paged_mqa_logits_kernel<4>(Params)", "(132, 1, 1)", _metrics("0.28", "10", "20")),
+        *_rows(2, "dsa_lab_ncu_marker", "(2, 1, 1)", {"gpu__time_duration.sum": ("nsecond", "1,480")}),
+        *_rows(3, "void paged_mqa_logits_kernel<1>(Params)", "(132, 1, 1)", _metrics("0.54", "30", "5")),
+        '"3","4242","python3.12","127.0.0.1","void paged_mqa_logits_kernel<1>(Params)","1","7","(128, 1, 1)",'
+        '"(132, 1, 1)","0","9.0","SOL","","","","SOLBottleneck","WRN","memory bound","global","12"',
+        "==PROF== Disconnected from process 4242",
+    ]
+)
+
+
+def _manifest() -> dict:
+    common = {"backend": "fake", "device": "NVIDIA H200", "batch_size": 2, "context_len": 1024, "next_n": 4,
+              "num_heads": 64, "head_dim": 128, "cache_dtype": "fp8", "unique_kv_bytes": 2 * 1024 * 132.0,
+              "useful_flops": 2 * 64 * 128 * 2 * (1021 + 1022 + 1023 + 1024.0), "kernel_rows": 8}  # fmt: skip
+    return {
+        "configs": [
+            {**common, "index": 0, "strategy": "native", "logits_calls": 1, "modeled_kv_bytes": 2 * 1024 * 132.0},
+            {**common, "index": 1, "strategy": "flatten", "logits_calls": 1, "modeled_kv_bytes": 2 * 4090 * 132.0},
+            {**common, "index": 2, "strategy": "atom", "logits_calls": 1, "modeled_kv_bytes": 2 * 1024 * 132.0, "same_as": 0},
+        ],
+        "steps": [{"marker": 0, "config": 0, "repeat": 0}, {"marker": 1, "config": 1, "repeat": 0}],
+    }
+
+
+def test_parse_ncu_csv_units_and_na() -> None:
+    table = parse_ncu_csv(NCU_SAMPLE)
+    assert list(table["id"]) == [0, 1, 2, 3]
+    logits = table.set_index("id").loc[1]
+    assert logits["dram_read_bytes"] == pytest.approx(280_000)
+    assert logits["dram_write_bytes"] == 4096
+    assert logits["duration_ns"] == pytest.approx(10_000)
+    assert logits["l2_read_bytes"] == 320_000
+    assert logits["grid"] == "(132, 1, 1)" and logits["block"] == "(128, 1, 1)"
+    assert pd.isna(logits["tensor_hmma_pct"]) and logits["tensor_gmma_pct"] == 20
+    assert table.set_index("id").loc[0, "duration_ns"] == 1504
+    assert parse_ncu_csv("==ERROR== something broke").empty
+
+
+def test_attach_and_summarize_normalise_per_useful_byte() -> None:
+    kernels = attach_configs(parse_ncu_csv(NCU_SAMPLE), _manifest())
+    assert "dsa_lab_ncu_marker" not in set(kernels["kernel"])
+    assert list(kernels["strategy"]) == ["native", "flatten", "atom"]
+    assert kernels.set_index("strategy").loc["atom", "copied_from"] == "native"
+    summary = summarize_ncu(kernels).set_index("strategy")
+    unique = 2 * 1024 * 132.0
+    assert summary.loc["native", "dram_read_per_unique"] == pytest.approx(280_000 / unique)
+    assert summary.loc["flatten", "dram_read_per_unique"] == pytest.approx(540_000 / unique)
+    reread = 2 * 4090 * 132.0 - unique
+    assert summary.loc["flatten", "l2_absorbed"] == pytest.approx(1 - (540_000 - unique) / reread)
+    assert pd.isna(summary.loc["native", "l2_absorbed"])
+    assert summary.loc["native", "effective_tbps"] == pytest.approx(unique / 10e-6 / 1e12)
+    flops = 2 * 64 * 128 * 2 * (1021 + 1022 + 1023 + 1024)
+    assert summary.loc["flatten", "useful_tflops"] == pytest.approx(flops / 30e-6 / 1e12)
+    assert summary.loc["atom", "duration_ns"] == summary.loc["native", "duration_ns"]
+
+
+def test_cli_profile_cpu_reference(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setitem(registry._BACKENDS, SkewedBackend.name, SkewedBackend())
+    out = tmp_path / "run"
+    code = cli_main(
+        ["profile", "--torch", "--device", "cpu", "--backend", "reference", SkewedBackend.name,
+         "--batch", "2", "--context-len", "128", "--next-n", "2", "--topk", str(TOPK), "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    run = load_profile_run(out)
+    assert run.provenance["kind"] == "profile" and run.provenance["source"] == "measured"
+    assert set(run.kernels["strategy"]) == {"native", "flatten", "atom"}
+    assert set(run.kernels["backend"]) == {"reference"}
+    refused = [c for c in run.configs if c["backend"] == SkewedBackend.name]
+    assert len(refused) == 3 and all(c["status"] == "skipped" and "relative error" in c["reason"] for c in refused)
+    assert (out / "trace_reference.json.gz").is_file()
+    assert run.ncu.empty
+    assert "reference" in capsys.readouterr().out
+
+
+def _event(cat: str, name: str, ts: float, dur: float, tid: int = 1, **args) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0 if cat in ("kernel", "gpu_memcpy") else 100, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def test_cuda_trace_kernels_go_to_the_phase_that_launched_them() -> None:
+    """A Kineto-style CUDA trace: runtime and driver launches, and a kernel known only by External id."""
+    events = [
+        _event("user_annotation", "metadata", 0, 10, **{"External id": 1}),
+        _event("cuda_runtime", "cudaMemcpyAsync", 2, 1, correlation=11),
+        _event("user_annotation", "pack", 10, 10, **{"External id": 2}),
+        _event("cpu_op", "aten::index", 11, 5, **{"External id": 3}),
+        _event("cuda_runtime", "cudaLaunchKernel", 12, 1, correlation=12),
+        _event("user_annotation", "logits", 20, 10, **{"External id": 4}),
+        _event("cuda_driver", "cuLaunchKernelEx", 21, 1, correlation=13),
+        _event("user_annotation", "logits", 30, 10, **{"External id": 5}),
+        _event("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 50, 2, tid=7, correlation=11),
+        _event("kernel", "index_kernel", 53, 3, tid=7, correlation=12, grid=[4, 1, 1]),
+        _event("kernel", "paged_logits<2>", 57, 30, tid=7, correlation=13, grid=[132, 1, 1]),
+        _event("kernel", "paged_logits<2>", 88, 30, tid=7, correlation=99, grid=[132, 1, 1], **{"External id": 5}),
+        _event("kernel", "stray", 120, 1, tid=7, correlation=98),
+    ]
+    kernels, phases = tables_from_trace({"traceEvents": events}, "cuda")
+    where = kernels.set_index("kernel")
+    assert where.loc["Memcpy HtoD (Pageable -> Device)", "phase"] == "metadata"
+    assert where.loc["index_kernel", "phase"] == "pack" and where.loc["index_kernel", "grid"] == "(4, 1, 1)"
+    logits = where.loc["paged_logits<2>"]
+    assert logits["phase"] == "logits" and logits["launches"] == 2 and logits["calls"] == 2
+    assert logits["total_us"] == 60 and logits["mean_us"] == 30 and logits["first_start_us"] == 7
+    assert where.loc["stray", "phase"] == "other"
+    assert kernels["share"].sum() == pytest.approx(1.0)
+    per_phase = phases.set_index("phase")
+    assert per_phase.loc["logits", "calls"] == 2 and per_phase.loc["logits", "device_us"] == 60
+    assert per_phase.loc["logits", "wall_us"] == 20
+
+
+def _csv_for_steps(manifest: dict) -> str:
+    """What ncu would print for the target's steps: a marker, then one logits kernel per call."""
+    lines, kernel_id = [HEADER], 0
+    calls = {c["index"]: c["logits_calls"] for c in manifest["configs"]}
+    for step in manifest["steps"]:
+        lines += _rows(kernel_id, "dsa_lab_ncu_marker", f"({step['marker'] + 1}, 1, 1)", {"gpu__time_duration.sum": ("nsecond", "1,500")})
+        kernel_id += 1
+        for _ in range(calls[step["config"]]):
+            lines += _rows(kernel_id, "paged_logits", "(132, 1, 1)", _metrics("0.1", "5", "10"))
+            kernel_id += 1
+    return "\n".join(lines)
+
+
+def test_ncu_target_bookkeeping_on_cpu(tmp_path: Path, monkeypatch) -> None:
+    from contextlib import nullcontext
+
+    from dsa_lab.profiling.target import TargetPlan, run_target
+
+    markers: list[int] = []
+    plan = TargetPlan("reference", ("native", "flatten", "atom"), (2,), 160, (1, 3), tmp_path / "m.json", repeats=2, topk=TOPK)
+    manifest = run_target(plan, torch.device("cpu"), lambda number, device: markers.append(number), nullcontext)
+    assert manifest["complete"] and json.loads((tmp_path / "m.json").read_text())["complete"]
+    status = {(c["next_n"], c["strategy"]): (c["status"], c["same_as"]) for c in manifest["configs"]}
+    assert status[(1, "native")] == ("profiled", None)
+    assert status[(1, "flatten")] == ("same_as", 0) and status[(1, "atom")] == ("same_as", 0)
+    assert all(status[(3, s)] == ("profiled", None) for s in ("native", "flatten", "atom"))
+    assert markers == list(range(8)) and [s["marker"] for s in manifest["steps"]] == markers
+
+    kernels = attach_configs(parse_ncu_csv(_csv_for_steps(manifest)), manifest)
+    summary = summarize_ncu(kernels)
+    assert len(summary) == 6 and set(summary["repeats"]) == {2}
+    assert set(summary.loc[summary["copied_from"].notna(), "strategy"]) == {"flatten", "atom"}
+
+    monkeypatch.setitem(registry._BACKENDS, SkewedBackend.name, SkewedBackend())
+    skewed = TargetPlan(SkewedBackend.name, ("native",), (2,), 160, (2,), tmp_path / "s.json", topk=TOPK)
+    refused = run_target(skewed, torch.device("cpu"), lambda number, device: None, nullcontext)
+    assert refused["steps"] == [] and "relative error" in refused["configs"][0]["reason"]
+
+
+FAKE_NCU = '''#!{python}
+"""Stands in for ncu: refuses an unknown metric, else writes the target's manifest and prints CSV."""
+import json, sys
+args = sys.argv[1:]
+metrics = args[args.index("--metrics") + 1].split(",")
+if "bogus__metric.sum" in metrics:
+    print("==ERROR== Failed to find metric bogus__metric.sum")
+    sys.exit(1)
+assert args[args.index("--profile-from-start") + 1] == "off"
+target = args[args.index("--metrics") + 2:]
+assert target[1:4] == ["-m", "dsa_lab.profile", "--ncu-target"], target
+manifest = {manifest}
+with open(target[target.index("--manifest") + 1], "w") as handle:
+    json.dump(manifest, handle)
+print("==PROF== Connected to process 1")
+print({csv!r})
+'''
+
+
+def test_ncu_runner_retries_unknown_metrics_and_parses(tmp_path: Path) -> None:
+    from dsa_lab.profiling.sweep import ProfileSpec, run_ncu_backend
+
+    manifest = _manifest()
+    script = tmp_path / "ncu"
+    script.write_text(FAKE_NCU.format(python=sys.executable, manifest=repr(manifest), csv=NCU_SAMPLE))
+    script.chmod(0o755)
+    spec = ProfileSpec(("fake",), ("native", "flatten", "atom"), (2,), 1024, (4,))
+    metrics, dropped = ["gpu__time_duration.sum", "bogus__metric.sum", "dram__bytes_read.sum"], []
+    kernels, got, output = run_ncu_backend(str(script), spec, "fake", metrics, dropped, 60.0, lambda message: None)
+    assert dropped == ["bogus__metric.sum"] and "bogus__metric.sum" not in metrics
+    assert got["steps"] == manifest["steps"] and "Connected" in output
+    assert list(kernels["strategy"]) == ["native", "flatten", "atom"]
+
+
+@pytest.mark.notebook
+def test_notebook_renders_a_shipped_run_with_counters(tmp_path: Path) -> None:
+    """A stored run with torch tables and (synthetic) ncu rows: every chart of notebook 04 draws."""
+    import nbformat
+    import papermill
+    from contextlib import nullcontext
+
+    from dsa_lab import store
+    from dsa_lab.profiling.runs import write_tables
+    from dsa_lab.profiling.sweep import ProfileRun, ProfileSpec, run_torch_sweep
+    from dsa_lab.profiling.target import TargetPlan, run_target
+
+    spec = ProfileSpec(("reference",), ("native", "flatten", "atom"), (2,), 160, (1, 3), topk=TOPK, trace=False)
+    run = run_torch_sweep(spec, torch.device("cpu"), log=lambda message: None)
+    plan = TargetPlan("reference", spec.strategies, (2,), 160, (1, 3), tmp_path / "m.json", topk=TOPK)
+    manifest = run_target(plan, torch.device("cpu"), lambda number, device: None, nullcontext)
+    run.ncu = attach_configs(parse_ncu_csv(_csv_for_steps(manifest)), manifest)
+    folder = tmp_path / "data" / "h200" / "profiles" / "profile-test"
+    provenance = {
+        "schema_version": store.SCHEMA_VERSION, "run_id": "profile-test", "source": "measured", "device": "cuda",
+        "device_name": "NVIDIA H200 (synthetic test run)", "created": "2026-01-01T00:00:00+00:00", "command": [],
+        "timing_method": "test", "seed": 0, "environment": {}, "git": {"sha": "0123456789"}, "kind": "profile",
+        "spec": spec.as_dict(),
+    }  # fmt: skip
+    store.create_run(folder, provenance)
+    write_tables(ProfileRun(run.kernels, run.phases, run.ncu, run.configs), folder)
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "04.ipynb"
+    papermill.execute_notebook(
+        str(repo / "notebooks" / "04_kernel_profiles.ipynb"), str(out), cwd=str(repo), progress_bar=False,
+        parameters={"device": "cpu", "data_root": str(tmp_path / "data" / "h200")},
+    )  # fmt: skip
+    nb = nbformat.read(out, as_version=4)
+    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    text = "\n".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) for c in nb.cells for o in c.get("outputs", []))
+    assert len(images) == 4  # timeline, phases, DRAM vs unique, tensor pipe
+    assert "NVIDIA H200 (synthetic test run)" in text and "CPU reference" not in text
+    assert "dram_read_per_unique" in text

@@ -1,0 +1,177 @@
+"""`build_report`: a good notebook renders, a failing one is reported by cell, the index lists both."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from dsa_lab.report import build_report, find_notebooks, parse_parameter, register_cli
+
+pytestmark = pytest.mark.notebook
+
+KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+
+
+def _write(path: Path, *sources: str, parameters: str = 'device = "cpu"\nseed = 0') -> None:
+    params = new_code_cell(parameters, metadata={"tags": ["parameters"]})
+    nb = new_notebook(cells=[params, *(new_code_cell(s) for s in sources)], metadata={"kernelspec": KERNELSPEC})
+    nbformat.write(nb, path)
+
+
+@pytest.fixture
+def notebooks(tmp_path: Path) -> Path:
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    _write(
+        folder / "01_good.ipynb",
+        "from dsa_lab.report import show_provenance\n"
+        "show_provenance({'run_id': 'r1', 'source': 'measured', 'device': device}, 'tiny run')",
+        "print(f'seed={seed} device={device} marker=GOOD-OUTPUT')",
+    )
+    _write(
+        folder / "02_broken.ipynb",
+        "x = 1",
+        "raise ValueError('deliberate failure for the test')",
+        "print('never reached')",
+    )
+    (folder / "03_corrupt.ipynb").write_text("{ not json")
+    (folder / "README.md").write_text("not a notebook")
+    return folder
+
+
+def test_report_runs_good_and_reports_failing(notebooks: Path, tmp_path: Path) -> None:
+    out = tmp_path / "reports"
+    out.mkdir()
+    (out / "03_corrupt.html").write_text("STALE output of an earlier run")
+    result = build_report(notebooks, out, {"seed": 7}, device="cpu")
+
+    assert [o.name for o in result.outcomes] == ["01_good", "02_broken", "03_corrupt"]
+    good, broken, corrupt = result.outcomes
+    assert good.status == "ok" and good.error is None
+    html = (out / "01_good.html").read_text()
+    assert "seed=7 device=cpu marker=GOOD-OUTPUT" in html
+    assert good.provenance == [{"label": "tiny run", "run_id": "r1", "source": "measured", "device": "cpu"}]
+
+    assert broken.status == "failed"
+    assert broken.error == "ValueError: deliberate failure for the test"
+    source = nbformat.read(notebooks / "02_broken.ipynb", as_version=4)
+    assert broken.failed_cell == 2 and "deliberate failure" in source.cells[2].source
+    assert broken.failed_source == "raise ValueError('deliberate failure for the test')"
+    assert (out / "02_broken.html").exists()
+    assert corrupt.status == "failed" and corrupt.failed_cell is None and corrupt.error
+    assert corrupt.html is None and not (out / "03_corrupt.html").exists()
+    assert result.exit_code == 1
+
+    index = (out / "index.html").read_text()
+    assert 'href="01_good.html"' in index and 'href="02_broken.html"' in index
+    assert "deliberate failure for the test" in index and "run_id=r1" in index
+    summary = json.loads((out / "report.json").read_text())
+    assert [n["status"] for n in summary["notebooks"]] == ["ok", "failed", "failed"]
+    assert summary["parameters"] == {"seed": 7, "device": "cpu"}
+
+
+def _cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    register_cli(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["report", *argv])
+    return args.func(args)
+
+
+def test_cli_only_selects_one_notebook_and_exit_code_follows(notebooks: Path, tmp_path: Path) -> None:
+    out = tmp_path / "only"
+    assert _cli("--notebooks", str(notebooks), "--out", str(out), "--only", "01", "-p", "device=cpu") == 0
+    assert sorted(p.name for p in out.iterdir()) == ["01_good.html", "01_good.ipynb", "index.html", "report.json"]
+    assert _cli("--notebooks", str(notebooks), "--out", str(out), "--only", "2", "-p", "device=cpu") == 1
+
+
+def test_bad_arguments_name_the_field(notebooks: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"only=\['09'\].*'01', '02', '03'"):
+        find_notebooks(notebooks, ["09"])
+    with pytest.raises(ValueError, match="not a directory"):
+        find_notebooks(tmp_path / "missing")
+    with pytest.raises(ValueError, match="key=value"):
+        parse_parameter("novalue")
+    assert parse_parameter("run_fresh=True") == ("run_fresh", True)
+    assert parse_parameter("device=cuda") == ("device", "cuda")
+    assert parse_parameter("label='a b'") == ("label", "a b")
+
+
+# ---------------------------------------------------------------- the tables behind the charts
+
+
+def _row(strategy: str, next_n: int, median_us: float, spread_us: float = 0.5, source: str = "measured") -> dict:
+    ms, half = median_us / 1e3, spread_us / 1e3
+    return dict(
+        backend="deepgemm", strategy=strategy, batch=4, context="8192", next_n=next_n, status="ok",
+        source=source, median_ms=ms, p25_ms=ms - half, p75_ms=ms + half, heads=64, head_dim=128, cache_dtype="fp8",
+    )  # fmt: skip
+
+
+def test_decision_table_compares_the_fastest_with_vllm_0_33_on_sm90() -> None:
+    from dsa_lab.plots.latency import decision_table, reading, speedup_table
+
+    results = pd.DataFrame([
+        _row("native", 2, 10.0), _row("flatten", 2, 10.2),  # vLLM native; within the spread of flatten
+        _row("atom", 3, 10.0), _row("flatten", 3, 30.0),  # vLLM flattens next_n=3: 3x slower
+        _row("atom", 5, 20.0, spread_us=8), _row("flatten", 5, 24.0, spread_us=8),  # loses, within the spread
+        {**_row("native", 6, 1.0), "status": "skipped"},  # never drawn or decided on
+        _row("atom", 6, 12.0), _row("flatten", 6, 36.0),
+    ])  # fmt: skip
+    table = decision_table(results, "deepgemm").set_index("next_n")
+    assert table["vllm_0_33"].to_dict() == {2: "native", 3: "flatten", 5: "flatten", 6: "flatten"}
+    assert table["recommended"].to_dict() == {2: "native", 3: "atom", 5: "atom", 6: "atom"}
+    assert table["vllm_slowdown"].round(6).to_dict() == {2: 1.0, 3: 3.0, 5: 1.2, 6: 3.0}
+    assert table["significant"].to_dict() == {2: False, 3: True, 5: False, 6: True}
+
+    text = reading(table.reset_index(), "NVIDIA H200", "deepgemm")
+    assert "fastest strategy in 1 of them and not in 3 (2 of them beyond the measured spread)" in text
+    assert "next_n=3, batch=4, context=8192: vLLM takes **flatten** (30.0 µs); **atom** takes 10.0 µs, 3.00x faster." in text
+    assert "1.20x faster (within the measured spread)" in text
+
+    speedups = speedup_table(results).set_index(["strategy", "next_n"])["speedup"].round(6)
+    assert speedups.to_dict() == {("native", 2): 1.02, ("atom", 3): 3.0, ("atom", 5): 1.2, ("atom", 6): 3.0}
+
+    with pytest.raises(ValueError, match=r"backend='triton'.*\['deepgemm'\]"):
+        decision_table(results, "triton")
+    mixed = pd.concat([results, pd.DataFrame([{**_row("atom", 3, 9.0), "cache_dtype": "mxfp4", "head_dim": 128}])])
+    with pytest.raises(ValueError, match="2 shapes"):
+        decision_table(mixed, "deepgemm")
+
+
+def test_modeled_rows_have_no_spread_to_be_significant_against() -> None:
+    from dsa_lab.plots.latency import decision_table, modeled_grid
+    from dsa_lab.roofline import get_gpu
+
+    modeled = modeled_grid((2,), ("4096",), (3, 4), get_gpu("H200"))
+    assert set(modeled["source"]) == {"modeled"}
+    assert set(zip(modeled["next_n"], modeled["strategy"])) == {(3, "atom"), (3, "flatten"), (4, "native"), (4, "flatten")}
+    table = decision_table(modeled, modeled["backend"].iloc[0])
+    assert table["significant"].isna().all()
+    # flatten re-reads the KV once per row, so the model never prefers it for next_n > 1
+    assert (table["recommended"] != "flatten").all()
+
+
+def test_policy_grid_and_blocks_read() -> None:
+    from dsa_lab.metadata import build_flatten_metadata, build_native_metadata
+    from dsa_lab.plots.metadata import blocks_read
+    from dsa_lab.plots.policy import policy_grid
+    from dsa_lab.policy import PATHS, Platform, decision_matrix
+    from dsa_lab.workload import random_inputs, uniform_batch
+
+    matrix = decision_matrix(["vllm_0_33_0"], [Platform("sm90", True)], range(1, 7))
+    grid = policy_grid(matrix)
+    assert list(grid.index) == ["vllm_0_33_0 | sm90+dg"]
+    assert [PATHS[int(c)] for c in grid.iloc[0]] == ["native", "native", "flatten", "native", "flatten", "flatten"]
+    with pytest.raises(ValueError, match=r"missing columns \['path'\]"):
+        policy_grid(matrix.drop(columns="path"))
+
+    batch = uniform_batch(2, 130, 3)  # rows see 128, 129, 130 tokens: 2, 3, 3 blocks of 64
+    table = random_inputs(batch).cache.block_table
+    assert blocks_read(build_native_metadata(batch, table), 64) == 2 * 3  # once per request
+    assert blocks_read(build_flatten_metadata(batch, table), 64) == 2 * (2 + 3 + 3)  # once per row
