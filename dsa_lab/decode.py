@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from dsa_lab.kernels import LogitsBackend, get_backend
+from dsa_lab.kernels.registry import check_logits_args
 from dsa_lab.metadata import DecodeMetadata, KernelLaunch, build_metadata
 from dsa_lab.topk import DEFAULT_TOPK, topk_per_row
 from dsa_lab.workload import DecodeInputs
@@ -80,6 +81,9 @@ def run_logits(
     outputs = []
     for i, launch in enumerate(metadata.launches):
         packed = pack_launch(launch, inputs)
+        check_logits_args(
+            packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, metadata.max_context_len
+        )
         schedule = schedules[i] if schedules is not None else backend.schedule(packed.context_lens, inputs.batch.block_size)
         outputs.append(
             backend.logits(

@@ -34,6 +34,10 @@ class LogitsBackend:
     weights float32 `[B*n, H]`; context_lens int32 `[B, n]`; block_table int32 `[B, max_blocks]`.
     Returns float32 `[B*n, max_context_len]`. Positions at or beyond a row's context length
     are -inf where `cleans_tail`, unspecified otherwise (callers mask them).
+
+    `logits` of a GPU backend must not synchronise the host: benchmarks time it between
+    CUDA events and capture it in CUDA graphs. It checks shapes and dtypes only; callers
+    check values (context lens, block ids) once with `check_logits_args(check_values=True)`.
     """
 
     name: ClassVar[str]

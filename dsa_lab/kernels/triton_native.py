@@ -1,0 +1,378 @@
+"""Our own Triton paged MQA-logits kernel, native for every next_n from 1 to 16.
+
+Each program takes one request b and a range of KV blocks. Per 64-token block it
+loads the K tile once and scores it against *all* next_n query rows of b:
+`S = K [64, D] @ Q_b^T [D, n*H]` on FP8 tensor cores (fp32 accumulation), then
+relu, times the weights, a sum over heads and the per-token k scale, so flattening's
+re-reads of the cache never happen. Q_b stays resident in shared memory for the
+whole range. Rows are scored in chunks of whole query rows whose count is a power
+of two (`chunk_plan`, e.g. n=3, H=64 -> 2+1 rows = 128+64 dot columns), so odd
+next_n waste no tensor-core work on padding.
+
+The kernel is jitted on first use, not at import, so the TRITON_INTERPRET in force
+then decides compiled vs interpreted; the interpreter also needs the variable set
+before triton's first import (`interpreter_state`). docs/triton_kernel.md has the
+design, the config space and the H200 measurements behind `choose_config`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from dsa_lab.errors import BackendUnavailable, UnsupportedShape, check_range, check_tensor
+from dsa_lab.kernels.registry import Availability, LogitsBackend, check_logits_args, register_backend
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError as exc:  # the backend then reports itself unavailable, with this reason
+    triton = None
+    TRITON_IMPORT_ERROR = f"triton is not importable ({exc})"
+else:
+    TRITON_IMPORT_ERROR = ""
+
+LOG = logging.getLogger(__name__)
+BLOCK_SIZE = 64
+MAX_NEXT_N = 16
+MIN_CUDA_CAPABILITY = (8, 9)  # tl.dot on float8e4nv needs Ada or Hopper
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One point of the config space (docs/triton_kernel.md).
+
+    `dot_rows`: most q rows (query rows x heads) one tl.dot takes; `resident_weights`:
+    keep the weights in registers over the range (n*H/4 registers a thread at 4 warps)
+    or reload them (from L1) each step; `blocks_per_program`: KV blocks a program walks
+    (0: `blocks_per_program` picks it from the batch).
+    """
+
+    dot_rows: int = 256
+    num_warps: int = 4
+    num_stages: int = 5
+    resident_weights: bool = True
+    blocks_per_program: int = 0
+
+    def describe(self) -> str:
+        bpp = self.blocks_per_program or "auto"
+        weights = "resident" if self.resident_weights else "reload"
+        return f"rows{self.dot_rows}/w{self.num_warps}/s{self.num_stages}/{weights}/bpp{bpp}"
+
+
+# The interpreter runs numpy: one config, no tuning (one big dot per step is fastest there).
+INTERPRETER_CONFIG = KernelConfig(dot_rows=256, num_warps=4, num_stages=1, blocks_per_program=4)
+
+
+def choose_config(next_n: int, heads: int, head_dim: int) -> KernelConfig:
+    """A fixed rule on the q rows n*H, from the H200 sweeps at H=64, D=128 (docs/triton_kernel.md).
+
+    Measured best at B=128, L=64K: n=1, 2 -> one dot, 5 stages, weights resident; n=3 ->
+    three N=64 dots with reloaded weights (124 registers: 4 CTAs an SM); n=4 -> one N=256
+    dot, 7 stages; n=8 -> two N=256 dots, weights reloaded. Other (n, H, D) follow by n*H.
+    """
+    del head_dim  # D=64 was not timed; it takes the D=128 choice
+    q_rows = next_n * heads
+    if q_rows <= 128:
+        return KernelConfig(dot_rows=256, num_stages=5, resident_weights=True)
+    if q_rows <= 192:
+        return KernelConfig(dot_rows=64, num_stages=5, resident_weights=False)
+    if q_rows <= 256:
+        return KernelConfig(dot_rows=256, num_stages=7, resident_weights=True)
+    return KernelConfig(dot_rows=256, num_stages=5, resident_weights=False)
+
+
+def chunk_plan(next_n: int, heads: int, dot_rows: int) -> tuple[tuple[int, int], ...]:
+    """(first query row, query rows) of each tl.dot: full chunks, then the remainder's binary parts.
+
+    Each chunk holds a power-of-two number of query rows (tl.dot shapes are powers of
+    two), at most `dot_rows // heads`, and the chunks tile 0..next_n-1 exactly.
+    """
+    per_dot = max(1, dot_rows // heads)
+    if per_dot & (per_dot - 1):
+        raise ValueError(f"dot_rows={dot_rows}: dot_rows/heads must be a power of two (heads={heads})")
+    plan, first = [], 0
+    for _ in range(next_n // per_dot):
+        plan.append((first, per_dot))
+        first += per_dot
+    size = per_dot
+    while first < next_n:
+        size //= 2
+        if next_n - first >= size:
+            plan.append((first, size))
+            first += size
+    return tuple(plan)
+
+
+def blocks_per_program(batch: int, col_blocks: int, num_sms: int) -> int:
+    """KV blocks per program: at least two programs an SM, 4 to 32 blocks each.
+
+    Measured (H200): at B=16, L=8K 16 blocks (128 programs) ran 15-40% slower than 4-8;
+    at B=128, L=64K 16, 32 and 64 blocks were within 5% (n=1 slowest at 64). Fewer
+    blocks per program repeat the Q load and the pipeline fill more often.
+    """
+    return max(4, min(32, -(-batch * col_blocks // (2 * num_sms))))
+
+
+def _paged_mqa_logits_kernel(
+    q_ptr,  # fp8 [B, n, H, D] contiguous
+    kv_ptr,  # fp8 view of the fused cache: block p starts at byte p * 64 * (D + 4)
+    w_ptr,  # f32 [B * n, H]
+    ctx_ptr,  # i32 [B, n]
+    table_ptr,  # i32 [B, table_stride]
+    out_ptr,  # f32 [B * n, out_stride]
+    table_stride,
+    out_stride,
+    max_context_len,
+    col_blocks,  # ceil(max_context_len / 64): output column blocks per row
+    blocks_per_prog,
+    NEXT_N: tl.constexpr,
+    N_POW2: tl.constexpr,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PLAN: tl.constexpr,  # ((first row, rows), ...) from chunk_plan
+    RESIDENT_WEIGHTS: tl.constexpr,  # keep weights in registers, or reload them each step
+):
+    req = tl.program_id(0).to(tl.int64)
+    lo = tl.program_id(1) * blocks_per_prog
+    hi = tl.minimum(lo + blocks_per_prog, col_blocks)
+    row0 = req * NEXT_N  # the request's first row of q, weights, lens and out
+    col_hi = tl.minimum(hi * BLOCK, max_context_len)  # this program's columns end here
+    table_row = table_ptr + req * table_stride
+
+    rows_all = tl.arange(0, N_POW2)
+    ctx_all = tl.load(ctx_ptr + row0 + rows_all, mask=rows_all < NEXT_N, other=0)
+    scored_hi = tl.minimum(hi, tl.cdiv(tl.max(ctx_all, axis=0), BLOCK))
+
+    # Q, weights and context lens of every chunk: loaded once, resident over the range
+    # (Triton keeps the loop-invariant Q operands in shared memory).
+    qs = ()
+    ws = ()
+    ctxs = ()
+    dims = tl.arange(0, D)
+    for c in tl.static_range(len(PLAN)):
+        q_rows = tl.arange(0, PLAN[c][1] * H)
+        first_row = (row0 + PLAN[c][0]) * H
+        qs = qs + (tl.load(q_ptr + (first_row + q_rows)[:, None] * D + dims[None, :]),)
+        if RESIDENT_WEIGHTS:
+            ws = ws + (tl.load(w_ptr + first_row + q_rows),)
+        ctxs = ctxs + (tl.load(ctx_ptr + row0 + PLAN[c][0] + tl.arange(0, PLAN[c][1])),)
+
+    tokens = tl.arange(0, BLOCK)
+    block_bytes = BLOCK * (D + 4)
+    scale_offsets = BLOCK * D + tokens * 4  # a block's f32 scales follow its BLOCK x D values
+    # Triton's pipeliner prefetches only loads that feed a dot (the page ids and K), so
+    # the scales get a manual software pipeline: one block ahead, their page two ahead.
+    page_next = tl.load(table_row + lo, mask=lo < scored_hi, other=0).to(tl.int64)
+    scale_next = tl.load((kv_ptr + page_next * block_bytes + scale_offsets).to(tl.pointer_type(tl.float32)))
+    page_next = tl.load(table_row + lo + 1, mask=lo + 1 < scored_hi, other=0).to(tl.int64)
+    for blk in tl.range(lo, scored_hi):
+        page = tl.load(table_row + blk).to(tl.int64)
+        k = tl.load(kv_ptr + page * block_bytes + tokens[:, None] * D + dims[None, :])
+        k_scale = scale_next
+        scale_next = tl.load((kv_ptr + page_next * block_bytes + scale_offsets).to(tl.pointer_type(tl.float32)))
+        page_next = tl.load(table_row + blk + 2, mask=blk + 2 < scored_hi, other=0).to(tl.int64)
+        pos = blk * BLOCK + tokens
+        for c in tl.static_range(len(PLAN)):
+            q_rows = tl.arange(0, PLAN[c][1] * H)
+            if RESIDENT_WEIGHTS:
+                w = ws[c]
+            else:
+                w = tl.load(w_ptr + (row0 + PLAN[c][0]) * H + q_rows)
+            s = tl.dot(k, tl.trans(qs[c]))  # [BLOCK, rows * H] on FP8 tensor cores, fp32 accumulation
+            s = tl.maximum(s, 0.0) * w[None, :]
+            logits = tl.sum(tl.reshape(s, (BLOCK, PLAN[c][1], H)), axis=2) * k_scale[:, None]
+            logits = tl.where(pos[:, None] < ctxs[c][None, :], logits, float("-inf"))
+            out_rows = row0 + PLAN[c][0] + tl.arange(0, PLAN[c][1])
+            tl.store(out_ptr + out_rows[None, :] * out_stride + pos[:, None], logits, mask=pos[:, None] < col_hi)
+
+    # Blocks past the request's longest context: every row is -inf there.
+    out_rows = row0 + rows_all
+    ninf = tl.full((N_POW2, BLOCK), float("-inf"), tl.float32)
+    for blk in range(tl.maximum(scored_hi, lo), hi):
+        pos = blk * BLOCK + tokens
+        mask = (rows_all[:, None] < NEXT_N) & (pos[None, :] < col_hi)
+        tl.store(out_ptr + out_rows[:, None] * out_stride + pos[None, :], ninf, mask=mask)
+
+
+@functools.cache
+def _jitted(interpret: bool) -> Any:
+    """Decorate the kernel on first use, so the TRITON_INTERPRET in force then applies.
+
+    `interpret` only keys the cache: triton.jit reads the variable itself.
+    """
+    del interpret
+    return triton.jit(_paged_mqa_logits_kernel)
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+def interpreter_state() -> Availability:
+    """Can the interpreter run the kernel in this process?
+
+    triton.jit picks the interpreter when a function is decorated, and triton.language's
+    own jitted helpers (tl.sum, tl.max) are decorated when triton is first imported, so
+    TRITON_INTERPRET=1 set after that import (say, after vllm imported triton) cannot work.
+    """
+    if not interpreter_enabled():
+        return Availability(False, "on CPU the Triton kernel needs the interpreter: set TRITON_INTERPRET=1")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(tl.sum, InterpretedFunction):
+        return Availability(
+            False,
+            "TRITON_INTERPRET=1 was set after triton was first imported in this process; "
+            "set it before that import (in the shell or tests/conftest.py)",
+        )
+    return Availability(True, "Triton interpreter (TRITON_INTERPRET=1)")
+
+
+@functools.cache
+def _log_choice(next_n: int, heads: int, head_dim: int, config: KernelConfig) -> None:
+    """Say once per shape which config the rule picked (timing records carry `describe()`)."""
+    LOG.info("triton logits: next_n=%d H=%d D=%d -> %s", next_n, heads, head_dim, config.describe())
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _check_shapes(q: torch.Tensor, kv_cache: torch.Tensor, cache_dtype: str) -> None:
+    _, next_n, heads, dim = q.shape
+    check_range("next_n", next_n, 1, MAX_NEXT_N)
+    for field, value, allowed in (
+        ("num_heads", heads, TritonNativeBackend.heads),
+        ("head_dim", dim, TritonNativeBackend.head_dims),
+        ("cache_dtype", cache_dtype, TritonNativeBackend.cache_dtypes),
+        ("block_size", kv_cache.shape[1], (BLOCK_SIZE,)),
+    ):
+        if value not in allowed:
+            raise UnsupportedShape(f"{field}={value!r}: backend 'triton' allows {allowed}")
+    if not kv_cache.is_contiguous():
+        raise ValueError("kv_cache: must be contiguous (the kernel reads its raw block bytes)")
+
+
+def paged_mqa_logits_triton(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_context_len: int,
+    config: KernelConfig | None = None,
+    check_values: bool = True,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """DeepGEMM's calling convention; every output element is written (-inf past each context).
+
+    `check_values=False` skips the host-syncing scan of lens and block ids (for timing
+    loops); `out` lets a test pass a poisoned output to prove that every element is written.
+    """
+    cache_dtype = check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, check_values)
+    _check_shapes(q, kv_cache, cache_dtype)
+    if out is not None:
+        shape = (q.shape[0] * q.shape[1], max_context_len)
+        check_tensor("out", out, dtype=torch.float32, shape=shape, device=q.device, contiguous=True)
+    state = TritonNativeBackend().availability(q.device)
+    if not state.ok:
+        raise BackendUnavailable(f"backend 'triton' unavailable on {q.device}: {state.reason}")
+    batch, next_n, heads, dim = q.shape
+    if config is None:
+        config = INTERPRETER_CONFIG if interpreter_enabled() else choose_config(next_n, heads, dim)
+        _log_choice(next_n, heads, dim, config)
+    q, weights, context_lens = q.contiguous(), weights.contiguous(), context_lens.contiguous()
+    if block_table.stride(1) != 1:
+        block_table = block_table.contiguous()
+    out, _ = _launch(q, kv_cache, weights, context_lens, block_table, max_context_len, config, out)
+    return out
+
+
+def _launch(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_context_len: int,
+    config: KernelConfig,
+    out: torch.Tensor | None,
+) -> tuple[torch.Tensor, Any]:
+    """Launch on checked, contiguous arguments; also return Triton's compiled kernel (the dev
+    script reads its registers and SASS). Timing loops call this directly, skipping the checks."""
+    batch, next_n, heads, dim = q.shape
+    if out is None:
+        out = torch.empty(batch * next_n, max_context_len, dtype=torch.float32, device=q.device)
+    if batch == 0:
+        return out, None
+    col_blocks = -(-max_context_len // BLOCK_SIZE)
+    bpp = config.blocks_per_program
+    if bpp <= 0:
+        sms = _num_sms(q.device.index or 0) if q.device.type == "cuda" else 132
+        bpp = blocks_per_program(batch, col_blocks, sms)
+    grid = (batch, -(-col_blocks // bpp))
+    kernel = _jitted(interpreter_enabled())[grid](
+        q,
+        kv_cache.view(torch.float8_e4m3fn),
+        weights,
+        context_lens,
+        block_table,
+        out,
+        block_table.stride(0),
+        out.stride(0),
+        max_context_len,
+        col_blocks,
+        bpp,
+        NEXT_N=next_n,
+        N_POW2=triton.next_power_of_2(next_n),
+        H=heads,
+        D=dim,
+        BLOCK=BLOCK_SIZE,
+        PLAN=chunk_plan(next_n, heads, config.dot_rows),
+        RESIDENT_WEIGHTS=config.resident_weights,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    return out, kernel
+
+
+@register_backend
+class TritonNativeBackend(LogitsBackend):
+    """Our Triton kernel: any next_n natively, each KV tile read once per request."""
+
+    name = "triton"
+    cleans_tail: ClassVar[bool] = True
+
+    def availability(self, device: torch.device) -> Availability:
+        if triton is None:
+            return Availability(False, TRITON_IMPORT_ERROR)
+        device = torch.device(device)
+        if device.type == "cpu":
+            return interpreter_state()
+        if device.type != "cuda" or not torch.cuda.is_available():
+            return Availability(False, f"needs a CUDA device or the Triton interpreter on CPU, got {device}")
+        if interpreter_enabled():  # interpreted on GPU tensors: slow, but it must be consistent
+            return interpreter_state()
+        capability = torch.cuda.get_device_capability(device)
+        if capability < MIN_CUDA_CAPABILITY:
+            return Availability(
+                False, f"FP8 tl.dot needs compute capability >= {MIN_CUDA_CAPABILITY}, this GPU has {capability}"
+            )
+        return Availability(True, "")
+
+    def native_next_n(self, device: torch.device) -> frozenset[int] | None:
+        return None
+
+    def logits(self, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule: Any = None):
+        # No host sync here: this call is timed and graph-captured; callers check values once.
+        return paged_mqa_logits_triton(
+            q, kv_cache, weights, context_lens, block_table, max_context_len, check_values=False
+        )
