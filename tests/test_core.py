@@ -167,3 +167,23 @@ def test_generators_are_seeded_and_valid() -> None:
     r = ragged_decode_batch(6, 10, 50, 4, seed=2)
     assert all(1 <= d <= 4 for d in r.decode_lens)
     assert r.token_context_lens() == [s - d + 1 + i for s, d in zip(r.seq_lens, r.decode_lens) for i in range(d)]
+
+
+def test_cli_keeps_working_when_a_command_module_lacks_a_dependency(monkeypatch, capsys) -> None:
+    import builtins
+
+    from dsa_lab import cli
+
+    real_import = builtins.__import__
+
+    def no_papermill(name, *args, **kwargs):
+        if name == "papermill" or name.startswith("papermill."):
+            raise ModuleNotFoundError("No module named 'papermill'", name="papermill")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_papermill)
+    monkeypatch.delitem(__import__("sys").modules, "dsa_lab.report", raising=False)
+    monkeypatch.delitem(__import__("sys").modules, "papermill", raising=False)
+    assert cli.main(["policy", "--policy", "vllm_0_33_0"]) == 0
+    assert cli.main(["report"]) == 2
+    assert "papermill" in capsys.readouterr().err

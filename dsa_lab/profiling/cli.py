@@ -87,7 +87,7 @@ def _print_summary(run: ProfileRun) -> None:
             print(torch_summary.drop(columns=["device"]).to_string(index=False, float_format="{:.4g}".format))
         ncu_summary = run.ncu_summary
         if not ncu_summary.empty:
-            shown = ["backend", "strategy", "batch_size", "next_n", "duration_ns", "dram_read_per_unique", "l2_hit_pct", "tensor_gmma_pct", "effective_tbps"]
+            shown = ["backend", "strategy", "batch_size", "next_n", "duration_ns", "dram_read_per_unique", "l2_hit_pct", "tensor_gmma_pct", "tensor_hmma_pct", "effective_tbps"]
             print(ncu_summary[[c for c in shown if c in ncu_summary]].to_string(index=False, float_format="{:.4g}".format))
     skipped = [c for c in run.configs if c.get("status") not in ("profiled", "same_as")]
     for config in skipped:
