@@ -33,7 +33,7 @@ from dsa_lab.profiling.step import (
     resolve_backend,
     useful_costs,
 )
-from dsa_lab.profiling.torch_profile import device_label, sync
+from dsa_lab.profiling.torch_profile import device_label, step_config, sync
 from dsa_lab.topk import DEFAULT_TOPK
 from dsa_lab.workload import DecodeBatch, uniform_batch
 
@@ -77,15 +77,7 @@ def _config(kernel: LogitsBackend, batch: DecodeBatch, strategy: str, index: int
     native = tuple(native_sizes_for(kernel, device))
     return {
         "index": index,
-        "backend": kernel.name,
-        "strategy": strategy,
-        "device": device_label(device),
-        "batch_size": batch.batch_size,
-        "context_len": batch.max_seq_len,
-        "next_n": batch.next_n,
-        "num_heads": batch.num_heads,
-        "head_dim": batch.head_dim,
-        "cache_dtype": batch.cache_dtype,
+        **step_config(batch, device, strategy, kernel),
         "native_sizes": list(native),
         **useful_costs(batch, strategy, native),
         "status": "pending",

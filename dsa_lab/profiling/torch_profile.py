@@ -33,7 +33,7 @@ from dsa_lab.profiling.step import (
     resolve_backend,
 )
 from dsa_lab.topk import DEFAULT_TOPK
-from dsa_lab.workload import DecodeInputs
+from dsa_lab.workload import DecodeBatch, DecodeInputs
 
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
@@ -62,12 +62,12 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def step_config(inputs: DecodeInputs, strategy: str, backend: LogitsBackend) -> dict[str, Any]:
-    batch = inputs.batch
+def step_config(batch: DecodeBatch, device: torch.device, strategy: str, backend: LogitsBackend) -> dict[str, Any]:
+    """The columns that name one profiled configuration (shared by torch.profiler and ncu rows)."""
     return {
         "backend": backend.name,
         "strategy": strategy,
-        "device": device_label(inputs.q.device),
+        "device": device_label(device),
         "batch_size": batch.batch_size,
         "context_len": batch.max_seq_len,
         "next_n": batch.next_n,
@@ -99,7 +99,7 @@ def profile_decode_step(
     check_range("warmup", warmup, 1, 100)
     kernel = resolve_backend(backend)
     device = inputs.q.device
-    config = step_config(inputs, strategy, kernel)
+    config = step_config(inputs.batch, inputs.q.device, strategy, kernel)
     label = f"backend {kernel.name!r} strategy {strategy!r} ({inputs.batch.describe()})"
     for _ in range(warmup):  # compiles, autotunes and fills the allocator outside the profile
         result = phased_decode(inputs, strategy, kernel, topk)
