@@ -310,3 +310,20 @@ def style_decision_table(table: pd.DataFrame) -> Styler:
         .background_gradient(subset=["vllm_slowdown"], cmap="Reds", vmin=1.0)
         .hide(axis="index")
     )
+
+
+def plot_run_to_run(comparison: pd.DataFrame, device: str, label_a: str, label_b: str) -> Figure:
+    """Distribution of the second run's median over the first's, per backend: the noise floor of every ratio."""
+    data = comparison.assign(change_pct=(comparison["ratio"] - 1.0) * 100.0)
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    sns.histplot(data=data, x="change_pct", hue="backend", multiple="stack", bins=40, ax=ax)
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    ax.set_xlabel(f"median of {label_b} vs {label_a} (%; > 0: second call slower)")
+    ax.set_ylabel("points")
+    spread = data["change_pct"].abs()
+    ax.set_title(
+        f"{device}, measured: run-to-run spread over {len(data)} points "
+        f"(median |change| {spread.median():.2f} %, max {spread.max():.2f} %)"
+    )
+    fig.tight_layout()
+    return fig
