@@ -72,7 +72,7 @@ def test_notebook_executes_and_draws(path: Path, tmp_path: Path) -> None:
 
 
 def test_02_without_a_shipped_run_says_so_and_falls_back(tmp_path: Path) -> None:
-    nb = execute(NB02, tmp_path / "out.ipynb", data_root=str(tmp_path / "empty"))
+    nb = execute(NB02, tmp_path / "out.ipynb", data_root=str(tmp_path / "empty"), run_path="", repeat_path="")
     text = text_of(nb)
     assert "No measured H200 run is shipped" in text
     assert "CPU reference, not H200" in text and "modeled" in text
@@ -91,7 +91,7 @@ def test_02_reads_the_newest_measured_run(tmp_path: Path) -> None:
     unfinished = tmp_path / "data" / "h200" / "run-unfinished"  # provenance but no results yet
     unfinished.mkdir()
     (unfinished / store.PROVENANCE_FILE).write_text((new / store.PROVENANCE_FILE).read_text())
-    nb = execute(NB02, tmp_path / "out.ipynb", data_root=str(tmp_path / "data"))
+    nb = execute(NB02, tmp_path / "out.ipynb", data_root=str(tmp_path / "data"), run_path="", repeat_path="")
     used = outputs(nb, PROVENANCE_MIME)
     assert [p["run_id"] for p in used] == ["run-new"] and used[0]["source"] == "measured"
     text = text_of(nb)
@@ -99,3 +99,14 @@ def test_02_reads_the_newest_measured_run(tmp_path: Path) -> None:
     assert "Ignored run" in text and "run-unfinished" in text
     assert "has no timed rows in this run; deciding on `reference`" in text
     assert "**reference on cpu (measured)**: 2 points" in text
+
+
+def test_03_without_a_shipped_triton_run_says_so_and_falls_back(tmp_path: Path) -> None:
+    nb = execute(
+        REPO / "notebooks" / "03_kernel_deep_dive.ipynb", tmp_path / "out.ipynb",
+        data_root=str(tmp_path / "empty"), run_path=None,
+    )  # fmt: skip
+    text = text_of(nb)
+    assert "No measured H200 run with the `triton` backend" in text
+    assert "CPU reference, not H200" in text and "modeled" in text
+    assert len(outputs(nb, "image/png")) >= 3
