@@ -9,8 +9,8 @@ Three strategies, one result type:
 
 Ragged requests (decode_len < n) are right-aligned in native/atom rows, so row j of a
 request keeps the context `L - n + 1 + j` that vLLM gives it and every real token sees
-exactly its own causal context. (vLLM packs such requests left-aligned with
-`pack_seq_triton`, which under-counts their context; see docs/ARCHITECTURE.md.)
+exactly its own causal context. (vLLM's `pack_seq_triton` left-aligns them instead;
+see docs/ARCHITECTURE.md for when that matters.)
 """
 
 from __future__ import annotations
