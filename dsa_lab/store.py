@@ -87,56 +87,6 @@ def _package_hash() -> str:
     return digest.hexdigest()
 
 
-def environment(device: str) -> dict[str, Any]:
-    """GPU, driver and library versions: `dsa_lab.env_info.environment_facts` where it exists."""
-    try:
-        from dsa_lab.env_info import environment_facts
-    except ImportError:
-        return _minimal_environment(device)
-    return environment_facts()
-
-
-def _minimal_environment(device: str) -> dict[str, Any]:
-    import importlib.metadata as md
-
-    import torch
-
-    def version(name: str) -> str | None:
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            return None
-
-    facts: dict[str, Any] = {
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "triton": version("triton"),
-        "vllm": version("vllm"),
-    }
-    if torch.device(device).type == "cuda" and torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(torch.device(device))
-        facts.update(
-            gpu_name=props.name,
-            capability=f"{props.major}.{props.minor}",
-            sm_count=props.multi_processor_count,
-            l2_bytes=getattr(props, "L2_cache_size", None),
-            memory_bytes=props.total_memory,
-            driver=_driver_version(),
-        )
-    return facts
-
-
-def _driver_version() -> str | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
-
-
 def build_provenance(
     run_id: str,
     device: str,
@@ -147,6 +97,8 @@ def build_provenance(
     spec: dict[str, Any],
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    from dsa_lab.env_info import environment_facts  # imported here: it imports torch
+
     if source not in SOURCES:
         raise ValueError(f"source={source!r}: allowed values are {SOURCES}")
     return {
@@ -160,7 +112,7 @@ def build_provenance(
         "timing_method": timing_method,
         "seed": seed,
         "spec": spec,
-        "environment": environment(device),
+        "environment": environment_facts(),
         "git": git_state(),
         **(extra or {}),
     }
