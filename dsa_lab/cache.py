@@ -169,7 +169,7 @@ def _write_request(
 
 
 def split_block(cache: PagedCache) -> tuple[torch.Tensor, torch.Tensor]:
-    """Views of the (values, scales) regions: fp8 -> (e4m3 [nb, bs, D], f32 [nb, bs])."""
+    """Views (no copy) of the (values, scales) regions: fp8 -> (e4m3 [nb, bs, D], f32 [nb, bs])."""
     nb, bs = cache.num_blocks, cache.block_size
     flat = cache.data.view(nb, -1)
     value_bytes, _ = _token_regions(cache.cache_dtype, cache.head_dim, bs)
@@ -177,7 +177,7 @@ def split_block(cache: PagedCache) -> tuple[torch.Tensor, torch.Tensor]:
     if cache.cache_dtype == "fp8":
         return (
             values.view(torch.float8_e4m3fn).view(nb, bs, cache.head_dim),
-            scales.contiguous().view(torch.float32).view(nb, bs),
+            scales.view(torch.float32).view(nb, bs),
         )
     return values.view(nb, bs, cache.head_dim // 2), scales.view(nb, bs, cache.head_dim // MX_GROUP)
 

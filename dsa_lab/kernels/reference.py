@@ -10,22 +10,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from dsa_lab.cache import MX_GROUP, dequantize_mxfp4
+from dsa_lab.cache import PagedCache, dequantize_blocks
 from dsa_lab.kernels.registry import LogitsBackend, check_logits_args, register_backend
 
 CHUNK_TOKENS = 8192
-
-
-def _dequantize(kv_cache: torch.Tensor, blocks: torch.Tensor, dim: int, cache_dtype: str) -> torch.Tensor:
-    nb, bs = kv_cache.shape[0], kv_cache.shape[1]
-    flat = kv_cache.view(nb, -1)[blocks.long()]
-    if cache_dtype == "fp8":
-        values = flat[:, : bs * dim].contiguous().view(torch.float8_e4m3fn).float()
-        scales = flat[:, bs * dim :].contiguous().view(torch.float32)
-        return (values.view(-1, bs, dim) * scales[..., None]).reshape(-1, dim)
-    values = flat[:, : bs * dim // 2].reshape(-1, dim // 2)
-    scales = flat[:, bs * dim // 2 :].reshape(-1, dim // MX_GROUP)
-    return dequantize_mxfp4(values, scales)
 
 
 def paged_mqa_logits(
@@ -44,6 +32,7 @@ def paged_mqa_logits(
     cache_dtype = check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len)
     batch, next_n, heads, dim = q.shape
     block_size = kv_cache.shape[1]
+    cache = PagedCache(kv_cache, block_table, dim, cache_dtype)
     out = torch.full((batch * next_n, max_context_len), float("-inf"), dtype=torch.float32, device=q.device)
     w = weights.to(accum_dtype).view(batch, next_n, heads)
     lens = context_lens.cpu()
@@ -55,7 +44,7 @@ def paged_mqa_logits(
         qb = q[b].to(accum_dtype)  # [n, H, D]
         for first in range(0, -(-longest // block_size), chunk_blocks):
             last = min(first + chunk_blocks, -(-longest // block_size))
-            k = _dequantize(kv_cache, block_table[b, first:last], dim, cache_dtype).to(accum_dtype)
+            k = dequantize_blocks(cache, block_table[b, first:last]).to(accum_dtype)
             scores = torch.relu(torch.einsum("nhd,sd->nhs", qb, k))
             logits = torch.einsum("nhs,nh->ns", scores, w[b])  # [n, S]
             lo = first * block_size
