@@ -9,12 +9,13 @@ from typing import Any
 import torch
 
 from dsa_lab.kernels import LogitsBackend, get_backend
+from dsa_lab.kernels.deepgemm import SM90_NATIVE_NEXT_N
 from dsa_lab.kernels.registry import check_logits_args
 from dsa_lab.metadata import DecodeMetadata, KernelLaunch, build_metadata
 from dsa_lab.topk import DEFAULT_TOPK, topk_per_row
 from dsa_lab.workload import DecodeInputs
 
-SM90_DEEPGEMM_NATIVE = (1, 2, 4)
+SM90_DEEPGEMM_NATIVE = tuple(sorted(SM90_NATIVE_NEXT_N))  # (1, 2, 4)
 
 
 @dataclass(frozen=True)

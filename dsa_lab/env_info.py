@@ -38,6 +38,11 @@ def _nvidia_driver() -> str | None:
     return lines[0].strip() if lines else None
 
 
+def device_name(device: torch.device) -> str:
+    """The GPU's name ('NVIDIA H200') for a CUDA device, else 'cpu': what runs and charts are labelled with."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
 def _gpu_facts() -> dict[str, Any]:
     if not torch.cuda.is_available():
         return {"gpu_name": None, "gpu_capability": None, "gpu_sm_count": None}

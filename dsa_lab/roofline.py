@@ -87,6 +87,8 @@ class StepCost:
     flops: int  # 2 * H * D * sum of every query row's context
     kernel_rows: int
     launches: int
+    unique_kv_bytes: int  # the KV part of unique_bytes: every request's KV once
+    strategy_kv_bytes: int  # the KV part of strategy_bytes: re-reads included
 
 
 def row_context(seq_len: int, next_n: int, row: int) -> int:
@@ -117,6 +119,8 @@ def step_cost(shape: StepShape) -> StepCost:
         flops=2 * shape.heads * shape.head_dim * contexts,
         kernel_rows=kernel_rows,
         launches=launches,
+        unique_kv_bytes=unique_kv,
+        strategy_kv_bytes=read_tokens * per_token,
     )
 
 

@@ -19,6 +19,7 @@ SUPPORTED_HEADS = (32, 64)
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_BLOCK_SIZES = (64,)
 CACHE_DTYPES = ("fp8", "mxfp4")
+MAX_NEXT_N = 16  # query rows per request (1 + speculative tokens) a batch may have
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class DecodeBatch:
                 f"decode_lens: length {len(self.decode_lens)} must equal "
                 f"len(seq_lens)={len(self.seq_lens)}"
             )
-        check_range("next_n", self.next_n, 1, 16)
+        check_range("next_n", self.next_n, 1, MAX_NEXT_N)
         check_choice("num_heads", self.num_heads, SUPPORTED_HEADS)
         check_choice("head_dim", self.head_dim, SUPPORTED_HEAD_DIMS)
         check_choice("block_size", self.block_size, SUPPORTED_BLOCK_SIZES)

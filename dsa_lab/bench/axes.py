@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsa_lab.bench.timing import TimingConfig
-from dsa_lab.errors import check_choice
+from dsa_lab.errors import check_choice, check_range
 from dsa_lab.kernels import backend_names
 from dsa_lab.metadata import STRATEGIES
-from dsa_lab.workload import CACHE_DTYPES, SUPPORTED_HEAD_DIMS, SUPPORTED_HEADS, mixed_length_batch
+from dsa_lab.workload import CACHE_DTYPES, MAX_NEXT_N, SUPPORTED_HEAD_DIMS, SUPPORTED_HEADS, mixed_length_batch
 
 AXES = ("backend", "strategy", "batch", "context", "next_n", "cache_dtype", "heads", "head_dim")
 PRESETS = ("ci", "smoke", "h200-full")
+MAX_BATCH = 4096
 
 
 @dataclass(frozen=True)
@@ -112,10 +113,10 @@ class SweepSpec:
             for value in values:
                 if axis in allowed:
                     check_choice(axis, value, allowed[axis])
-                elif axis == "batch" and not 1 <= value <= 4096:
-                    raise ValueError(f"batch={value}: allowed range is [1, 4096]")
-                elif axis == "next_n" and not 1 <= value <= 16:
-                    raise ValueError(f"next_n={value}: allowed range is [1, 16]")
+                elif axis == "batch":
+                    check_range("batch", value, 1, MAX_BATCH)
+                elif axis == "next_n":
+                    check_range("next_n", value, 1, MAX_NEXT_N)
             object.__setattr__(self, axis, _unique(values))
         shortest = min(ContextSpec.parse(c).low for c in self.context)
         if shortest < max(self.next_n):

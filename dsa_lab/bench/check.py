@@ -84,8 +84,8 @@ def check_point(
     if device.type == "cuda":
         poisoned = all(out.untyped_storage().data_ptr() in addresses for out in outputs)
     requests = checked_requests(batch, full_check_limit, sample_requests)
-    owners = batch.token_requests()
-    tokens = [t for t, b in enumerate(owners) if b in set(requests)]
+    owners, wanted = batch.token_requests(), set(requests)
+    tokens = [t for t, b in enumerate(owners) if b in wanted]
     position = torch.full((batch.num_decode_tokens,), -1, dtype=torch.long, device=device)
     position[torch.tensor(tokens, device=device)] = torch.arange(len(tokens), device=device)
     got = torch.full((len(tokens), max_len), float("nan"), dtype=torch.float32, device=device)

@@ -16,6 +16,7 @@ import torch
 
 from dsa_lab import store
 from dsa_lab.bench.sweep import AXES, PRESETS, SweepSpec, estimate_seconds, expand, preset, run_sweep, skip_reason
+from dsa_lab.env_info import device_name
 
 INT_AXES = ("batch", "next_n", "heads", "head_dim")
 
@@ -50,7 +51,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
 def _run_dir(args: argparse.Namespace, device: torch.device) -> Path:
     if args.out:
         return Path(args.out)
-    label = store.device_label(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
+    label = store.device_label(device_name(device))
     return Path(args.root) / label / (args.run_id or store.new_run_id(args.preset))
 
 

@@ -27,9 +27,10 @@ import torch
 from dsa_lab import store
 from dsa_lab.bench.axes import AXES, PRESETS, ContextSpec, SweepPoint, SweepSpec, expand, preset
 from dsa_lab.bench.check import check_point, checked_requests, run_launches
-from dsa_lab.bench.timing import Measurement, TimingConfig, flush_bytes, measure_ceilings, time_callable
+from dsa_lab.bench.timing import Measurement, TimingConfig, flush_bytes, measure_ceilings, time_callable, timing_method
 from dsa_lab.cache import bytes_per_token, random_paged_cache
 from dsa_lab.decode import native_sizes_for, pack_launch
+from dsa_lab.env_info import device_name
 from dsa_lab.errors import BackendUnavailable, UnsupportedShape
 from dsa_lab.kernels import LogitsBackend, get_backend
 from dsa_lab.metadata import AtomPiece, build_metadata, plan_atoms
@@ -196,18 +197,6 @@ class SweepSummary:
     @property
     def remaining(self) -> int:
         return self.total - self.recorded_before - self.recorded_now
-
-
-def timing_method(device: torch.device, timing: TimingConfig) -> str:
-    if device.type != "cuda":
-        return "wall_clock"
-    if timing.use_graph:
-        return "cuda_graph_warm_l2"
-    return "cuda_events_cold_l2" if timing.cold_l2 else "cuda_events_warm_l2"
-
-
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def open_run(spec: SweepSpec, run_dir: Path, device: torch.device, resume: bool, extra: dict[str, Any]) -> dict[str, Any]:

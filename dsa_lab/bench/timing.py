@@ -145,8 +145,7 @@ class L2Flusher:
     """Zeroes a buffer of FLUSH_L2_MULTIPLE x the L2 size, evicting whatever the last call left there."""
 
     def __init__(self, device: torch.device) -> None:
-        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or DEFAULT_L2_BYTES
-        self.nbytes = FLUSH_L2_MULTIPLE * l2
+        self.nbytes = flush_bytes(device)
         self.buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
 
     def __call__(self) -> None:
@@ -191,6 +190,15 @@ def flush_bytes(device: torch.device) -> int:
     return FLUSH_L2_MULTIPLE * l2
 
 
+def timing_method(device: torch.device, config: TimingConfig) -> str:
+    """What `time_callable` measures on `device` under `config`, as its rows and provenance name it."""
+    if device.type != "cuda":
+        return "wall_clock"
+    if config.use_graph:
+        return "cuda_graph_warm_l2"
+    return "cuda_events_cold_l2" if config.cold_l2 else "cuda_events_warm_l2"
+
+
 def time_callable(fn: Callable[[], object], device: torch.device | str, config: TimingConfig = TimingConfig()) -> Measurement:
     """Time `fn` on `device`: CUDA events (per call) or graph replays on CUDA, wall clock elsewhere."""
     device = torch.device(device)
@@ -211,7 +219,7 @@ def _time_wall_clock(fn: Callable[[], object], config: TimingConfig) -> Measurem
         elapsed = time.perf_counter() - start
         host.append(elapsed * 1e6)
         rule.add(elapsed * 1e3)
-    return summarize(rule.samples, host, "cpu", "wall_clock", stop, config.warmup)
+    return summarize(rule.samples, host, "cpu", timing_method(torch.device("cpu"), config), stop, config.warmup)
 
 
 def _time_events(fn: Callable[[], object], device: torch.device, config: TimingConfig) -> Measurement:
@@ -242,9 +250,8 @@ def _time_events(fn: Callable[[], object], device: torch.device, config: TimingC
             torch.cuda.synchronize(device)
             for begin, end in pairs:
                 rule.add(begin.elapsed_time(end))
-        method = "cuda_events_cold_l2" if flush is not None else "cuda_events_warm_l2"
         del flush
-    return summarize(rule.samples, host, "cuda", method, stop, max(1, config.warmup), lead_us)
+    return summarize(rule.samples, host, "cuda", timing_method(device, config), stop, max(1, config.warmup), lead_us)
 
 
 def _time_graph(fn: Callable[[], object], device: torch.device, config: TimingConfig) -> Measurement:
@@ -280,7 +287,7 @@ def _time_graph(fn: Callable[[], object], device: torch.device, config: TimingCo
             for begin, end in pairs:
                 rule.add(begin.elapsed_time(end) / n)
         del graph
-    return summarize(rule.samples, host, "cuda", "cuda_graph_warm_l2", stop, config.warmup, lead_us)
+    return summarize(rule.samples, host, "cuda", timing_method(device, config), stop, config.warmup, lead_us)
 
 
 def _median_ms_of_read(device: torch.device, gib: int) -> float:

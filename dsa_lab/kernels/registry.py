@@ -81,6 +81,10 @@ class LogitsBackend:
                 f"next_n={next_n}: backend {self.name!r} on {device} runs natively only "
                 f"next_n in {sorted(native)} (use strategy 'flatten' or 'atom')"
             )
+        self.check_shape(heads, head_dim, cache_dtype)
+
+    def check_shape(self, heads: int, head_dim: int, cache_dtype: str) -> None:
+        """Raise UnsupportedShape for the first field outside this backend's allowed values."""
         for field, value, allowed in (
             ("num_heads", heads, self.heads),
             ("head_dim", head_dim, self.head_dims),

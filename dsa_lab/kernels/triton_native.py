@@ -249,14 +249,9 @@ def _num_sms(device_index: int) -> int:
 def _check_shapes(q: torch.Tensor, kv_cache: torch.Tensor, cache_dtype: str) -> None:
     _, next_n, heads, dim = q.shape
     check_range("next_n", next_n, 1, MAX_NEXT_N)
-    for field, value, allowed in (
-        ("num_heads", heads, TritonNativeBackend.heads),
-        ("head_dim", dim, TritonNativeBackend.head_dims),
-        ("cache_dtype", cache_dtype, TritonNativeBackend.cache_dtypes),
-        ("block_size", kv_cache.shape[1], (BLOCK_SIZE,)),
-    ):
-        if value not in allowed:
-            raise UnsupportedShape(f"{field}={value!r}: backend 'triton' allows {allowed}")
+    TritonNativeBackend().check_shape(heads, dim, cache_dtype)
+    if kv_cache.shape[1] != BLOCK_SIZE:
+        raise UnsupportedShape(f"block_size={kv_cache.shape[1]!r}: backend 'triton' allows {(BLOCK_SIZE,)}")
     if not kv_cache.is_contiguous():
         raise ValueError("kv_cache: must be contiguous (the kernel reads its raw block bytes)")
 

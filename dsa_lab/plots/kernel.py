@@ -27,6 +27,7 @@ from dsa_lab.plots.latency import (
     SM90_DEEPGEMM,
     STRATEGY_ORDER,
     _context_order,
+    _sources_label,
     modeled_rows_like,
     ok_rows,
     vllm_choice,
@@ -203,10 +204,6 @@ def _palette(series: Sequence[str]) -> dict[str, Any]:
     return colours
 
 
-def _sources(frame: pd.DataFrame) -> str:
-    return " + ".join(s for s in ("measured", "modeled") if s in set(frame["source"]))
-
-
 def _finish(fig: Figure, title: str, provenance_line: str | None) -> Figure:
     fig.suptitle(title)
     if provenance_line:
@@ -250,7 +247,7 @@ def plot_backend_latency(
     ax.set(xlabel="next_n (query rows per request)", ylabel="kernel time per decode step (µs, median)", ylim=(0, None))
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
     backends = " vs ".join(dict.fromkeys(data.loc[data["source"] == "measured", "backend"])) or "modeled"
-    title = f"Kernel time, {backends}, on {device} ({_sources(data)}): batch={batch}, context={context}"
+    title = f"Kernel time, {backends}, on {device} ({_sources_label(data)}): batch={batch}, context={context}"
     return _finish(fig, title, provenance_line)
 
 
@@ -320,7 +317,7 @@ def plot_roofline_intensity(frame: pd.DataFrame, gpu: GpuSpec, device: str, prov
     top.set_xlabel("next_n (at its median intensity)", fontsize=9)
     ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ceilings = "measured" if gpu.measured else "datasheet"
-    title = f"Roofline on {device} ({_sources(data)} points); ceilings: {gpu.name} ({ceilings} ceilings)"
+    title = f"Roofline on {device} ({_sources_label(data)} points); ceilings: {gpu.name} ({ceilings} ceilings)"
     return _finish(fig, title, provenance_line)
 
 

@@ -20,13 +20,14 @@ from matplotlib.figure import Figure
 from pandas.io.formats.style import Styler
 
 from dsa_lab.bench.sweep import ContextSpec
+from dsa_lab.decode import SM90_DEEPGEMM_NATIVE
 from dsa_lab.policy import Platform, PolicyQuery, step_path
 from dsa_lab.roofline import GpuSpec, StepShape, floor_ms, modeled_time, step_cost
 
 STRATEGY_ORDER = ("native", "atom", "flatten")
 SOURCE_DASHES = {"measured": "", "modeled": (4, 2)}
 SM90_DEEPGEMM = Platform("sm90", True)
-SM90_NATIVE_SIZES = (1, 2, 4)
+SM90_NATIVE_SIZES = SM90_DEEPGEMM_NATIVE
 
 
 def _context_order(labels: Iterable[str]) -> list[str]:

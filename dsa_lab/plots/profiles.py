@@ -15,7 +15,6 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from dsa_lab.cache import bytes_per_token
 from dsa_lab.metadata import STRATEGIES
 from dsa_lab.profiling.step import PHASES
 from dsa_lab.profiling.torch_profile import OUTSIDE_PHASES
@@ -96,9 +95,7 @@ def modeled_reread(batch_size: int, context_len: int, next_ns: Sequence[int], na
         for strategy in STRATEGIES:
             shape = StepShape((context_len,) * batch_size, next_n, strategy, native_sizes=tuple(native_sizes))
             cost = step_cost(shape)
-            unique_kv = sum(shape.seq_lens) * bytes_per_token(shape.head_dim, shape.cache_dtype)
-            side = cost.unique_bytes - unique_kv
-            rows.append({"next_n": next_n, "strategy": strategy, "kv_read_per_unique": (cost.strategy_bytes - side) / unique_kv, "source": "modeled"})
+            rows.append({"next_n": next_n, "strategy": strategy, "kv_read_per_unique": cost.strategy_kv_bytes / cost.unique_kv_bytes, "source": "modeled"})
     return pd.DataFrame(rows)
 
 

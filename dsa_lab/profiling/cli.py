@@ -11,11 +11,12 @@ import pandas as pd
 import torch
 
 from dsa_lab import store
+from dsa_lab.env_info import device_name
 from dsa_lab.metadata import STRATEGIES
 from dsa_lab.profiling.ncu import NcuUnavailable, detect_ncu
 from dsa_lab.profiling.runs import profile_provenance, write_tables
 from dsa_lab.profiling.sweep import ProfileRun, ProfileSpec, run_ncu_sweep, run_torch_sweep
-from dsa_lab.profiling.torch_profile import device_label, summarize_torch
+from dsa_lab.profiling.torch_profile import summarize_torch
 from dsa_lab.topk import DEFAULT_TOPK
 
 
@@ -60,7 +61,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         else:
             _log(f"dsa-lab profile: Nsight Compute path: {status.reason}")
     run_id = store.new_run_id("profile")
-    out = Path(args.out) if args.out else Path("data") / store.device_label(device_label(device)) / "profiles" / run_id
+    out = Path(args.out) if args.out else Path("data") / store.device_label(device_name(device)) / "profiles" / run_id
     provenance = profile_provenance(run_id, device, spec, status)
     provenance["ncu_skipped"] = ncu_skipped
     store.create_run(out, provenance)

@@ -19,10 +19,10 @@ import pandas as pd
 import torch
 
 from dsa_lab import store
+from dsa_lab.env_info import device_name
 from dsa_lab.metadata import STRATEGIES
 from dsa_lab.profiling.ncu import NcuStatus
 from dsa_lab.profiling.sweep import ProfileRun, ProfileSpec, run_torch_sweep
-from dsa_lab.profiling.torch_profile import device_label
 
 KIND = "profile"
 TABLES = {
@@ -38,7 +38,7 @@ def profile_provenance(run_id: str, device: torch.device, spec: ProfileSpec, sta
     return store.build_provenance(
         run_id,
         device.type,
-        device_label(device),
+        device_name(device),
         "measured",
         spec.seed,
         "torch.profiler (one step after a warm-up) + Nsight Compute CLI (kernel replay, caches flushed)",

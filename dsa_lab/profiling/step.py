@@ -206,8 +206,7 @@ def useful_costs(batch: DecodeBatch, strategy: str, native_sizes: tuple[int, ...
     modeled = None
     if batch.is_uniform and min(batch.seq_lens) >= batch.next_n:
         shape = StepShape(batch.seq_lens, batch.next_n, strategy, batch.num_heads, batch.head_dim, batch.cache_dtype, native_sizes)
-        cost = step_cost(shape)
-        modeled = float(cost.strategy_bytes - (cost.unique_bytes - sum(batch.seq_lens) * per_token))
+        modeled = float(step_cost(shape).strategy_kv_bytes)
     return {
         "unique_kv_bytes": float(sum(batch.seq_lens) * per_token),
         "modeled_kv_bytes": modeled,

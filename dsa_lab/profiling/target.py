@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from dsa_lab.decode import native_sizes_for
+from dsa_lab.env_info import device_name
 from dsa_lab.kernels import LogitsBackend
 from dsa_lab.metadata import DecodeMetadata, build_metadata
 from dsa_lab.profiling.step import (
@@ -33,7 +34,7 @@ from dsa_lab.profiling.step import (
     resolve_backend,
     useful_costs,
 )
-from dsa_lab.profiling.torch_profile import device_label, step_config, sync
+from dsa_lab.profiling.torch_profile import step_config, sync
 from dsa_lab.topk import DEFAULT_TOPK
 from dsa_lab.workload import DecodeBatch, uniform_batch
 
@@ -103,7 +104,7 @@ def run_target(
         from dsa_lab.profiling.marker import launch_marker as marker
     nvtx = device.type == "cuda"
     kernel = resolve_backend(plan.backend)
-    manifest: dict[str, Any] = {"backend": plan.backend, "device": device_label(device), "configs": [], "steps": [], "complete": False}
+    manifest: dict[str, Any] = {"backend": plan.backend, "device": device_name(device), "configs": [], "steps": [], "complete": False}
     started = time.perf_counter()
     for batch_size in plan.batches:
         cache = random_fp8_cache(uniform_batch(batch_size, plan.context_len, 1), plan.seed, device)

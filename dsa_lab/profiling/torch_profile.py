@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from dsa_lab.env_info import device_name
 from dsa_lab.errors import check_choice, check_range
 from dsa_lab.kernels import LogitsBackend
 from dsa_lab.metadata import STRATEGIES
@@ -53,10 +54,6 @@ class ProfileResult:
     trace_path: Path | None
 
 
-def device_label(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -67,7 +64,7 @@ def step_config(batch: DecodeBatch, device: torch.device, strategy: str, backend
     return {
         "backend": backend.name,
         "strategy": strategy,
-        "device": device_label(device),
+        "device": device_name(device),
         "batch_size": batch.batch_size,
         "context_len": batch.max_seq_len,
         "next_n": batch.next_n,
