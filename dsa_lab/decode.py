@@ -36,6 +36,11 @@ class DecodeResult:
     indices: torch.Tensor  # int32 [num_tokens, k]
 
 
+def resolve_backend(backend: str | LogitsBackend) -> LogitsBackend:
+    """A registered backend by name, or the backend object itself."""
+    return get_backend(backend) if isinstance(backend, str) else backend
+
+
 def pack_launch(launch: KernelLaunch, inputs: DecodeInputs) -> LaunchInputs:
     """Gather each kernel row's query and weights; filler rows get zeros."""
     rows = launch.token_rows.reshape(-1)
@@ -104,7 +109,7 @@ def run_decode(
     inputs: DecodeInputs, strategy: str, backend: str | LogitsBackend = "reference", topk: int = DEFAULT_TOPK
 ) -> DecodeResult:
     """Build the strategy's metadata, run every launch, scatter rows back and pick the top-k."""
-    kernel = get_backend(backend) if isinstance(backend, str) else backend
+    kernel = resolve_backend(backend)
     device = inputs.q.device
     batch = inputs.batch
     metadata = build_metadata(strategy, batch, inputs.cache.block_table, native_sizes_for(kernel, device))

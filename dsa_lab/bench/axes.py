@@ -17,9 +17,9 @@ from dsa_lab.bench.timing import TimingConfig
 from dsa_lab.errors import check_choice, check_range
 from dsa_lab.kernels import backend_names
 from dsa_lab.metadata import STRATEGIES
+from dsa_lab.store import AXES  # a point is keyed, stored and compared by these
 from dsa_lab.workload import CACHE_DTYPES, MAX_NEXT_N, SUPPORTED_HEAD_DIMS, SUPPORTED_HEADS, mixed_length_batch
 
-AXES = ("backend", "strategy", "batch", "context", "next_n", "cache_dtype", "heads", "head_dim")
 PRESETS = ("ci", "smoke", "h200-full")
 MAX_BATCH = 4096
 

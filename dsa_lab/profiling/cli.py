@@ -27,7 +27,12 @@ def _log(message: str) -> None:
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:  # torch lists every device type it knows; we run on two
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={name!r}: allowed values are 'auto', 'cpu', 'cuda' or 'cuda:N'")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda': no CUDA device is visible here (use --device cpu)")
     return device

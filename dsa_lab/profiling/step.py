@@ -16,9 +16,9 @@ import torch
 from torch.profiler import record_function
 
 from dsa_lab.cache import PagedCache, bytes_per_token, quantize_fp8
-from dsa_lab.decode import DecodeResult, native_sizes_for, pack_launch, run_decode, scatter_logits
+from dsa_lab.decode import DecodeResult, native_sizes_for, pack_launch, resolve_backend, run_decode, scatter_logits
 from dsa_lab.errors import check_range
-from dsa_lab.kernels import LogitsBackend, get_backend
+from dsa_lab.kernels import LogitsBackend
 from dsa_lab.metadata import build_metadata
 from dsa_lab.roofline import StepShape, step_cost
 from dsa_lab.topk import DEFAULT_TOPK, topk_per_row
@@ -30,10 +30,6 @@ DEFAULT_TOLERANCE = 1e-3
 
 class ProfileRefused(ValueError):
     """A configuration whose results disagree with the reference: profiling it would mislead."""
-
-
-def resolve_backend(backend: str | LogitsBackend) -> LogitsBackend:
-    return get_backend(backend) if isinstance(backend, str) else backend
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dsa_lab.decode import native_sizes_for
+from dsa_lab.decode import native_sizes_for, resolve_backend
 from dsa_lab.env_info import device_name
 from dsa_lab.kernels import LogitsBackend
 from dsa_lab.metadata import DecodeMetadata, build_metadata
@@ -31,7 +31,6 @@ from dsa_lab.profiling.step import (
     profile_inputs,
     random_fp8_cache,
     reference_logits,
-    resolve_backend,
     useful_costs,
 )
 from dsa_lab.profiling.torch_profile import step_config, sync

@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from dsa_lab.decode import resolve_backend
 from dsa_lab.env_info import device_name
 from dsa_lab.errors import check_choice, check_range
 from dsa_lab.kernels import LogitsBackend
@@ -31,7 +32,6 @@ from dsa_lab.profiling.step import (
     check_correctness,
     phased_decode,
     reference_logits,
-    resolve_backend,
 )
 from dsa_lab.topk import DEFAULT_TOPK
 from dsa_lab.workload import DecodeBatch, DecodeInputs
