@@ -103,6 +103,18 @@ def _token_regions(cache_dtype: str, head_dim: int, block_size: int) -> tuple[in
     return block_size * head_dim // 2, block_size * head_dim // MX_GROUP
 
 
+def permuted_block_table(per_request: Sequence[int], perm: torch.Tensor) -> torch.Tensor:
+    """int32 `[B, max(per_request)]` on perm's device: request b owns the next per_request[b]
+    physical ids of `perm`; its unused slots repeat its first id (valid, never read)."""
+    table = torch.empty(len(per_request), max(per_request), dtype=torch.int32, device=perm.device)
+    first = 0
+    for b, count in enumerate(per_request):
+        table[b, :count] = perm[first : first + count]
+        table[b, count:] = perm[first]
+        first += count
+    return table
+
+
 def build_paged_cache(
     keys: list[torch.Tensor],
     block_size: int = 64,
@@ -130,15 +142,10 @@ def build_paged_cache(
     if cache_dtype == "fp8":  # stale scales must still be finite floats
         flat[:, value_bytes:].view(torch.float32)[:] = torch.rand(num_blocks, block_size, generator=gen)
     flat = flat.to(device)
-    table = torch.empty(len(keys), max(per_request), dtype=torch.int32)
-    cursor = 0
+    table = permuted_block_table(per_request, perm)
     for b, k in enumerate(keys):
         check_tensor(f"keys[{b}]", k, ndim=2, shape=(None, head_dim))
-        ids = perm[cursor : cursor + per_request[b]]
-        cursor += per_request[b]
-        table[b, : len(ids)] = ids.to(torch.int32)
-        table[b, len(ids) :] = ids[0].item()  # valid but unused ids
-        _write_request(flat, ids.to(device), k, cache_dtype, block_size, value_bytes, ue8m0)
+        _write_request(flat, table[b, : per_request[b]].to(device), k, cache_dtype, block_size, value_bytes, ue8m0)
     data = flat.view(num_blocks, block_size, 1, -1)
     return PagedCache(data, table.to(device), head_dim, cache_dtype)
 
@@ -230,12 +237,7 @@ def random_paged_cache(
     flat = torch.randint(0, 256, (num_blocks, value_bytes + scale_bytes), generator=gen, device=device, dtype=torch.uint8)
     if cache_dtype == "fp8":  # stale scales must still be finite floats
         flat[:, value_bytes:].view(torch.float32)[:] = torch.rand(num_blocks, block_size, generator=gen, device=device)
-    table = torch.empty(len(seq_lens), max(per_request), dtype=torch.int32, device=device)
-    first = 0
-    for b, count in enumerate(per_request):
-        table[b, :count] = perm[first : first + count]
-        table[b, count:] = perm[first]  # valid but unused ids
-        first += count
+    table = permuted_block_table(per_request, perm)
     values = flat[:, :value_bytes].view(num_blocks, block_size, -1)
     scales = flat[:, value_bytes:]
     scales = scales.view(torch.float32) if cache_dtype == "fp8" else scales.view(num_blocks, block_size, -1)

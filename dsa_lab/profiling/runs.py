@@ -93,7 +93,6 @@ def load_profile_run(folder: str | Path) -> ProfileRun:
     )
 
 
-
 def cpu_reference_run(batch_size: int = 2, context_len: int = 256, next_ns: tuple[int, ...] = (1, 2, 4), topk: int = 64, seed: int = 0) -> ProfileRun:
     """torch.profiler tables of the reference backend on this CPU, held in memory, labelled as such.
 

@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 import torch
 from torch.profiler import record_function
 
-from dsa_lab.cache import PagedCache, bytes_per_token, quantize_fp8
+from dsa_lab.cache import PagedCache, bytes_per_token, permuted_block_table, quantize_fp8
 from dsa_lab.decode import DecodeResult, native_sizes_for, pack_launch, resolve_backend, run_decode, scatter_logits
 from dsa_lab.errors import check_range
 from dsa_lab.kernels import LogitsBackend
@@ -163,12 +163,7 @@ def random_fp8_cache(
         data[lo:hi, : size * dim] = values.view(torch.uint8).reshape(hi - lo, size * dim)
         data[lo:hi, size * dim :] = scales.view(torch.uint8).reshape(hi - lo, size * 4)
     perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed + 1)).to(torch.int32)
-    table = torch.empty(batch.batch_size, max(per_request), dtype=torch.int32)
-    start = 0
-    for b, count in enumerate(per_request):
-        table[b, :count] = perm[start : start + count]
-        table[b, count:] = perm[start]  # valid but unused ids
-        start += count
+    table = permuted_block_table(per_request, perm)
     return PagedCache(data.view(num_blocks, size, 1, dim + 4), table.to(device), dim, "fp8")
 
 
