@@ -19,6 +19,7 @@ import torch
 
 from dsa_lab.errors import check_choice, check_tensor
 
+CACHE_DTYPES = ("fp8", "mxfp4")
 FP8_MAX = 448.0
 FP8_MIN_AMAX = 1e-4
 MX_GROUP = 32
@@ -27,7 +28,7 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 def bytes_per_token(head_dim: int, cache_dtype: str) -> int:
     """Bytes one cached token occupies (values + its share of the scales)."""
-    check_choice("cache_dtype", cache_dtype, ("fp8", "mxfp4"))
+    check_choice("cache_dtype", cache_dtype, CACHE_DTYPES)
     if cache_dtype == "fp8":
         return head_dim + 4
     return head_dim // 2 + head_dim // MX_GROUP
@@ -128,7 +129,7 @@ def build_paged_cache(
     Physical block ids are a random permutation so that no kernel can pass by reading
     blocks contiguously; `spare_blocks` extra blocks hold random bytes nobody owns.
     """
-    check_choice("cache_dtype", cache_dtype, ("fp8", "mxfp4"))
+    check_choice("cache_dtype", cache_dtype, CACHE_DTYPES)
     if not keys:
         raise ValueError("keys: need one K tensor per request, got none")
     head_dim = keys[0].shape[-1]
@@ -225,7 +226,7 @@ def random_paged_cache(
     time, with no Python loop per block. Layout and block-table conventions are those of
     `build_paged_cache` (spare block, unused table slots holding valid ids).
     """
-    check_choice("cache_dtype", cache_dtype, ("fp8", "mxfp4"))
+    check_choice("cache_dtype", cache_dtype, CACHE_DTYPES)
     if not seq_lens or min(seq_lens) < 0:
         raise ValueError(f"seq_lens: need one length >= 0 per request, got {tuple(seq_lens)}")
     device = torch.device(device)

@@ -12,13 +12,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dsa_lab.cache import PagedCache, build_paged_cache
+from dsa_lab.cache import CACHE_DTYPES, PagedCache, build_paged_cache
 from dsa_lab.errors import check_choice, check_range
 
 SUPPORTED_HEADS = (32, 64)
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_BLOCK_SIZES = (64,)
-CACHE_DTYPES = ("fp8", "mxfp4")
 MAX_NEXT_N = 16  # query rows per request (1 + speculative tokens) a batch may have
 
 

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from dsa_lab.cache import PagedCache, dequantize_blocks
+from dsa_lab.cache import CACHE_DTYPES, PagedCache, dequantize_blocks
 from dsa_lab.kernels.registry import LogitsBackend, check_logits_args, register_backend
 
 CHUNK_TOKENS = 8192
@@ -62,7 +62,7 @@ class ReferenceBackend(LogitsBackend):
 
     name = "reference"
     baseline = True
-    cache_dtypes: ClassVar[tuple[str, ...]] = ("fp8", "mxfp4")
+    cache_dtypes: ClassVar[tuple[str, ...]] = CACHE_DTYPES
 
     def logits(self, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule: Any = None):
         return paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, max_context_len)

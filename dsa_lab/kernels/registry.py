@@ -132,14 +132,14 @@ def check_logits_args(
     `check_values` also scans context lens and block ids (a host sync: do it once,
     outside timed loops).
     """
-    from dsa_lab.cache import bytes_per_token
+    from dsa_lab.cache import CACHE_DTYPES, bytes_per_token
     from dsa_lab.errors import check_tensor
 
     check_tensor("q", q, dtype=torch.float8_e4m3fn, ndim=4)
     batch, next_n, heads, dim = q.shape
     check_tensor("kv_cache", kv_cache, dtype=torch.uint8, ndim=4, device=q.device)
     per_token = kv_cache.shape[-1]
-    kinds = {bytes_per_token(dim, kind): kind for kind in ("fp8", "mxfp4")}
+    kinds = {bytes_per_token(dim, kind): kind for kind in CACHE_DTYPES}
     if kv_cache.shape[2] != 1 or per_token not in kinds:
         raise ValueError(
             f"kv_cache: expected [num_blocks, block_size, 1, B] with B in {sorted(kinds)} "
