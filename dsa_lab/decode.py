@@ -58,6 +58,15 @@ def pack_launch(launch: KernelLaunch, inputs: DecodeInputs) -> LaunchInputs:
     )
 
 
+def launch_logits(
+    backend: LogitsBackend, packed: LaunchInputs, cache_data: torch.Tensor, max_context_len: int, schedule: Any = None
+) -> torch.Tensor:
+    """One backend call on a packed launch, unchecked: the form decode, benchmarks and profiles share."""
+    return backend.logits(
+        packed.q, cache_data, packed.weights, packed.context_lens, packed.block_table, max_context_len, schedule
+    )
+
+
 def native_sizes_for(backend: LogitsBackend, device: torch.device) -> Sequence[int]:
     """Atom pieces a backend runs natively; a backend native for any n uses SM90 DeepGEMM's set."""
     native = backend.native_next_n(device)
@@ -91,17 +100,7 @@ def run_logits(
             packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, metadata.max_context_len
         )
         schedule = schedules[i] if schedules is not None else backend.schedule(packed.context_lens, inputs.batch.block_size)
-        outputs.append(
-            backend.logits(
-                packed.q,
-                inputs.cache.data,
-                packed.weights,
-                packed.context_lens,
-                packed.block_table,
-                metadata.max_context_len,
-                schedule,
-            )
-        )
+        outputs.append(launch_logits(backend, packed, inputs.cache.data, metadata.max_context_len, schedule))
     return outputs
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from dsa_lab.decode import LaunchInputs
+from dsa_lab.decode import LaunchInputs, launch_logits
 from dsa_lab.kernels import LogitsBackend
 from dsa_lab.kernels.reference import paged_mqa_logits as reference_logits
 from dsa_lab.metadata import DecodeMetadata
@@ -57,10 +57,7 @@ def run_launches(
     backend: LogitsBackend, packed: Sequence[LaunchInputs], cache_data: torch.Tensor, max_len: int, schedules: Sequence[Any]
 ) -> list[torch.Tensor]:
     """Every launch of one decode step, as timed: the raw outputs, nothing gathered."""
-    return [
-        backend.logits(p.q, cache_data, p.weights, p.context_lens, p.block_table, max_len, s)
-        for p, s in zip(packed, schedules)
-    ]
+    return [launch_logits(backend, p, cache_data, max_len, s) for p, s in zip(packed, schedules)]
 
 
 def check_point(

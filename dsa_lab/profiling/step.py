@@ -16,7 +16,15 @@ import torch
 from torch.profiler import record_function
 
 from dsa_lab.cache import PagedCache, bytes_per_token, permuted_block_table, quantize_fp8
-from dsa_lab.decode import DecodeResult, native_sizes_for, pack_launch, resolve_backend, run_decode, scatter_logits
+from dsa_lab.decode import (
+    DecodeResult,
+    launch_logits,
+    native_sizes_for,
+    pack_launch,
+    resolve_backend,
+    run_decode,
+    scatter_logits,
+)
 from dsa_lab.errors import check_range
 from dsa_lab.kernels import LogitsBackend
 from dsa_lab.metadata import build_metadata
@@ -72,17 +80,7 @@ def phased_decode(
         with phase("pack", nvtx):
             packed = pack_launch(launch, inputs)
         with phase("logits", nvtx), logits_window():
-            outputs.append(
-                kernel.logits(
-                    packed.q,
-                    inputs.cache.data,
-                    packed.weights,
-                    packed.context_lens,
-                    packed.block_table,
-                    metadata.max_context_len,
-                    schedule,
-                )
-            )
+            outputs.append(launch_logits(kernel, packed, inputs.cache.data, metadata.max_context_len, schedule))
     with phase("scatter", nvtx):
         logits, context = scatter_logits(metadata, outputs, device)
     with phase("topk", nvtx):
