@@ -17,18 +17,38 @@ from dataclasses import dataclass
 
 import torch
 
-from dsa_lab.errors import check_choice, check_tensor
+from dsa_lab.errors import (
+    as_device,
+    as_int,
+    check_choice,
+    check_finite,
+    check_int_sequence,
+    check_range,
+    check_tensor,
+)
 
 CACHE_DTYPES = ("fp8", "mxfp4")
 FP8_MAX = 448.0
 FP8_MIN_AMAX = 1e-4
 MX_GROUP = 32
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+MAX_HEAD_DIM = 1024
+MAX_BLOCK_SIZE = 1024
+KEY_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def check_head_dim(head_dim: object, cache_dtype: str) -> int:
+    """A positive int head_dim the layout can hold (a multiple of 32 for MXFP4's scale groups)."""
+    check_choice("cache_dtype", cache_dtype, CACHE_DTYPES)
+    dim = check_range("head_dim", head_dim, 1, MAX_HEAD_DIM)
+    if cache_dtype == "mxfp4" and dim % MX_GROUP:
+        raise ValueError(f"head_dim={dim}: mxfp4 needs a multiple of {MX_GROUP} (one scale per {MX_GROUP} values)")
+    return dim
 
 
 def bytes_per_token(head_dim: int, cache_dtype: str) -> int:
     """Bytes one cached token occupies (values + its share of the scales)."""
-    check_choice("cache_dtype", cache_dtype, CACHE_DTYPES)
+    head_dim = check_head_dim(head_dim, cache_dtype)
     if cache_dtype == "fp8":
         return head_dim + 4
     return head_dim // 2 + head_dim // MX_GROUP
@@ -43,6 +63,18 @@ class PagedCache:
     head_dim: int
     cache_dtype: str
 
+    def __post_init__(self) -> None:
+        """Host checks only: the declared dtype must match the byte width (it is never inferred from it)."""
+        width = bytes_per_token(self.head_dim, self.cache_dtype)
+        check_tensor("data", self.data, dtype=torch.uint8, ndim=4, contiguous=True)
+        blocks, size, one, got = self.data.shape
+        if one != 1 or got != width or blocks < 1 or size < 1:
+            raise ValueError(
+                f"data: a {self.cache_dtype} cache of head_dim={self.head_dim} is [num_blocks >= 1, block_size >= 1, 1, "
+                f"{width}] uint8, got shape {tuple(self.data.shape)}"
+            )
+        check_tensor("block_table", self.block_table, dtype=torch.int32, ndim=2, device=self.data.device)
+
     @property
     def block_size(self) -> int:
         return self.data.shape[1]
@@ -53,8 +85,13 @@ class PagedCache:
 
 
 def quantize_fp8(k: torch.Tensor, ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token e4m3 quantisation: scale = max(amax, 1e-4) / 448, optionally rounded up to 2^n."""
-    check_tensor("k", k, ndim=2)
+    """Per-token e4m3 quantisation: scale = max(amax, 1e-4) / 448, optionally rounded up to 2^n.
+
+    Non-finite keys are refused: a NaN or inf would give its token a NaN scale.
+    """
+    check_tensor("k", k, dtype=KEY_DTYPES, ndim=2)
+    check_choice("ue8m0", ue8m0, (False, True))
+    check_finite("k", k)
     kf = k.float()
     scale = kf.abs().amax(dim=-1).clamp(min=FP8_MIN_AMAX) / FP8_MAX
     if ue8m0:
@@ -75,8 +112,9 @@ def _e2m1_codes(x: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_mxfp4(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """MXFP4: per 32 values a ue8m0 scale 2^ceil(log2(amax/6)); values as packed e2m1 pairs."""
-    check_tensor("k", k, ndim=2)
+    """MXFP4: per 32 values a ue8m0 scale 2^ceil(log2(amax/6)); values as packed e2m1 pairs (finite keys only)."""
+    check_tensor("k", k, dtype=KEY_DTYPES, ndim=2)
+    check_finite("k", k)
     tokens, dim = k.shape
     if dim % MX_GROUP:
         raise ValueError(f"k: head_dim {dim} must be a multiple of {MX_GROUP} for mxfp4")
@@ -90,6 +128,8 @@ def quantize_mxfp4(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize_mxfp4(packed: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
     """Inverse of `quantize_mxfp4`: float32 [tokens, D]."""
+    check_tensor("packed", packed, dtype=torch.uint8, ndim=2)
+    check_tensor("scale_bytes", scale_bytes, dtype=torch.uint8, shape=(packed.shape[0], 2 * packed.shape[1] // MX_GROUP))
     grid = torch.tensor(E2M1_VALUES, device=packed.device)
     codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], 2 * packed.shape[-1])
     values = grid[(codes & 7).long()] * torch.where(codes >= 8, -1.0, 1.0)
@@ -107,6 +147,11 @@ def _token_regions(cache_dtype: str, head_dim: int, block_size: int) -> tuple[in
 def permuted_block_table(per_request: Sequence[int], perm: torch.Tensor) -> torch.Tensor:
     """int32 `[B, max(per_request)]` on perm's device: request b owns the next per_request[b]
     physical ids of `perm`; its unused slots repeat its first id (valid, never read)."""
+    counts = check_int_sequence("per_request", per_request, 1, 1 << 31)
+    check_tensor("perm", perm, dtype=(torch.int32, torch.int64), ndim=1)
+    if not counts or sum(counts) > perm.numel():
+        raise ValueError(f"per_request: needs 1..{perm.numel()} blocks in all (len(perm)), got {sum(counts)} over {len(counts)} requests")
+    per_request = counts
     table = torch.empty(len(per_request), max(per_request), dtype=torch.int32, device=perm.device)
     first = 0
     for b, count in enumerate(per_request):
@@ -127,13 +172,21 @@ def build_paged_cache(
     """Quantise each request's K `[L_b, D]` into a randomly permuted paged cache.
 
     Physical block ids are a random permutation so that no kernel can pass by reading
-    blocks contiguously; `spare_blocks` extra blocks hold random bytes nobody owns.
+    blocks contiguously; `spare_blocks` extra blocks hold random bytes nobody owns (never
+    fewer than 0: a negative count would map two requests' blocks onto one).
     """
     check_choice("cache_dtype", cache_dtype, CACHE_DTYPES)
-    if not keys:
-        raise ValueError("keys: need one K tensor per request, got none")
-    head_dim = keys[0].shape[-1]
+    block_size = check_range("block_size", block_size, 1, MAX_BLOCK_SIZE)
+    spare_blocks = check_range("spare_blocks", spare_blocks, 0, 1 << 20)
+    seed = as_int("seed", seed)
+    check_choice("ue8m0", ue8m0, (False, True))
+    if isinstance(keys, torch.Tensor) or not isinstance(keys, (list, tuple)) or not keys:
+        raise ValueError(f"keys: need a non-empty list of K tensors [L_b, D], one per request, got {type(keys).__name__}")
+    check_tensor("keys[0]", keys[0], dtype=KEY_DTYPES, ndim=2)
+    head_dim = check_head_dim(keys[0].shape[-1], cache_dtype)
     device = keys[0].device
+    for b, k in enumerate(keys):
+        check_tensor(f"keys[{b}]", k, dtype=KEY_DTYPES, shape=(None, head_dim), device=device)
     per_request = [max(1, -(-k.shape[0] // block_size)) for k in keys]
     num_blocks = sum(per_request) + spare_blocks
     gen = torch.Generator().manual_seed(seed)
@@ -145,7 +198,6 @@ def build_paged_cache(
     flat = flat.to(device)
     table = permuted_block_table(per_request, perm)
     for b, k in enumerate(keys):
-        check_tensor(f"keys[{b}]", k, ndim=2, shape=(None, head_dim))
         _write_request(flat, table[b, : per_request[b]].to(device), k, cache_dtype, block_size, value_bytes, ue8m0)
     data = flat.view(num_blocks, block_size, 1, -1)
     return PagedCache(data, table.to(device), head_dim, cache_dtype)
@@ -191,7 +243,9 @@ def split_block(cache: PagedCache) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize_blocks(cache: PagedCache, block_ids: torch.Tensor) -> torch.Tensor:
-    """K in float32 `[len(block_ids) * block_size, D]` for the given physical blocks."""
+    """K in float32 `[len(block_ids) * block_size, D]` for the given physical blocks (integer ids:
+    float ids would be truncated; their range is the caller's, who checked it once)."""
+    check_tensor("block_ids", block_ids, dtype=(torch.int32, torch.int64), ndim=1, device=cache.data.device)
     values, scales = split_block(cache)
     v, s = values[block_ids.long()], scales[block_ids.long()]
     if cache.cache_dtype == "fp8":
@@ -201,13 +255,18 @@ def dequantize_blocks(cache: PagedCache, block_ids: torch.Tensor) -> torch.Tenso
 
 def gather_request_keys(cache: PagedCache, request: int, length: int) -> torch.Tensor:
     """The dequantised K of one request's first `length` tokens (float32 `[length, D]`)."""
+    request = check_range("request", request, 0, cache.block_table.shape[0] - 1)
+    length = check_range("length", length, 0, 1 << 40)
     blocks = -(-length // cache.block_size)
     if blocks > cache.block_table.shape[1]:
         raise ValueError(
             f"length={length} needs {blocks} blocks; the block table holds "
             f"{cache.block_table.shape[1]}"
         )
-    return dequantize_blocks(cache, cache.block_table[request, :blocks])[:length]
+    ids = cache.block_table[request, :blocks]
+    if blocks and (int(ids.min()) < 0 or int(ids.max()) >= cache.num_blocks):
+        raise ValueError(f"block_table[{request}]: block ids must lie in [0, {cache.num_blocks - 1}], got {ids.tolist()}")
+    return dequantize_blocks(cache, ids)[:length]
 
 
 def random_paged_cache(
@@ -226,12 +285,16 @@ def random_paged_cache(
     time, with no Python loop per block. Layout and block-table conventions are those of
     `build_paged_cache` (spare block, unused table slots holding valid ids).
     """
-    check_choice("cache_dtype", cache_dtype, CACHE_DTYPES)
-    if not seq_lens or min(seq_lens) < 0:
-        raise ValueError(f"seq_lens: need one length >= 0 per request, got {tuple(seq_lens)}")
-    device = torch.device(device)
+    head_dim = check_head_dim(head_dim, cache_dtype)
+    seq_lens = check_int_sequence("seq_lens", seq_lens, 0, 1 << 31)
+    if not seq_lens:
+        raise ValueError("seq_lens: need one length >= 0 per request, got none")
+    block_size = check_range("block_size", block_size, 1, MAX_BLOCK_SIZE)
+    chunk_tokens = check_range("chunk_tokens", chunk_tokens, 1, 1 << 30)
+    seed = as_int("seed", seed)
+    device = as_device("device", device)
     gen = torch.Generator(device=device).manual_seed(seed)
-    per_request = [max(1, -(-int(length) // block_size)) for length in seq_lens]
+    per_request = [max(1, -(-length // block_size)) for length in seq_lens]
     num_blocks = sum(per_request) + 1
     value_bytes, scale_bytes = _token_regions(cache_dtype, head_dim, block_size)
     perm = torch.randperm(num_blocks, generator=gen, device=device).to(torch.int32)
@@ -242,7 +305,7 @@ def random_paged_cache(
     values = flat[:, :value_bytes].view(num_blocks, block_size, -1)
     scales = flat[:, value_bytes:]
     scales = scales.view(torch.float32) if cache_dtype == "fp8" else scales.view(num_blocks, block_size, -1)
-    lens = torch.tensor([int(x) for x in seq_lens], dtype=torch.int64, device=device)
+    lens = torch.tensor(seq_lens, dtype=torch.int64, device=device)
     starts = torch.cumsum(lens, 0) - lens
     total = int(lens.sum())
     step = chunk_tokens if cache_dtype == "fp8" else max(1, chunk_tokens // 16)  # e2m1 rounding is wide

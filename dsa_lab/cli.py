@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, RuntimeError) as err:  # bad input or unavailable backend: one clear line
+    except (ValueError, RuntimeError, OSError) as err:  # bad input, unavailable backend, a file: one clear line
         print(f"dsa-lab {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -1,4 +1,13 @@
-"""One indexer decode step end to end: metadata -> logits launches -> top-k. Glue only."""
+"""One indexer decode step end to end: metadata -> logits launches -> top-k. Glue only.
+
+Checks are placed by cost. Host checks (shapes, dtypes, the cache dtype against its byte
+width) run inside every backend call. The value scan of a launch (context lens within
+its block table, every block id a row reads within the cache, token rows within the
+step) copies from the device, so `check_launches` runs it once per step where the
+launches are prepared: here in `run_logits`, in the sweep before a point is checked and
+timed, in the profiler before the warm-up. Timed loops then call `launch_logits` on
+launches already checked, with no device sync.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +17,13 @@ from typing import Any
 
 import torch
 
+from dsa_lab.cache import PagedCache
+from dsa_lab.errors import check_range, check_tensor
 from dsa_lab.kernels import LogitsBackend, get_backend
 from dsa_lab.kernels.deepgemm import SM90_NATIVE_NEXT_N
-from dsa_lab.kernels.registry import check_logits_args
+from dsa_lab.kernels.registry import check_logits_values
 from dsa_lab.metadata import DecodeMetadata, KernelLaunch, build_metadata
-from dsa_lab.topk import DEFAULT_TOPK, topk_per_row
+from dsa_lab.topk import DEFAULT_TOPK, MAX_TOPK, topk_per_row
 from dsa_lab.workload import DecodeInputs
 
 SM90_DEEPGEMM_NATIVE = tuple(sorted(SM90_NATIVE_NEXT_N))  # (1, 2, 4)
@@ -38,11 +49,41 @@ class DecodeResult:
 
 def resolve_backend(backend: str | LogitsBackend) -> LogitsBackend:
     """A registered backend by name, or the backend object itself."""
-    return get_backend(backend) if isinstance(backend, str) else backend
+    if isinstance(backend, LogitsBackend):
+        return backend
+    if not isinstance(backend, str):
+        raise ValueError(f"backend={backend!r}: expected a registered backend name or a LogitsBackend")
+    return get_backend(backend)
+
+
+def _check_inputs(inputs: object) -> DecodeInputs:
+    if not isinstance(inputs, DecodeInputs):
+        raise ValueError(f"inputs: expected a DecodeInputs (see workload.random_inputs), got {type(inputs).__name__}")
+    return inputs
+
+
+def check_launches(metadata: DecodeMetadata, inputs: DecodeInputs) -> None:
+    """The value scan of every launch of a step (see the module docstring): one device->host
+    copy per launch, so run it once where launches are prepared, never in a timed loop."""
+    _check_inputs(inputs)
+    if not isinstance(metadata, DecodeMetadata):
+        raise ValueError(f"metadata: expected a DecodeMetadata, got {type(metadata).__name__}")
+    if metadata.num_tokens != inputs.batch.num_decode_tokens:
+        raise ValueError(
+            f"metadata: built for {metadata.num_tokens} query tokens, inputs hold {inputs.batch.num_decode_tokens}"
+        )
+    for i, launch in enumerate(metadata.launches):
+        check_tensor(f"launches[{i}].block_table", launch.block_table, device=inputs.cache.data.device)
+        if launch.token_rows.numel() and int(launch.token_rows.max()) >= metadata.num_tokens:
+            raise ValueError(f"launches[{i}].token_rows: values must be -1 (filler) or < num_tokens={metadata.num_tokens}")
+        check_logits_values(inputs.cache.data, launch.context_lens, launch.block_table, metadata.max_context_len)
 
 
 def pack_launch(launch: KernelLaunch, inputs: DecodeInputs) -> LaunchInputs:
     """Gather each kernel row's query and weights; filler rows get zeros."""
+    if not isinstance(launch, KernelLaunch):
+        raise ValueError(f"launch: expected a KernelLaunch, got {type(launch).__name__}")
+    check_tensor("launch.token_rows", launch.token_rows, device=_check_inputs(inputs).q.device)
     rows = launch.token_rows.reshape(-1)
     real = (rows >= 0)[:, None]
     safe = rows.clamp(min=0)
@@ -59,12 +100,20 @@ def pack_launch(launch: KernelLaunch, inputs: DecodeInputs) -> LaunchInputs:
 
 
 def launch_logits(
-    backend: LogitsBackend, packed: LaunchInputs, cache_data: torch.Tensor, max_context_len: int, schedule: Any = None
+    backend: LogitsBackend, packed: LaunchInputs, cache: PagedCache, max_context_len: int, schedule: Any = None
 ) -> torch.Tensor:
-    """One backend call on a packed launch, unchecked: the form decode, benchmarks and profiles share."""
+    """One backend call on a packed launch, the form decode, benchmarks and profiles share.
+
+    The cache passes its declared dtype (`cache_dtype=`), never left to its byte width.
+    Only the backend's host checks run here (no device sync: this is what gets timed);
+    the launch's values were scanned once by `check_launches`.
+    """
+    if not isinstance(cache, PagedCache):  # a bare tensor would leave its dtype to be guessed
+        raise ValueError(f"cache: expected a PagedCache (it carries cache_dtype), got {type(cache).__name__}")
     return backend.logits(
-        packed.q, cache_data, packed.weights, packed.context_lens, packed.block_table, max_context_len, schedule
-    )
+        packed.q, cache.data, packed.weights, packed.context_lens, packed.block_table, max_context_len, schedule,
+        cache_dtype=cache.cache_dtype,
+    )  # fmt: skip
 
 
 def native_sizes_for(backend: LogitsBackend, device: torch.device) -> Sequence[int]:
@@ -76,13 +125,25 @@ def native_sizes_for(backend: LogitsBackend, device: torch.device) -> Sequence[i
 def scatter_logits(
     metadata: DecodeMetadata, outputs: Sequence[torch.Tensor], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token logits `[T, max_len]` (masked to -inf beyond context) and context lens `[T]`."""
+    """Per-token logits `[T, max_len]` (masked to -inf beyond context) and context lens `[T]`.
+
+    Needs one output per launch, each `[rows, >= max_context_len]` on `device`: a missing
+    output would leave its tokens' rows -inf, an empty selection that looks legitimate.
+    """
+    if len(outputs) != len(metadata.launches):
+        raise ValueError(f"outputs: {len(outputs)} tensors for {len(metadata.launches)} launches; need one per launch")
+    for i, (launch, out) in enumerate(zip(metadata.launches, outputs)):
+        check_tensor(f"outputs[{i}]", out, dtype=(torch.float32, torch.bfloat16, torch.float16), ndim=2, device=device)
+        if out.shape[0] != launch.token_rows.numel() or out.shape[1] < metadata.max_context_len:
+            raise ValueError(
+                f"outputs[{i}]: expected [{launch.token_rows.numel()}, >= {metadata.max_context_len}], got {tuple(out.shape)}"
+            )
     width = metadata.max_context_len
     logits = torch.full((metadata.num_tokens, width), float("-inf"), dtype=torch.float32, device=device)
     for launch, out in zip(metadata.launches, outputs):
         rows = launch.token_rows.reshape(-1)
         real = rows >= 0
-        logits[rows[real]] = out[real].float()
+        logits[rows[real]] = out[real, :width].float()
     context = metadata.token_context_lens()
     pos = torch.arange(width, device=device)
     logits.masked_fill_(pos[None, :] >= context[:, None], float("-inf"))
@@ -92,15 +153,15 @@ def scatter_logits(
 def run_logits(
     inputs: DecodeInputs, metadata: DecodeMetadata, backend: LogitsBackend, schedules: Sequence[Any] | None = None
 ) -> list[torch.Tensor]:
-    """Launch the backend once per launch of the metadata; return the raw outputs."""
+    """Launch the backend once per launch of the metadata (values checked first); return the raw outputs."""
+    check_launches(metadata, inputs)
+    if schedules is not None and len(schedules) != len(metadata.launches):
+        raise ValueError(f"schedules: {len(schedules)} for {len(metadata.launches)} launches; need one per launch")
     outputs = []
     for i, launch in enumerate(metadata.launches):
         packed = pack_launch(launch, inputs)
-        check_logits_args(
-            packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, metadata.max_context_len
-        )
         schedule = schedules[i] if schedules is not None else backend.schedule(packed.context_lens, inputs.batch.block_size)
-        outputs.append(launch_logits(backend, packed, inputs.cache.data, metadata.max_context_len, schedule))
+        outputs.append(launch_logits(backend, packed, inputs.cache, metadata.max_context_len, schedule))
     return outputs
 
 
@@ -108,6 +169,8 @@ def run_decode(
     inputs: DecodeInputs, strategy: str, backend: str | LogitsBackend = "reference", topk: int = DEFAULT_TOPK
 ) -> DecodeResult:
     """Build the strategy's metadata, run every launch, scatter rows back and pick the top-k."""
+    _check_inputs(inputs)
+    check_range("topk", topk, 1, MAX_TOPK)
     kernel = resolve_backend(backend)
     device = inputs.q.device
     batch = inputs.batch

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dsa_lab.errors import check_choice
-from dsa_lab.workload import DecodeBatch
+from dsa_lab.errors import check_choice, check_int_sequence, check_range, check_tensor
+from dsa_lab.workload import MAX_NEXT_N, DecodeBatch
 
 STRATEGIES = ("native", "flatten", "atom")
 
@@ -33,6 +33,11 @@ class KernelLaunch:
     token_rows: torch.Tensor  # int64 [B', n']: query token of each kernel row, -1 = filler
     context_lens: torch.Tensor  # int32 [B', n']
     block_table: torch.Tensor  # int32 [B', max_blocks]
+
+    def __post_init__(self) -> None:
+        check_tensor("token_rows", self.token_rows, dtype=torch.int64, ndim=2)
+        check_tensor("context_lens", self.context_lens, dtype=torch.int32, shape=tuple(self.token_rows.shape))
+        check_tensor("block_table", self.block_table, dtype=torch.int32, shape=(self.token_rows.shape[0], None))
 
     @property
     def batch_size(self) -> int:
@@ -51,6 +56,13 @@ class DecodeMetadata:
     launches: tuple[KernelLaunch, ...]
     num_tokens: int
     max_context_len: int
+
+    def __post_init__(self) -> None:
+        check_choice("strategy", self.strategy, STRATEGIES)
+        if not isinstance(self.launches, tuple) or not self.launches or not all(isinstance(x, KernelLaunch) for x in self.launches):
+            raise ValueError(f"launches: need a non-empty tuple of KernelLaunch, got {self.launches!r:.80}")
+        check_range("num_tokens", self.num_tokens, 0, 1 << 31)
+        check_range("max_context_len", self.max_context_len, 0, 1 << 31)
 
     @property
     def kernel_rows(self) -> int:
@@ -76,8 +88,12 @@ def _request_tensors(batch: DecodeBatch, block_table: torch.Tensor) -> tuple[tor
 
 
 def _check_table(batch: DecodeBatch, block_table: torch.Tensor) -> None:
-    if block_table.dtype != torch.int32 or block_table.dim() != 2:
-        raise ValueError(f"block_table: expected int32 [B, max_blocks], got {block_table.dtype} {tuple(block_table.shape)}")
+    """Host checks: the table's shape holds every request; its ids are checked against a cache at launch."""
+    if not isinstance(batch, DecodeBatch):
+        raise ValueError(f"batch: expected a DecodeBatch, got {type(batch).__name__}")
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2:
+        got = f"{block_table.dtype} {tuple(block_table.shape)}" if isinstance(block_table, torch.Tensor) else type(block_table).__name__
+        raise ValueError(f"block_table: expected int32 [B, max_blocks], got {got}")
     if block_table.shape[0] != batch.batch_size:
         raise ValueError(f"block_table: {block_table.shape[0]} rows for batch_size={batch.batch_size}")
     need = -(-batch.max_seq_len // batch.block_size)
@@ -136,15 +152,26 @@ class AtomPiece:
     size: int
     offset: int
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", check_range("size", self.size, 1, MAX_NEXT_N))
+        object.__setattr__(self, "offset", check_range("offset", self.offset, -MAX_NEXT_N, MAX_NEXT_N))
+
+
+def _check_sizes(native_sizes: Sequence[int]) -> tuple[int, ...]:
+    sizes = check_int_sequence("native_sizes", native_sizes, 1, MAX_NEXT_N)
+    if not sizes:
+        raise ValueError(f"native_sizes={tuple(native_sizes)}: need at least one size in 1..{MAX_NEXT_N}")
+    return sizes
+
 
 def plan_atoms(next_n: int, native_sizes: Sequence[int], allow_padding: bool = True) -> tuple[AtomPiece, ...]:
     """Split next_n rows into natively supported pieces: fewest launches, then least padding.
 
     e.g. with sizes {1, 2, 4}: 3 -> one padded 4, 5 -> 4+1, 6 -> 4+2, 7 -> 4+padded 4, 8 -> 4+4.
     """
-    sizes = sorted(set(native_sizes))
-    if not sizes or sizes[0] < 1:
-        raise ValueError(f"native_sizes={tuple(native_sizes)}: need positive sizes")
+    next_n = check_range("next_n", next_n, 1, MAX_NEXT_N)
+    sizes = sorted(set(_check_sizes(native_sizes)))
+    check_choice("allow_padding", allow_padding, (False, True))
     if next_n in sizes:
         return (AtomPiece(next_n, 0),)
     best: tuple[int, int, tuple[int, ...]] | None = None
@@ -185,6 +212,8 @@ def build_atom_metadata(
 ) -> DecodeMetadata:
     """Native launches over the given pieces of the right-aligned `[B, n]` row layout."""
     _check_table(batch, block_table)
+    if isinstance(pieces, (str, bytes)) or not all(isinstance(p, AtomPiece) for p in pieces):
+        raise ValueError(f"pieces={pieces!r:.80}: need a sequence of AtomPiece (see plan_atoms)")
     n = batch.max_decode_len
     covered = sorted(r for p in pieces for r in range(p.offset, p.offset + p.size) if 0 <= r < n)
     if covered != list(range(n)):
@@ -201,6 +230,7 @@ def build_metadata(
 ) -> DecodeMetadata:
     """Dispatch by strategy name; atom pieces come from `plan_atoms(max_decode_len, native_sizes)`."""
     check_choice("strategy", strategy, STRATEGIES)
+    native_sizes = _check_sizes(native_sizes)
     if strategy == "native":
         return build_native_metadata(batch, block_table)
     if strategy == "flatten":

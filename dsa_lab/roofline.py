@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dsa_lab.cache import bytes_per_token
-from dsa_lab.errors import check_choice
+from dsa_lab.cache import bytes_per_token, check_head_dim
+from dsa_lab.errors import check_choice, check_int_sequence, check_range
 from dsa_lab.metadata import STRATEGIES, AtomPiece, plan_atoms
 
 LOGIT_BYTES = 4  # float32 logits
@@ -70,8 +70,13 @@ class StepShape:
 
     def __post_init__(self) -> None:
         check_choice("strategy", self.strategy, STRATEGIES)
-        if self.next_n < 1 or any(length < self.next_n for length in self.seq_lens):
-            raise ValueError(f"seq_lens: every length must be >= next_n={self.next_n}, got {self.seq_lens}")
+        object.__setattr__(self, "next_n", check_range("next_n", self.next_n, 1, 1 << 10))
+        object.__setattr__(self, "seq_lens", check_int_sequence("seq_lens", self.seq_lens, 0, 1 << 40))
+        if not self.seq_lens or any(length < self.next_n for length in self.seq_lens):
+            raise ValueError(f"seq_lens: need lengths >= next_n={self.next_n}, got {self.seq_lens}")
+        object.__setattr__(self, "heads", check_range("heads", self.heads, 1, 1 << 10))
+        object.__setattr__(self, "head_dim", check_head_dim(self.head_dim, self.cache_dtype))
+        object.__setattr__(self, "native_sizes", check_int_sequence("native_sizes", self.native_sizes, 1, 1 << 10))
 
     def pieces(self) -> tuple[AtomPiece, ...]:
         """Native row ranges per launch: one piece for native, `plan_atoms` for atom."""

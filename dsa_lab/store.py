@@ -4,9 +4,11 @@ A sweep appends one JSON line per finished point to `points.jsonl` (flushed and
 fsynced), so an interrupted run loses at most the point in flight and resumes where it
 stopped; `write_results` turns the lines into `results.parquet` (atomic: tmp file +
 os.replace). A run folder is never overwritten. `load_run` checks both files and names
-the file at fault; `compare_runs` matches points by their axes and flags changes larger
-than the measured spread. Every row carries `source` (measured or modeled), and two runs
-of different sources are never compared silently.
+the file at fault (every read failure becomes a `RunFormatError` naming it); `list_runs`
+lists a damaged run with its problem instead of failing; `compare_runs` matches points by
+their axes and flags changes larger than the measured spread. Every row carries `source`
+(measured or modeled), and two runs of different sources are never compared silently.
+Run ids are plain folder names (`check_run_id`), so a run folder never lands outside its root.
 """
 
 from __future__ import annotations
@@ -37,10 +39,26 @@ RESULT_COLUMNS = (
     "next_n", "cache_dtype", "heads", "head_dim", "median_ms", "p25_ms", "p75_ms", "iqr_ms",
 )  # fmt: skip
 PACKAGE_ROOT = Path(__file__).resolve().parent
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class RunFormatError(ValueError):
     """A run file is missing, corrupt or not one of ours; the message names the file."""
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id is one plain folder name: letters, digits, '.', '_', '-' (no '/', no '..')."""
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.fullmatch(run_id) or set(run_id) == {"."}:
+        raise ValueError(
+            f"run_id={run_id!r}: allowed are 1-128 letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit (one folder name: it cannot leave the data root)"
+        )
+    return run_id
+
+
+def run_folder(root: str | Path, device: str, run_id: str) -> Path:
+    """`root/<device>/<run_id>`: both parts checked as single names, so the folder stays under `root`."""
+    return Path(root) / check_run_id(device) / check_run_id(run_id)
 
 
 def device_label(device_name: str) -> str:
@@ -138,6 +156,8 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
 def create_run(run_dir: str | Path, provenance: dict[str, Any]) -> Path:
     """Make a fresh run folder holding provenance.json; refuse if the folder already holds anything."""
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise FileExistsError(f"run folder {run_dir} is an existing file, not a folder; choose another --run-id/--out")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(
             f"run folder {run_dir} already exists and is never overwritten: "
@@ -200,14 +220,20 @@ def read_points(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / POINTS_FILE
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").split("\n")
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError) as err:
+        raise RunFormatError(f"{path}: not readable as UTF-8 text ({type(err).__name__}: {err})") from None
     complete, torn = lines[:-1], lines[-1]
     rows = []
     for number, line in enumerate(complete, start=1):
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as err:
             raise RunFormatError(f"{path}: line {number} is not valid JSON ({err})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("point_key"), str):
+            raise RunFormatError(f"{path}: line {number} is not a point (a JSON object with a string 'point_key')")
+        rows.append(row)
     del torn  # a line without its newline was cut off mid-write: that point re-runs
     return rows
 
@@ -248,8 +274,8 @@ def read_provenance(path: Path) -> dict[str, Any]:
         raise RunFormatError(f"{path}: no provenance file (is this a dsa_lab run folder?)")
     try:
         provenance = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RunFormatError(f"{path}: not valid JSON ({err})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise RunFormatError(f"{path}: not valid JSON ({type(err).__name__}: {err})") from None
     if not isinstance(provenance, dict):
         raise RunFormatError(f"{path}: expected a JSON object, got {type(provenance).__name__}")
     missing = [key for key in PROVENANCE_KEYS if key not in provenance]
@@ -259,6 +285,8 @@ def read_provenance(path: Path) -> dict[str, Any]:
         raise RunFormatError(f"{path}: schema_version {provenance['schema_version']!r}, this dsa_lab reads {SCHEMA_VERSION}")
     if provenance["source"] not in SOURCES:
         raise RunFormatError(f"{path}: source {provenance['source']!r}, allowed {SOURCES}")
+    if not isinstance(provenance["run_id"], str) or not isinstance(provenance["created"], str):
+        raise RunFormatError(f"{path}: run_id and created must be strings")
     return provenance
 
 
@@ -277,44 +305,65 @@ def load_run(path: str | Path) -> Run:
     missing = [column for column in RESULT_COLUMNS if column not in results.columns]
     if missing:
         raise RunFormatError(f"{results_path}: not a dsa_lab results file (missing columns {missing})")
-    bad_status = sorted(set(results["status"]) - set(STATUSES))
+    bad_status = sorted({str(s) for s in results["status"]} - set(STATUSES))
     if bad_status:
         raise RunFormatError(f"{results_path}: unknown status values {bad_status}, allowed {STATUSES}")
-    sources = set(results["source"])
+    sources = {str(s) for s in results["source"]}
     if sources - {provenance["source"]}:
         raise RunFormatError(
             f"{results_path}: rows of source {sorted(sources)} in a run whose provenance says {provenance['source']!r}"
         )
-    if results["point_key"].duplicated().any():
-        raise RunFormatError(f"{results_path}: duplicate point_key rows")
+    if results["point_key"].map(lambda key: not isinstance(key, str)).any() or results["point_key"].duplicated().any():
+        raise RunFormatError(f"{results_path}: point_key must be unique strings")
     return Run(run_dir, provenance, results)
 
 
-def list_runs(root: str | Path = "data") -> pd.DataFrame:
-    """One row per run folder under `root` (device/run_id/provenance.json), newest first."""
+def _run_folders(root: Path) -> list[Path]:
+    """Folders `root/<device>/<run_id>/` holding any run file (a damaged run included)."""
+    names = (PROVENANCE_FILE, RESULTS_FILE, POINTS_FILE)
+    return sorted(folder for folder in root.glob("*/*") if folder.is_dir() and any((folder / n).exists() for n in names))
+
+
+def _result_rows(path: Path) -> int:
     import pyarrow.parquet as pq
 
+    try:
+        return pq.read_metadata(path).num_rows
+    except Exception as err:  # pyarrow raises several types for corrupt files
+        raise RunFormatError(f"{path}: not a readable parquet file ({type(err).__name__}: {err})") from None
+
+
+def list_runs(root: str | Path = "data") -> pd.DataFrame:
+    """One row per run folder under `root` (device/run_id/), newest first.
+
+    A damaged run (bad provenance, unreadable results) is listed with its `problem` (the
+    file and what is wrong) rather than failing the listing or hiding the good runs.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"root={str(root)!r}: no such folder (the data folder holds <device>/<run_id>/ runs)")
     rows = []
-    for provenance_path in sorted(Path(root).glob(f"*/*/{PROVENANCE_FILE}")):
+    for folder in _run_folders(root):
         try:
-            provenance = read_provenance(provenance_path)
+            provenance = read_provenance(folder / PROVENANCE_FILE)
+            results = folder / RESULTS_FILE
+            count = _result_rows(results) if results.is_file() else None
         except RunFormatError as err:
-            rows.append({"path": str(provenance_path.parent), "problem": str(err)})
+            rows.append({"path": str(folder), "problem": str(err)})
             continue
-        results = provenance_path.parent / RESULTS_FILE
         rows.append(
             {
-                "path": str(provenance_path.parent),
+                "path": str(folder),
                 "run_id": provenance["run_id"],
                 "device": provenance.get("device_name", provenance["device"]),
                 "source": provenance["source"],
                 "created": provenance["created"],
-                "rows": pq.read_metadata(results).num_rows if results.is_file() else None,
-                "problem": None if results.is_file() else f"no {RESULTS_FILE} yet",
+                "rows": count,
+                "problem": None if count is not None else f"no {RESULTS_FILE} yet",
             }
         )
-    frame = pd.DataFrame(rows)
-    return frame.sort_values("created", ascending=False, na_position="last") if "created" in frame else frame
+    frame = pd.DataFrame(rows, columns=["path", "run_id", "device", "source", "created", "rows", "problem"])
+    return frame.sort_values("created", ascending=False, na_position="last").reset_index(drop=True)
 
 
 # ---------------------------------------------------------------- comparing
@@ -374,8 +423,11 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     frame = list_runs(args.root)
     if frame.empty:
         print(f"no runs under {args.root}")
-    else:
-        print(frame.to_string(index=False))
+        return 0
+    print(frame.to_string(index=False))
+    bad = int(frame["problem"].notna().sum() - (frame["problem"] == f"no {RESULTS_FILE} yet").sum())
+    if bad:
+        print(f"{bad} damaged run(s) listed with their problem", file=sys.stderr)
     return 0
 
 

@@ -11,26 +11,54 @@ from dataclasses import dataclass
 
 import torch
 
-from dsa_lab.errors import check_range, check_tensor
+from dsa_lab.errors import INTEGER_DTYPES, NonFiniteLogits, check_choice, check_range, check_tensor
 
 DEFAULT_TOPK = 2048
+MAX_TOPK = 1 << 20
 
 
-def topk_per_row(logits: torch.Tensor, context_lens: torch.Tensor, k: int = DEFAULT_TOPK) -> torch.Tensor:
+def _check_valid_logits(logits: torch.Tensor, context_lens: torch.Tensor) -> None:
+    """Context lens in [0, width] and every logit inside a context finite (one device->host copy)."""
+    if not context_lens.numel():
+        return
+    width = logits.shape[1]
+    valid = torch.arange(width, device=logits.device)[None, :] < context_lens[:, None]
+    bad = valid & ~torch.isfinite(logits)
+    low, high, count = torch.stack([context_lens.amin().long(), context_lens.amax().long(), bad.sum()]).tolist()
+    if low < 0 or high > width:
+        raise ValueError(f"context_lens: values must lie in [0, {width}] (the logits' width), got [{low}, {high}]")
+    if count:
+        row, col = (int(x) for x in bad.nonzero()[0])
+        raise NonFiniteLogits(
+            f"logits: {count} non-finite value(s) inside the rows' contexts (first logits[{row}, {col}] = "
+            f"{float(logits[row, col])}); a NaN would outrank every score, so none is allowed there"
+        )
+
+
+def topk_per_row(
+    logits: torch.Tensor, context_lens: torch.Tensor, k: int = DEFAULT_TOPK, check_values: bool = True
+) -> torch.Tensor:
     """int32 `[T, k]`: the k best positions of each row among its first context_lens[t], -1 after.
 
     Positions at or beyond a row's context are never chosen, whatever the logits hold there.
+    Non-finite logits inside a context are *rejected* (NonFiniteLogits), not masked: NaN ranks
+    above every score in torch.topk, and it only arises from a broken kernel or non-finite
+    inputs, which a masked selection would hide. The scan costs one device->host copy;
+    `check_values=False` skips it for a profiled step whose warm-up scanned the same inputs.
     """
     check_tensor("logits", logits, dtype=torch.float32, ndim=2)
-    check_tensor("context_lens", context_lens, ndim=1, shape=(logits.shape[0],))
-    check_range("k", k, 1, 1 << 20)
+    check_tensor("context_lens", context_lens, dtype=INTEGER_DTYPES, shape=(logits.shape[0],), device=logits.device)
+    check_range("k", k, 1, MAX_TOPK)
+    check_choice("check_values", check_values, (False, True))
+    if check_values:
+        _check_valid_logits(logits, context_lens)
     rows, width = logits.shape
     pos = torch.arange(width, device=logits.device)
-    valid = pos[None, :] < context_lens[:, None].to(logits.device)
+    valid = pos[None, :] < context_lens[:, None]
     masked = torch.where(valid, logits, torch.full_like(logits, float("-inf")))
     take = min(k, width)
     _, idx = torch.topk(masked, take, dim=-1)
-    counts = context_lens.to(logits.device).clamp(max=take)
+    counts = context_lens.clamp(max=take)
     keep = torch.arange(take, device=logits.device)[None, :] < counts[:, None]
     out = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
     out[:, :take] = torch.where(keep, idx, torch.full_like(idx, -1)).to(torch.int32)
@@ -60,8 +88,14 @@ def compare_selections(
     sorted, match within `atol + rtol * |score|`: ties may swap indices freely.
     """
     check_tensor("a", a, dtype=torch.int32, ndim=2)
-    check_tensor("b", b, dtype=torch.int32, shape=tuple(a.shape))
-    check_tensor("scores", scores, ndim=2, shape=(a.shape[0], None))
+    check_tensor("b", b, dtype=torch.int32, shape=tuple(a.shape), device=a.device)
+    check_tensor("scores", scores, dtype=(torch.float32, torch.float64), shape=(a.shape[0], None), device=a.device)
+    for name, tol in (("atol", atol), ("rtol", rtol)):
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < float("inf"):
+            raise ValueError(f"{name}={tol!r}: must be a finite number >= 0")
+    for name, sel in (("a", a), ("b", b)):
+        if sel.numel() and not -1 <= int(sel.min()) <= int(sel.max()) < scores.shape[1]:
+            raise ValueError(f"{name}: indices must be -1 (none) or in [0, {scores.shape[1] - 1}], got [{int(sel.min())}, {int(sel.max())}]")
 
     def picked(sel: torch.Tensor) -> torch.Tensor:
         vals = torch.gather(scores.double(), 1, sel.clamp(min=0).long())

@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 import torch
 
 from dsa_lab.cache import CACHE_DTYPES, PagedCache, build_paged_cache
-from dsa_lab.errors import check_choice, check_range
+from dsa_lab.errors import as_device, as_int, check_choice, check_finite, check_int_sequence, check_range, check_tensor
 
 SUPPORTED_HEADS = (32, 64)
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_BLOCK_SIZES = (64,)
 MAX_NEXT_N = 16  # query rows per request (1 + speculative tokens) a batch may have
+MAX_SEQ_LEN = 1 << 24
+MAX_REQUESTS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,9 @@ class DecodeBatch:
     `num_decode_tokens` may exceed `sum(decode_lens)`: the surplus are CUDA-graph
     padding tokens that belong to no request (vLLM pads the token count of a
     captured graph). Requests with `seq_len == 0` are padding requests.
+
+    Every count must be an int: 10.7 (or 10.0) is refused rather than truncated, and a
+    bool is not an int. NumPy integers are accepted and stored as Python ints.
     """
 
     seq_lens: tuple[int, ...]
@@ -40,8 +45,8 @@ class DecodeBatch:
     num_decode_tokens: int = field(default=-1)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "seq_lens", tuple(int(x) for x in self.seq_lens))
-        object.__setattr__(self, "decode_lens", tuple(int(x) for x in self.decode_lens))
+        object.__setattr__(self, "seq_lens", check_int_sequence("seq_lens", self.seq_lens, 0, MAX_SEQ_LEN))
+        object.__setattr__(self, "decode_lens", check_int_sequence("decode_lens", self.decode_lens, 0, MAX_NEXT_N))
         if len(self.seq_lens) == 0:
             raise ValueError("seq_lens: need at least one request, got an empty tuple")
         if len(self.seq_lens) != len(self.decode_lens):
@@ -49,14 +54,12 @@ class DecodeBatch:
                 f"decode_lens: length {len(self.decode_lens)} must equal "
                 f"len(seq_lens)={len(self.seq_lens)}"
             )
-        check_range("next_n", self.next_n, 1, MAX_NEXT_N)
-        check_choice("num_heads", self.num_heads, SUPPORTED_HEADS)
-        check_choice("head_dim", self.head_dim, SUPPORTED_HEAD_DIMS)
-        check_choice("block_size", self.block_size, SUPPORTED_BLOCK_SIZES)
+        object.__setattr__(self, "next_n", check_range("next_n", self.next_n, 1, MAX_NEXT_N))
+        for name, allowed in (("num_heads", SUPPORTED_HEADS), ("head_dim", SUPPORTED_HEAD_DIMS), ("block_size", SUPPORTED_BLOCK_SIZES)):
+            check_choice(name, getattr(self, name), allowed)
+            object.__setattr__(self, name, as_int(name, getattr(self, name)))
         check_choice("cache_dtype", self.cache_dtype, CACHE_DTYPES)
         for b, (length, n) in enumerate(zip(self.seq_lens, self.decode_lens)):
-            if length < 0:
-                raise ValueError(f"seq_lens[{b}]={length}: must be >= 0")
             if not 0 <= n <= self.next_n:
                 raise ValueError(f"decode_lens[{b}]={n}: allowed 0..next_n={self.next_n}")
             if length and n > length:
@@ -65,6 +68,7 @@ class DecodeBatch:
             raise ValueError("decode_lens: at least one request must decode a token")
         if self.num_decode_tokens == -1:
             object.__setattr__(self, "num_decode_tokens", sum(self.decode_lens))
+        object.__setattr__(self, "num_decode_tokens", as_int("num_decode_tokens", self.num_decode_tokens))
         if self.num_decode_tokens < sum(self.decode_lens):
             raise ValueError(
                 f"num_decode_tokens={self.num_decode_tokens}: must be >= "
@@ -119,8 +123,9 @@ class DecodeBatch:
 
 def uniform_batch(batch_size: int, seq_len: int, next_n: int, **shape: object) -> DecodeBatch:
     """Every request has the same cached length and decodes next_n rows (plain MTP)."""
-    check_range("batch_size", batch_size, 1, 1 << 20)
-    check_range("seq_len", seq_len, next_n, 1 << 24)
+    next_n = check_range("next_n", next_n, 1, MAX_NEXT_N)
+    batch_size = check_range("batch_size", batch_size, 1, MAX_REQUESTS)
+    seq_len = check_range("seq_len", seq_len, next_n, MAX_SEQ_LEN)
     return DecodeBatch((seq_len,) * batch_size, (next_n,) * batch_size, next_n, **shape)
 
 
@@ -128,7 +133,7 @@ def mixed_length_batch(
     batch_size: int, min_len: int, max_len: int, next_n: int, seed: int, **shape: object
 ) -> DecodeBatch:
     """Cached lengths drawn log-uniformly in [min_len, max_len]: serving traffic, short and long."""
-    check_range("min_len", min_len, next_n, max_len)
+    batch_size, next_n, max_len, min_len, seed = _generator_args(batch_size, min_len, max_len, next_n, seed)
     gen = torch.Generator().manual_seed(seed)
     logs = torch.empty(batch_size).uniform_(
         float(torch.tensor(min_len).log()), float(torch.tensor(max_len).log()), generator=gen
@@ -140,15 +145,38 @@ def mixed_length_batch(
 def ragged_decode_batch(
     batch_size: int, min_len: int, max_len: int, next_n: int, seed: int, **shape: object
 ) -> DecodeBatch:
-    """Decode lengths vary per request (1..next_n), as when short prefills join a decode step."""
+    """Decode lengths vary per request (1..next_n), as when short prefills join a decode step.
+
+    Cached lengths are drawn in [max(min_len, next_n), max_len]: a min_len below next_n is raised to it.
+    """
+    batch_size, next_n, max_len, min_len, seed = _generator_args(batch_size, min_len, max_len, next_n, seed, min_low=1)
     gen = torch.Generator().manual_seed(seed)
     lens = torch.randint(max(min_len, next_n), max_len + 1, (batch_size,), generator=gen)
     decode = torch.randint(1, next_n + 1, (batch_size,), generator=gen)
     return DecodeBatch(tuple(lens.tolist()), tuple(decode.tolist()), next_n, **shape)
 
 
+def _generator_args(
+    batch_size: object, min_len: object, max_len: object, next_n: object, seed: object, min_low: int | None = None
+) -> tuple[int, ...]:
+    """The checked ints of a seeded generator: 1 <= batch_size, min_low (default next_n) <= min_len <= max_len,
+    next_n <= max_len."""
+    next_n = check_range("next_n", next_n, 1, MAX_NEXT_N)
+    batch_size = check_range("batch_size", batch_size, 1, MAX_REQUESTS)
+    max_len = check_range("max_len", max_len, next_n, MAX_SEQ_LEN)
+    min_len = check_range("min_len", min_len, next_n if min_low is None else min_low, max_len)
+    return batch_size, next_n, max_len, min_len, as_int("seed", seed)
+
+
+def _check_batch(batch: object) -> DecodeBatch:
+    if not isinstance(batch, DecodeBatch):
+        raise ValueError(f"batch: expected a DecodeBatch, got {type(batch).__name__}")
+    return batch
+
+
 def with_padding(batch: DecodeBatch, padding_requests: int, padding_tokens: int = 0) -> DecodeBatch:
     """Append CUDA-graph padding: requests with seq_len 0 / decode_len 0, and spare tokens."""
+    _check_batch(batch)
     check_range("padding_requests", padding_requests, 0, 1 << 16)
     check_range("padding_tokens", padding_tokens, 0, 1 << 16)
     return DecodeBatch(
@@ -172,9 +200,31 @@ class DecodeInputs:
     weights: torch.Tensor  # float32 [num_decode_tokens, H]
     cache: PagedCache
 
+    def __post_init__(self) -> None:
+        """Shapes, dtypes and devices agree with the batch and the cache; q and weights are finite
+        (a NaN would outrank every score). Inputs are built once per workload, never in a timed loop."""
+        batch = _check_batch(self.batch)
+        shape = (batch.num_decode_tokens, batch.num_heads, batch.head_dim)
+        check_tensor("q", self.q, dtype=torch.float8_e4m3fn, shape=shape)
+        check_tensor("weights", self.weights, dtype=torch.float32, shape=shape[:2], device=self.q.device)
+        check_finite("q", self.q)
+        check_finite("weights", self.weights)
+        if not isinstance(self.cache, PagedCache):
+            raise ValueError(f"cache: expected a PagedCache, got {type(self.cache).__name__}")
+        check_tensor("cache.data", self.cache.data, device=self.q.device)
+        built = (self.cache.cache_dtype, self.cache.head_dim, self.cache.block_size, self.cache.block_table.shape[0])
+        wanted = (batch.cache_dtype, batch.head_dim, batch.block_size, batch.batch_size)
+        if built != wanted:
+            raise ValueError(
+                f"cache: built as (cache_dtype, head_dim, block_size, requests) = {built}, the batch needs {wanted}"
+            )
+
 
 def random_inputs(batch: DecodeBatch, seed: int = 0, device: str | torch.device = "cpu") -> DecodeInputs:
     """Fresh random queries, weights and keys (never zeros) for `batch`, on `device`."""
+    _check_batch(batch)
+    seed = as_int("seed", seed)
+    device = as_device("device", device)
     gen = torch.Generator().manual_seed(seed)
     tokens, heads, dim = batch.num_decode_tokens, batch.num_heads, batch.head_dim
     q = torch.randn(tokens, heads, dim, generator=gen).clamp(-448, 448).to(torch.float8_e4m3fn)

@@ -222,8 +222,8 @@ def check_realistic(log, smoke: bool) -> None:
         launch = pack_launch(build_native_metadata(batch, inputs.cache.block_table).launches[0], inputs)
         args_tuple = (launch.q, inputs.cache.data, launch.weights, launch.context_lens, launch.block_table,
                       batch.max_seq_len)
-        ref = paged_mqa_logits(*args_tuple)
-        out = tn.paged_mqa_logits_triton(*args_tuple, out=torch.full_like(ref, float("nan")))
+        ref = paged_mqa_logits(*args_tuple, cache_dtype="fp8")
+        out = tn.paged_mqa_logits_triton(*args_tuple, out=torch.full_like(ref, float("nan")), cache_dtype="fp8")
         log("check", shape=batch.describe(), config="rule", **compare(out, ref))
     ragged = ragged_decode_batch(8 if smoke else 32, 1000 // scale, 20000 // scale, 5, seed=4, num_heads=32, head_dim=64)
     batch = with_padding(ragged, 2, 3)
@@ -241,7 +241,7 @@ def sweep_large(log, next_ns, deadline: float, out_dir: Path, smoke: bool) -> di
     best: dict[int, tuple[tn.KernelConfig, float]] = {}
     for next_n in next_ns:
         args_tuple = timing_inputs(batch, length, next_n, heads, dim, seed=next_n, device=device)
-        ref = paged_mqa_logits(*args_tuple)
+        ref = paged_mqa_logits(*args_tuple, cache_dtype="fp8")
         bytes_us, flops_us = floor_us(batch, length, next_n, heads, dim)
         for config in candidate_configs(next_n, heads):
             if time.monotonic() > deadline:
@@ -276,7 +276,7 @@ def sweep_small(log, best: dict[int, tuple[tn.KernelConfig, float]], deadline: f
     device = "cpu" if smoke else "cuda"
     for next_n, (config, _) in best.items():
         sets = [timing_inputs(batch, length, next_n, heads, dim, seed=100 + i, device=device) for i in range(8)]
-        ref = paged_mqa_logits(*sets[0])
+        ref = paged_mqa_logits(*sets[0], cache_dtype="fp8")
         bytes_us, flops_us = floor_us(batch, length, next_n, heads, dim)
         variants = [tn.KernelConfig(**(config.__dict__ | {"blocks_per_program": bpp})) for bpp in (0, 4, 8, 16)]
         rule = tn.choose_config(next_n, heads, dim)

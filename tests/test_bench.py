@@ -133,8 +133,8 @@ def test_device_side_cache_holds_what_the_reference_path_reads():
     q = torch.randn(3, 1, 32, 64).to(torch.float8_e4m3fn)
     w = torch.randn(3, 32)
     ctx = torch.tensor([[130], [1], [64]], dtype=torch.int32)
-    a = paged_mqa_logits(q, cache.data, w, ctx, cache.block_table, 130)
-    b = paged_mqa_logits(q, rebuilt.data, w, ctx, rebuilt.block_table, 130)
+    a = paged_mqa_logits(q, cache.data, w, ctx, cache.block_table, 130, cache_dtype="fp8")
+    b = paged_mqa_logits(q, rebuilt.data, w, ctx, rebuilt.block_table, 130, cache_dtype="fp8")
     assert torch.equal(a, b)
 
 

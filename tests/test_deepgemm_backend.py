@@ -13,6 +13,7 @@ from dsa_lab.decode import pack_launch
 from dsa_lab.errors import BackendUnavailable
 from dsa_lab.kernels import get_backend
 from dsa_lab.kernels.deepgemm import DeepGemmBackend
+from dsa_lab.kernels.registry import Availability
 from dsa_lab.kernels.reference import paged_mqa_logits
 from dsa_lab.metadata import build_native_metadata
 from dsa_lab.workload import random_inputs, uniform_batch
@@ -56,7 +57,7 @@ class FakeDeepGemm:
     def _compute(self, q, kv, w, ctx, table, max_len, indices=None):
         if indices is not None:  # varlen: each row names its request's block-table row
             table = table[indices.long()]
-        out = paged_mqa_logits(q, kv, w.float(), ctx, table, max_len)
+        out = paged_mqa_logits(q, kv, w.float(), ctx, table, max_len, cache_dtype="fp8")
         return torch.where(torch.isfinite(out), out, torch.full_like(out, float("nan")))
 
     def _new(self, q, kv, w, ctx, table, schedule, max_len, indices=None):
@@ -74,6 +75,7 @@ def sm90_backend(monkeypatch, fake: FakeDeepGemm) -> DeepGemmBackend:
     backend._module, backend._origin, backend._loaded = fake, "fake", True
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(backend, "availability", lambda device: Availability(True, ""))  # CPU tensors stand in for the GPU's
     return backend
 
 
@@ -99,14 +101,14 @@ def test_both_api_generations_give_reference_logits_on_valid_positions(monkeypat
     fake = FakeDeepGemm(new_api)
     backend = sm90_backend(monkeypatch, fake)
     inputs, packed, max_len = launch_for(2)
-    out = backend.logits(packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len)
+    out = backend.logits(packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len, cache_dtype="fp8")
     kind, details = fake.calls[-1]
     if new_api:
         assert kind == "new" and details["scales"] is None and details["weights"] == torch.float32
         assert details["indices"] is None
     else:
         assert kind == "old" and details["clean_logits"] is False
-    ref = paged_mqa_logits(packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len)
+    ref = paged_mqa_logits(packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len, cache_dtype="fp8")
     valid = torch.isfinite(ref)
     assert out.dtype == torch.float32 and torch.equal(out[valid], ref[valid])
     assert torch.isnan(out[~valid]).all()  # the tail is not cleaned: callers must mask it
@@ -119,9 +121,9 @@ def test_sm100_uses_the_varlen_form_with_bf16_weights(monkeypatch):
     inputs, packed, max_len = launch_for(3)
     schedule = backend.schedule(packed.context_lens, 64)
     assert fake.calls[-1] == ("metadata", {"shape": (6, 1), "block": 64, "slots": NUM_SMS})
-    out = backend.logits(packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len, schedule)
+    out = backend.logits(packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len, schedule, cache_dtype="fp8")
     _, details = fake.calls[-1]
-    ref = paged_mqa_logits(packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len)
+    ref = paged_mqa_logits(packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len, cache_dtype="fp8")
     valid = torch.isfinite(ref)
     rel = (out[valid] - ref[valid]).norm() / ref[valid].norm()
     assert out.dtype == torch.float32 and rel < 1e-2  # bf16 weights: ~1e-3

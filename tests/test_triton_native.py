@@ -118,7 +118,7 @@ def assert_matches(out: torch.Tensor, ref: torch.Tensor, context_lens: torch.Ten
 
 def run_poisoned(args: tuple, config: tn.KernelConfig | None = None) -> torch.Tensor:
     out = torch.full((args[0].shape[0] * args[0].shape[1], args[5]), float("nan"), device=args[0].device)
-    return tn.paged_mqa_logits_triton(*args, config=config, out=out)
+    return tn.paged_mqa_logits_triton(*args, config=config, out=out, cache_dtype="fp8")
 
 
 # --- the kernel against the reference --------------------------------------------------------
@@ -138,7 +138,7 @@ def test_kernel_matches_reference(name: str, kernel_device) -> None:
         return  # ran in the child process
     batch, extra = CASES[name]
     args = launch_args(batch, seed=11, device=kernel_device, extra_columns=extra)
-    assert_matches(run_poisoned(args), paged_mqa_logits(*args), args[3])
+    assert_matches(run_poisoned(args), paged_mqa_logits(*args, cache_dtype="fp8"), args[3])
 
 
 CONFIGS = {
@@ -159,7 +159,7 @@ def test_kernel_configs_agree(name: str, kernel_device) -> None:
     config = CONFIGS[name]
     if config is None:
         config = tn.choose_config(7, 32, 64)
-    assert_matches(run_poisoned(args, config), paged_mqa_logits(*args), args[3])
+    assert_matches(run_poisoned(args, config), paged_mqa_logits(*args, cache_dtype="fp8"), args[3])
 
 
 def test_kernel_strided_inputs(kernel_device) -> None:
@@ -196,7 +196,7 @@ def test_kernel_run_decode(strategy: str, kernel_device) -> None:
 
 
 def small_args(batch: int = 2, next_n: int = 2, heads: int = 64, dim: int = 128, per_token: int | None = None,
-               block_size: int = 64) -> dict:
+               block_size: int = 64, cache_dtype: str = "fp8") -> dict:
     per_token = dim + 4 if per_token is None else per_token
     return dict(
         q=torch.zeros(batch, next_n, heads, dim).to(torch.float8_e4m3fn),
@@ -205,6 +205,7 @@ def small_args(batch: int = 2, next_n: int = 2, heads: int = 64, dim: int = 128,
         context_lens=torch.full((batch, next_n), 10, dtype=torch.int32),
         block_table=torch.zeros(batch, 2, dtype=torch.int32),
         max_context_len=128,
+        cache_dtype=cache_dtype,
     )
 
 
@@ -212,7 +213,7 @@ BAD_INPUTS = {
     "heads": (dict(heads=48), UnsupportedShape, r"num_heads=48: .*\(32, 64\)"),
     "head_dim": (dict(dim=96), UnsupportedShape, r"head_dim=96: .*\(64, 128\)"),
     "next_n": (dict(next_n=17), ValueError, r"next_n=17: allowed range is \[1, 16\]"),
-    "mxfp4": (dict(per_token=68), UnsupportedShape, r"cache_dtype='mxfp4': .*\('fp8',\)"),
+    "mxfp4": (dict(per_token=68, cache_dtype="mxfp4"), UnsupportedShape, r"cache_dtype='mxfp4': .*\('fp8',\)"),
     "block_size": (dict(block_size=32), UnsupportedShape, r"block_size=32: .*\(64,\)"),
 }
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsa_lab.bench.timing import TimingConfig
-from dsa_lab.errors import check_choice, check_range
+from dsa_lab.errors import as_int, check_choice, check_range
 from dsa_lab.kernels import backend_names
 from dsa_lab.metadata import STRATEGIES
 from dsa_lab.store import AXES  # a point is keyed, stored and compared by these
@@ -121,8 +121,13 @@ class SweepSpec:
         shortest = min(ContextSpec.parse(c).low for c in self.context)
         if shortest < max(self.next_n):
             raise ValueError(f"context: shortest length {shortest} is below the largest next_n={max(self.next_n)}")
-        if not 0 < self.check_tolerance < 1:
-            raise ValueError(f"check_tolerance={self.check_tolerance}: must lie in (0, 1)")
+        if isinstance(self.check_tolerance, bool) or not isinstance(self.check_tolerance, (int, float)) or not 0 < self.check_tolerance < 1:
+            raise ValueError(f"check_tolerance={self.check_tolerance!r}: must lie in (0, 1)")
+        object.__setattr__(self, "seed", as_int("seed", self.seed))
+        check_range("check_requests", self.check_requests, 1, 1 << 16)
+        check_range("full_check_limit", self.full_check_limit, 0, 1 << 62)
+        if not isinstance(self.timing, TimingConfig):
+            raise ValueError(f"timing: expected a TimingConfig, got {type(self.timing).__name__}")
 
     def with_axes(self, **axes: Any) -> SweepSpec:
         """A copy with some axes (or settings) replaced; unknown names are rejected."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from dsa_lab.cache import PagedCache
 from dsa_lab.decode import LaunchInputs, launch_logits
 from dsa_lab.kernels import LogitsBackend
 from dsa_lab.kernels.reference import paged_mqa_logits as reference_logits
@@ -54,10 +55,11 @@ def _poison(sizes: Sequence[int], device: torch.device) -> set[int]:
 
 
 def run_launches(
-    backend: LogitsBackend, packed: Sequence[LaunchInputs], cache_data: torch.Tensor, max_len: int, schedules: Sequence[Any]
+    backend: LogitsBackend, packed: Sequence[LaunchInputs], cache: PagedCache, max_len: int, schedules: Sequence[Any]
 ) -> list[torch.Tensor]:
-    """Every launch of one decode step, as timed: the raw outputs, nothing gathered."""
-    return [launch_logits(backend, p, cache_data, max_len, s) for p, s in zip(packed, schedules)]
+    """Every launch of one decode step, as timed: the raw outputs, nothing gathered (launches
+    checked once beforehand by `decode.check_launches`; no device sync here)."""
+    return [launch_logits(backend, p, cache, max_len, s) for p, s in zip(packed, schedules, strict=True)]
 
 
 def check_point(
@@ -75,9 +77,9 @@ def check_point(
     batch, max_len = inputs.batch, metadata.max_context_len
     poisoned = False
     if device.type == "cuda":  # a first run (JIT compiles) tells the byte size of each output's allocation
-        sizes = [out.untyped_storage().nbytes() for out in run_launches(backend, packed, inputs.cache.data, max_len, schedules)]
+        sizes = [out.untyped_storage().nbytes() for out in run_launches(backend, packed, inputs.cache, max_len, schedules)]
         addresses = _poison(sizes, device)
-    outputs = run_launches(backend, packed, inputs.cache.data, max_len, schedules)
+    outputs = run_launches(backend, packed, inputs.cache, max_len, schedules)
     if device.type == "cuda":
         poisoned = all(out.untyped_storage().data_ptr() in addresses for out in outputs)
     requests = checked_requests(batch, full_check_limit, sample_requests)
@@ -96,7 +98,7 @@ def check_point(
     table = inputs.cache.block_table[torch.tensor([owners[t] for t in tokens], device=device)]
     ref = reference_logits(
         inputs.q[tokens][:, None].contiguous(), inputs.cache.data, inputs.weights[tokens].contiguous(),
-        contexts[:, None].contiguous(), table.contiguous(), max_len,
+        contexts[:, None].contiguous(), table.contiguous(), max_len, cache_dtype=inputs.cache.cache_dtype,
     )  # fmt: skip
     valid = torch.arange(max_len, device=device)[None, :] < contexts[:, None]
     got_valid, ref_valid = got[valid].double(), ref[valid].double()

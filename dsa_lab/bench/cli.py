@@ -17,6 +17,7 @@ import torch
 from dsa_lab import store
 from dsa_lab.bench.sweep import AXES, PRESETS, SweepSpec, estimate_seconds, expand, preset, run_sweep, skip_reason
 from dsa_lab.env_info import device_name
+from dsa_lab.errors import as_device, check_positive, check_range
 
 INT_AXES = ("batch", "next_n", "heads", "head_dim")
 
@@ -49,14 +50,29 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
 
 
 def _run_dir(args: argparse.Namespace, device: torch.device) -> Path:
+    """--out as given, else ROOT/<device>/<run-id> with --run-id one plain folder name (no '/' or '..')."""
     if args.out:
         return Path(args.out)
-    label = store.device_label(device_name(device))
-    return Path(args.root) / label / (args.run_id or store.new_run_id(args.preset))
+    run_id = store.new_run_id(args.preset) if args.run_id is None else args.run_id
+    try:
+        return store.run_folder(args.root, store.device_label(device_name(device)), run_id)
+    except ValueError as err:
+        raise ValueError(f"--run-id: {err}") from None
+
+
+def _check_limits(args: argparse.Namespace) -> None:
+    for flag, value, check in (
+        ("--max-points", args.max_points, lambda name, v: check_range(name, v, 1, 1 << 31)),
+        ("--max-minutes", args.max_minutes, lambda name, v: check_positive(name, v, allow_zero=True)),
+        ("--max-seconds-per-point", args.max_seconds_per_point, check_positive),
+    ):
+        if value is not None:
+            check(flag, value)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    _check_limits(args)
+    device = as_device("--device", args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     spec = spec_from_args(args)
     points = expand(spec)
     if args.dry_run:

@@ -29,9 +29,9 @@ from dsa_lab.bench.axes import AXES, PRESETS, ContextSpec, SweepPoint, SweepSpec
 from dsa_lab.bench.check import check_point, checked_requests, run_launches
 from dsa_lab.bench.timing import Measurement, TimingConfig, flush_bytes, measure_ceilings, time_callable, timing_method
 from dsa_lab.cache import bytes_per_token, random_paged_cache
-from dsa_lab.decode import native_sizes_for, pack_launch
+from dsa_lab.decode import check_launches, native_sizes_for, pack_launch
 from dsa_lab.env_info import device_name
-from dsa_lab.errors import BackendUnavailable, UnsupportedShape
+from dsa_lab.errors import BackendUnavailable, UnsupportedShape, as_device, check_positive, check_range
 from dsa_lab.kernels import LogitsBackend, get_backend
 from dsa_lab.metadata import AtomPiece, build_metadata, plan_atoms
 from dsa_lab.roofline import GpuSpec, StepShape, floor_ms, get_gpu, gpu_for_device, roofline_columns, step_cost
@@ -139,6 +139,7 @@ def evaluate_point(
     packed = [pack_launch(launch, inputs) for launch in metadata.launches]
     _sync(device)
     metadata_ms = (time.perf_counter() - started) * 1e3
+    check_launches(metadata, inputs)  # the value scan, once, outside every timed region
     for p in packed:
         backend.require(device, p.q.shape[1], point.heads, point.head_dim, point.cache_dtype)
     schedules = [backend.schedule(p.context_lens, BLOCK_SIZE) for p in packed]
@@ -157,10 +158,10 @@ def evaluate_point(
     )  # fmt: skip
     if not check.ok:
         return {**row, "status": "failed", "message": check.message, **roofline_columns(cost, None, gpu)}
-    data = inputs.cache.data
+    cache = inputs.cache
 
     def step() -> None:
-        run_launches(backend, packed, data, metadata.max_context_len, schedules)
+        run_launches(backend, packed, cache, metadata.max_context_len, schedules)
 
     measurement = time_callable(step, device, spec.timing)
     row.update(measurement.as_row())
@@ -230,7 +231,13 @@ def run_sweep(
     """Run (or resume) every point of `spec` not yet recorded in `run_dir`; rows go to points.jsonl as they finish."""
     from tqdm.auto import tqdm
 
-    device, run_dir = torch.device(device), Path(run_dir)
+    if not isinstance(spec, SweepSpec):
+        raise ValueError(f"spec: expected a SweepSpec (see bench.axes.preset), got {type(spec).__name__}")
+    if max_points is not None:
+        check_range("max_points", max_points, 1, 1 << 31)
+    if max_minutes is not None:
+        check_positive("max_minutes", max_minutes, allow_zero=True)  # 0: record nothing, just open the run
+    device, run_dir = as_device("device", device), Path(run_dir)
     provenance = open_run(spec, run_dir, device, resume, dict(extra_provenance or {}))
     if ceilings and device.type == "cuda" and "ceilings" not in provenance:
         provenance["ceilings"] = measure_ceilings(device)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from dsa_lab.errors import check_range
+from dsa_lab.errors import check_choice, check_positive, check_range
 
 FLUSH_L2_MULTIPLE = 2
 DEFAULT_L2_BYTES = 60 * 1024 * 1024  # H200; used when the device does not report its L2
@@ -50,10 +50,11 @@ class TimingConfig:
         check_range("window", self.window, 2, 10_000)
         check_range("sync_every", self.sync_every, 1, 10_000)
         check_range("graph_launches", self.graph_launches, 1, 10_000)
-        if not self.max_seconds > 0:
-            raise ValueError(f"max_seconds={self.max_seconds}: must be > 0")
-        if not 0 < self.rel_tolerance < 1:
-            raise ValueError(f"rel_tolerance={self.rel_tolerance}: must lie in (0, 1)")
+        check_positive("max_seconds", self.max_seconds)
+        if isinstance(self.rel_tolerance, bool) or not isinstance(self.rel_tolerance, (int, float)) or not 0 < self.rel_tolerance < 1:
+            raise ValueError(f"rel_tolerance={self.rel_tolerance!r}: must lie in (0, 1)")
+        for name in ("cold_l2", "use_graph"):
+            check_choice(name, getattr(self, name), (False, True))
 
 
 @dataclass(frozen=True)

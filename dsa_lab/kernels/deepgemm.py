@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from dsa_lab.errors import BackendUnavailable, check_range, check_tensor
 from dsa_lab.kernels.registry import Availability, LogitsBackend, check_logits_args, register_backend
 
 SUPPORTED_MAJORS = (9, 10, 12)
@@ -97,7 +98,9 @@ class DeepGemmBackend(LogitsBackend):
 
     def schedule(self, context_lens: torch.Tensor, block_size: int) -> torch.Tensor:
         """DeepGEMM's SM plan `[slots + 1, 2]` for these 2-D context lengths."""
-        module = self._require_module()
+        check_tensor("context_lens", context_lens, dtype=torch.int32, ndim=2)
+        check_range("block_size", block_size, 1, 1024)
+        module = self._require_available(context_lens.device)
         major = torch.cuda.get_device_capability(context_lens.device)[0]
         num_sms = int(module.get_num_sms())
         if major == 10:  # varlen form: one row per query token, each naming its request
@@ -117,9 +120,13 @@ class DeepGemmBackend(LogitsBackend):
         block_table: torch.Tensor,
         max_context_len: int,
         schedule: Any = None,
+        *,
+        cache_dtype: str,
     ) -> torch.Tensor:
-        check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, check_values=False)
-        module = self._require_module()
+        """Host checks only (GPU-only backend: values are checked once per launch by its caller)."""
+        check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype)
+        self.check_shape(q.shape[2], q.shape[3], cache_dtype)
+        module = self._require_available(q.device)
         if schedule is None:
             schedule = self.schedule(context_lens, kv_cache.shape[1])
         major = torch.cuda.get_device_capability(q.device)[0]
@@ -154,10 +161,10 @@ class DeepGemmBackend(LogitsBackend):
         )
         return out.float()
 
-    def _require_module(self) -> ModuleType:
-        module = self.module()
+    def _require_available(self, device: torch.device) -> ModuleType:
+        """deep_gemm, or BackendUnavailable with the reason (no GPU, wrong capability, no module)."""
+        state = self.availability(device)
+        module = self.module() if state.ok else None
         if module is None:
-            from dsa_lab.errors import BackendUnavailable
-
-            raise BackendUnavailable(f"backend 'deepgemm': deep_gemm could not be imported ({self._origin})")
+            raise BackendUnavailable(f"backend 'deepgemm' unavailable on {device}: {state.reason}")
         return module

@@ -5,7 +5,7 @@ Adding a backend is one module and one decorator:
     @register_backend
     class MyBackend(LogitsBackend):
         name = "mine"
-        def logits(self, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule=None): ...
+        def logits(self, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule=None, *, cache_dtype): ...
 
 Each backend says whether it can run here (and why not), which next_n it takes
 natively, and which shapes it accepts; callers never get a silent fallback.
@@ -18,7 +18,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from dsa_lab.errors import BackendUnavailable, UnsupportedShape
+from dsa_lab.cache import CACHE_DTYPES, bytes_per_token
+from dsa_lab.errors import BackendUnavailable, UnsupportedShape, check_choice, check_range, check_tensor
 
 
 @dataclass(frozen=True)
@@ -28,16 +29,22 @@ class Availability:
 
 
 class LogitsBackend:
-    """Base class: `logits(q, kv_cache, weights, context_lens, block_table, max_context_len)`.
+    """Base class: `logits(q, kv_cache, weights, context_lens, block_table, max_context_len,
+    schedule=None, *, cache_dtype)`.
 
-    q `[B, n, H, D]` float8_e4m3fn; kv_cache uint8 `[num_blocks, 64, 1, bytes_per_token]`;
-    weights float32 `[B*n, H]`; context_lens int32 `[B, n]`; block_table int32 `[B, max_blocks]`.
-    Returns float32 `[B*n, max_context_len]`. Positions at or beyond a row's context length
-    are -inf where `cleans_tail`, unspecified otherwise (callers mask them).
+    q `[B, n, H, D]` float8_e4m3fn; kv_cache uint8 `[num_blocks, 64, 1, bytes_per_token]`,
+    contiguous, holding `cache_dtype` ('fp8' or 'mxfp4', required: a 68-byte token is FP8
+    at D = 64 and MXFP4 at D = 128, so the width cannot tell); weights float32 `[B*n, H]`;
+    context_lens int32 `[B, n]`; block_table int32 `[B, max_blocks]`. Returns float32
+    `[B*n, max_context_len]`. Positions at or beyond a row's context length are -inf where
+    `cleans_tail`, unspecified otherwise (callers mask them).
 
     `logits` of a GPU backend must not synchronise the host: benchmarks time it between
-    CUDA events and capture it in CUDA graphs. It checks shapes and dtypes only; callers
-    check values (context lens, block ids) once with `check_logits_args(check_values=True)`.
+    CUDA events and capture it in CUDA graphs. So it runs `check_logits_args` (host checks
+    only) on every call, while the values (context lens, block ids) are scanned by
+    `check_logits_values` once per launch where the launch is prepared
+    (`decode.check_launches`), outside any timed loop. On the CPU the scan needs no device
+    sync, so CPU backends may run it on every call.
     """
 
     name: ClassVar[str]
@@ -67,11 +74,15 @@ class LogitsBackend:
         block_table: torch.Tensor,
         max_context_len: int,
         schedule: Any = None,
+        *,
+        cache_dtype: str,
     ) -> torch.Tensor:
         raise NotImplementedError
 
     def require(self, device: torch.device, next_n: int, heads: int, head_dim: int, cache_dtype: str) -> None:
-        """Raise BackendUnavailable / UnsupportedShape before launch, naming the allowed values."""
+        """Raise UnsupportedShape (a shape this backend never runs, on any machine) or
+        BackendUnavailable before launch, naming the allowed values or the reason."""
+        self.check_shape(heads, head_dim, cache_dtype)
         state = self.availability(device)
         if not state.ok:
             raise BackendUnavailable(f"backend {self.name!r} unavailable on {device}: {state.reason}")
@@ -81,7 +92,6 @@ class LogitsBackend:
                 f"next_n={next_n}: backend {self.name!r} on {device} runs natively only "
                 f"next_n in {sorted(native)} (use strategy 'flatten' or 'atom')"
             )
-        self.check_shape(heads, head_dim, cache_dtype)
 
     def check_shape(self, heads: int, head_dim: int, cache_dtype: str) -> None:
         """Raise UnsupportedShape for the first field outside this backend's allowed values."""
@@ -105,8 +115,7 @@ def register_backend(cls: type[LogitsBackend]) -> type[LogitsBackend]:
 
 
 def get_backend(name: str) -> LogitsBackend:
-    if name not in _BACKENDS:
-        raise ValueError(f"backend={name!r}: allowed values are {tuple(_BACKENDS)}")
+    check_choice("backend", name, tuple(_BACKENDS))
     return _BACKENDS[name]
 
 
@@ -118,6 +127,14 @@ def baseline_backend() -> LogitsBackend:
     return next(b for b in _BACKENDS.values() if b.baseline)
 
 
+def _width_hint(width: int) -> str:
+    """What a token width could hold (mxfp4 takes 17 D / 32 bytes), so a contradiction says what fits."""
+    fits = [f"fp8 at head_dim {width - 4}"] if width > 4 else []
+    if width * 32 % 17 == 0 and (width * 32 // 17) % 32 == 0:
+        fits.append(f"mxfp4 at head_dim {width * 32 // 17}")
+    return f" ({width} bytes a token is {' or '.join(fits)})" if fits else ""
+
+
 def check_logits_args(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -125,47 +142,60 @@ def check_logits_args(
     context_lens: torch.Tensor,
     block_table: torch.Tensor,
     max_context_len: int,
-    check_values: bool = True,
-) -> str:
-    """Validate a call in DeepGEMM's convention; return the cache dtype ('fp8' or 'mxfp4').
+    *,
+    cache_dtype: str,
+) -> None:
+    """Host checks of one call in DeepGEMM's convention: types, shapes, dtypes, devices, the
+    cache's contiguity and its byte width against the declared `cache_dtype` (at q's head_dim).
 
-    `check_values` also scans context lens and block ids (a host sync: do it once,
-    outside timed loops).
+    Never reads tensor values, so it is safe inside timed loops and graph capture; see
+    `check_logits_values` for context lens and block ids.
     """
-    from dsa_lab.cache import CACHE_DTYPES, bytes_per_token
-    from dsa_lab.errors import check_tensor
-
+    check_choice("cache_dtype", cache_dtype, CACHE_DTYPES)
     check_tensor("q", q, dtype=torch.float8_e4m3fn, ndim=4)
     batch, next_n, heads, dim = q.shape
     check_tensor("kv_cache", kv_cache, dtype=torch.uint8, ndim=4, device=q.device)
-    per_token = kv_cache.shape[-1]
-    kinds = {bytes_per_token(dim, kind): kind for kind in CACHE_DTYPES}
-    if kv_cache.shape[2] != 1 or per_token not in kinds:
+    width = bytes_per_token(dim, cache_dtype)
+    blocks, block_size, one, got = kv_cache.shape
+    if one != 1 or got != width or blocks < 1 or block_size < 1:
         raise ValueError(
-            f"kv_cache: expected [num_blocks, block_size, 1, B] with B in {sorted(kinds)} "
-            f"for head_dim={dim}, got {tuple(kv_cache.shape)}"
+            f"kv_cache: cache_dtype={cache_dtype!r} at head_dim={dim} (q's last dim) is "
+            f"[num_blocks >= 1, block_size, 1, {width}] uint8, got {tuple(kv_cache.shape)}{_width_hint(got)}"
         )
+    check_tensor("kv_cache", kv_cache, contiguous=True)
     check_tensor("weights", weights, dtype=torch.float32, shape=(batch * next_n, heads), device=q.device)
     check_tensor("context_lens", context_lens, dtype=torch.int32, shape=(batch, next_n), device=q.device)
-    check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=q.device)
-    if block_table.shape[0] != batch:
-        raise ValueError(f"block_table: {block_table.shape[0]} rows for batch {batch}")
-    if isinstance(max_context_len, bool) or not isinstance(max_context_len, int) or max_context_len < 1:
-        raise ValueError(f"max_context_len={max_context_len!r}: must be a positive int")
-    if check_values and context_lens.numel():
-        block_size = kv_cache.shape[1]
-        low, high = int(context_lens.min()), int(context_lens.max())
-        capacity = min(block_table.shape[1] * block_size, max_context_len)
-        if low < 0 or high > capacity:
-            raise ValueError(
-                f"context_lens: values must lie in [0, {capacity}] (block table holds "
-                f"{block_table.shape[1]}x{block_size} tokens, max_context_len={max_context_len}); "
-                f"got [{low}, {high}]"
-            )
-        used = block_table[:, : -(-high // block_size)] if high else block_table[:, :0]
-        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= kv_cache.shape[0]):
-            raise ValueError(
-                f"block_table: block ids must lie in [0, {kv_cache.shape[0] - 1}], "
-                f"got [{int(used.min())}, {int(used.max())}]"
-            )
-    return kinds[per_token]
+    check_tensor("block_table", block_table, dtype=torch.int32, shape=(batch, None), device=q.device)
+    check_range("max_context_len", max_context_len, 1, 1 << 31)
+
+
+def check_logits_values(
+    kv_cache: torch.Tensor, context_lens: torch.Tensor, block_table: torch.Tensor, max_context_len: int
+) -> None:
+    """Context lens in [0, min(table capacity, max_context_len)], and the id of every block a
+    row reads in [0, num_blocks): an id outside would make a kernel read outside the cache.
+
+    Reads values: one device->host copy of four numbers. Run it once per launch where the
+    launch is prepared, never in a timed loop; arguments must have passed `check_logits_args`.
+    """
+    if context_lens.numel() == 0:
+        return
+    block_size, width = kv_cache.shape[1], block_table.shape[1]
+    capacity = min(width * block_size, max_context_len)
+    lens = context_lens.to(torch.int64)
+    need = (lens.amax(dim=1).clamp(min=0) + block_size - 1) // block_size  # blocks each request reads
+    used = torch.arange(width, device=block_table.device)[None, :] < need[:, None]
+    ids = block_table.to(torch.int64)
+    low_id = torch.where(used, ids, torch.full_like(ids, 1 << 40)).amin() if width else lens.new_tensor(1 << 40)
+    high_id = torch.where(used, ids, torch.full_like(ids, -1)).amax() if width else lens.new_tensor(-1)
+    low, high, low_id, high_id = torch.stack([lens.amin(), lens.amax(), low_id, high_id]).tolist()
+    if low < 0 or high > capacity:
+        raise ValueError(
+            f"context_lens: values must lie in [0, {capacity}] (block table holds {width}x{block_size} "
+            f"tokens, max_context_len={max_context_len}); got [{low}, {high}]"
+        )
+    if low_id <= high_id and (low_id < 0 or high_id >= kv_cache.shape[0]):  # low > high: no block is read
+        raise ValueError(
+            f"block_table: ids of the blocks rows read must lie in [0, {kv_cache.shape[0] - 1}] "
+            f"(the cache's blocks), got [{low_id}, {high_id}]"
+        )

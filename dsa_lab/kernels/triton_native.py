@@ -25,8 +25,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from dsa_lab.errors import BackendUnavailable, UnsupportedShape, check_range, check_tensor
-from dsa_lab.kernels.registry import Availability, LogitsBackend, check_logits_args, register_backend
+from dsa_lab.errors import BackendUnavailable, UnsupportedShape, check_choice, check_range, check_tensor
+from dsa_lab.kernels.registry import (
+    Availability,
+    LogitsBackend,
+    check_logits_args,
+    check_logits_values,
+    register_backend,
+)
 
 try:
     import triton
@@ -252,8 +258,6 @@ def _check_shapes(q: torch.Tensor, kv_cache: torch.Tensor, cache_dtype: str) -> 
     TritonNativeBackend().check_shape(heads, dim, cache_dtype)
     if kv_cache.shape[1] != BLOCK_SIZE:
         raise UnsupportedShape(f"block_size={kv_cache.shape[1]!r}: backend 'triton' allows {(BLOCK_SIZE,)}")
-    if not kv_cache.is_contiguous():
-        raise ValueError("kv_cache: must be contiguous (the kernel reads its raw block bytes)")
 
 
 def paged_mqa_logits_triton(
@@ -266,14 +270,23 @@ def paged_mqa_logits_triton(
     config: KernelConfig | None = None,
     check_values: bool = True,
     out: torch.Tensor | None = None,
+    *,
+    cache_dtype: str,
 ) -> torch.Tensor:
     """DeepGEMM's calling convention; every output element is written (-inf past each context).
 
     `check_values=False` skips the host-syncing scan of lens and block ids (for timing
-    loops); `out` lets a test pass a poisoned output to prove that every element is written.
+    loops, whose launches were checked once before); without the scan an id outside the
+    cache makes the kernel read outside it. `out` lets a test pass a poisoned output to
+    prove that every element is written.
     """
-    cache_dtype = check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, check_values)
+    check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype)
     _check_shapes(q, kv_cache, cache_dtype)
+    check_choice("check_values", check_values, (False, True))
+    if config is not None and not isinstance(config, KernelConfig):
+        raise ValueError(f"config: expected a KernelConfig or None, got {type(config).__name__}")
+    if check_values:
+        check_logits_values(kv_cache, context_lens, block_table, max_context_len)
     if out is not None:
         shape = (q.shape[0] * q.shape[1], max_context_len)
         check_tensor("out", out, dtype=torch.float32, shape=shape, device=q.device, contiguous=True)
@@ -366,8 +379,11 @@ class TritonNativeBackend(LogitsBackend):
     def native_next_n(self, device: torch.device) -> frozenset[int] | None:
         return None
 
-    def logits(self, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule: Any = None):
-        # No host sync here: this call is timed and graph-captured; callers check values once.
+    def logits(self, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule: Any = None, *, cache_dtype: str):
+        # No device sync on a GPU: this call is timed and graph-captured, and its launch was
+        # checked once where it was prepared. On the CPU (the interpreter) the scan is a host
+        # read, and an id outside the cache would read outside its memory (SIGSEGV).
         return paged_mqa_logits_triton(
-            q, kv_cache, weights, context_lens, block_table, max_context_len, check_values=False
-        )
+            q, kv_cache, weights, context_lens, block_table, max_context_len,
+            check_values=isinstance(q, torch.Tensor) and q.device.type == "cpu", cache_dtype=cache_dtype,
+        )  # fmt: skip

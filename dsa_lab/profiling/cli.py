@@ -12,6 +12,8 @@ import torch
 
 from dsa_lab import store
 from dsa_lab.env_info import device_name
+from dsa_lab.errors import as_device, check_choice, check_positive
+from dsa_lab.kernels import backend_names
 from dsa_lab.metadata import STRATEGIES
 from dsa_lab.profiling.ncu import NcuUnavailable, detect_ncu
 from dsa_lab.profiling.runs import profile_provenance, write_tables
@@ -28,17 +30,17 @@ def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        device = torch.device(name)
-    except RuntimeError:  # torch lists every device type it knows; we run on two
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device={name!r}: allowed values are 'auto', 'cpu', 'cuda' or 'cuda:N'")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda': no CUDA device is visible here (use --device cpu)")
-    return device
+        return as_device("device", name)
+    except ValueError as err:
+        raise ValueError(f"{err} (or 'auto')") from None
 
 
 def spec_from_args(args: argparse.Namespace) -> ProfileSpec:
+    for name in args.backend:
+        check_choice("--backend", name, backend_names())
+    for flag, value in (("--torch-budget", args.torch_budget), ("--ncu-timeout", args.ncu_timeout)):
+        if value is not None:
+            check_positive(flag, value)
     chosen = args.strategy or ["all"]
     strategies = STRATEGIES if "all" in chosen else tuple(dict.fromkeys(chosen))
     return ProfileSpec(

@@ -6,12 +6,18 @@ A profile run is a store run folder (`provenance.json` from `dsa_lab.store`, wit
 attached), `ncu_raw.txt.gz` (ncu's own output, for re-parsing) and Chrome traces
 `trace_<backend>.json.gz`. Profile runs live under `data/<device>/profiles/<run_id>/`, out
 of the way of `dsa-lab runs`, which lists timings.
+
+Nothing damaged is passed over silently: `scan_profile_runs` returns the folders it
+ignored with the file and the problem, and a loaded run carries them (`ProfileRun.ignored`)
+so a notebook can say which file it ignored and why.
 """
 
 from __future__ import annotations
 
 import gzip
 import os
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,36 +66,70 @@ def write_tables(run: ProfileRun, folder: Path) -> None:
     store.update_provenance(folder, configs=run.configs)
 
 
-def is_profile_run(folder: Path) -> bool:
-    try:
-        return store.read_provenance(folder / store.PROVENANCE_FILE).get("kind") == KIND
-    except store.RunFormatError:
-        return False
+@dataclass(frozen=True)
+class ProfileRunScan:
+    """Profile run folders found under a root (newest first) and those ignored, with why."""
+
+    runs: list[Path]
+    ignored: list[tuple[str, str]]  # (folder, problem naming the file)
+
+
+def scan_profile_runs(root: str | Path) -> ProfileRunScan:
+    """Every folder under `root` (any depth) with a provenance.json: profile runs are kept;
+    timing runs are not profile runs and are left out; a damaged provenance is *ignored*
+    with its problem (it might have been a profile run, and a reader must be told)."""
+    runs: list[tuple[str, Path]] = []
+    ignored: list[tuple[str, str]] = []
+    for path in sorted(Path(root).rglob(store.PROVENANCE_FILE)):
+        try:
+            provenance = store.read_provenance(path)
+        except store.RunFormatError as err:
+            ignored.append((str(path.parent), str(err)))
+            continue
+        if provenance.get("kind") == KIND:
+            runs.append((provenance["created"], path.parent))
+    return ProfileRunScan([folder for _, folder in sorted(runs, key=lambda item: item[0], reverse=True)], ignored)
 
 
 def find_profile_runs(root: str | Path) -> list[Path]:
-    """Profile run folders under `root` (any depth), newest first."""
-    found = [p.parent for p in Path(root).rglob(store.PROVENANCE_FILE) if is_profile_run(p.parent)]
-    return sorted(found, key=lambda p: store.read_provenance(p / store.PROVENANCE_FILE)["created"], reverse=True)
+    """Profile run folders under `root` (any depth), newest first; `scan_profile_runs` also
+    returns the folders ignored as damaged."""
+    return scan_profile_runs(root).runs
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as err:  # pyarrow raises several types for corrupt files
+        raise store.RunFormatError(f"{path}: not a readable parquet file ({type(err).__name__}: {err})") from None
+
+
+def _read_raw_ncu(path: Path) -> str:
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as err:
+        raise store.RunFormatError(f"{path}: not a readable gzip text file ({type(err).__name__}: {err})") from None
 
 
 def load_profile_run(folder: str | Path) -> ProfileRun:
-    """Read a stored profile run; a table that was not produced loads as an empty frame."""
+    """Read a stored profile run; a table that was not produced loads as an empty frame, a
+    damaged one raises `store.RunFormatError` naming the file."""
     folder = Path(folder)
     provenance = store.read_provenance(folder / store.PROVENANCE_FILE)
     if provenance.get("kind") != KIND:
         raise store.RunFormatError(f"{folder}: a {provenance.get('kind', 'timing')!r} run, not a profile run")
+    configs = provenance.get("configs", [])
+    if not isinstance(configs, list) or not all(isinstance(c, dict) for c in configs):
+        raise store.RunFormatError(f"{folder / store.PROVENANCE_FILE}: 'configs' must be a list of objects")
 
     def table(name: str) -> pd.DataFrame:
         path = folder / f"{name}.parquet"
-        return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+        return _read_table(path) if path.is_file() else pd.DataFrame()
 
-    raw_text = ""
-    if (folder / RAW_NCU).is_file():
-        with gzip.open(folder / RAW_NCU, "rt", encoding="utf-8") as handle:
-            raw_text = handle.read()
+    raw_text = _read_raw_ncu(folder / RAW_NCU) if (folder / RAW_NCU).is_file() else ""
     return ProfileRun(
-        table("torch_kernels"), table("torch_phases"), table("ncu_kernels"), provenance.get("configs", []), provenance, folder, raw_text
+        table("torch_kernels"), table("torch_phases"), table("ncu_kernels"), configs, provenance, folder, raw_text
     )
 
 
@@ -117,9 +157,29 @@ def cpu_reference_run(batch_size: int = 2, context_len: int = 256, next_ns: tupl
 
 
 def shipped_or_cpu_reference(root: str | Path, **cpu: Any) -> ProfileRun:
-    """The newest profile run stored under `root`, else a fresh `cpu_reference_run(**cpu)`."""
-    runs = find_profile_runs(root) if Path(root).is_dir() else []
-    return load_profile_run(runs[0]) if runs else cpu_reference_run(**cpu)
+    """The newest readable profile run stored under `root`, else a fresh `cpu_reference_run(**cpu)`.
+
+    Folders passed over (damaged provenance, unreadable tables) are in the result's
+    `ignored` as (folder, problem), for the notebook to show (`ignored_note`).
+    """
+    scan = scan_profile_runs(root) if Path(root).is_dir() else ProfileRunScan([], [])
+    ignored = list(scan.ignored)
+    for folder in scan.runs:
+        try:
+            run = load_profile_run(folder)
+        except store.RunFormatError as err:
+            ignored.append((str(folder), str(err)))
+            continue
+        run.ignored = ignored
+        return run
+    run = cpu_reference_run(**cpu)
+    run.ignored = ignored
+    return run
+
+
+def ignored_note(run: ProfileRun) -> str:
+    """One line per stored folder the run's loader ignored, with why ('' when none was)."""
+    return "\n".join(f"ignored {folder}: {problem}" for folder, problem in run.ignored)
 
 
 def versus_native(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:

@@ -18,6 +18,7 @@ from torch.profiler import record_function
 from dsa_lab.cache import PagedCache, bytes_per_token, permuted_block_table, quantize_fp8
 from dsa_lab.decode import (
     DecodeResult,
+    check_launches,
     launch_logits,
     native_sizes_for,
     pack_launch,
@@ -25,7 +26,7 @@ from dsa_lab.decode import (
     run_decode,
     scatter_logits,
 )
-from dsa_lab.errors import check_range
+from dsa_lab.errors import as_device, as_int, check_range
 from dsa_lab.kernels import LogitsBackend
 from dsa_lab.metadata import build_metadata
 from dsa_lab.roofline import StepShape, step_cost
@@ -61,12 +62,15 @@ def phased_decode(
     *,
     nvtx: bool = False,
     logits_window: Callable[[], AbstractContextManager[object]] = nullcontext,
+    check: bool = True,
 ) -> DecodeResult:
     """`decode.run_decode` with every phase in its own range.
 
     The backend's scheduling metadata (DeepGEMM's SM plan) belongs to "metadata", as in
     vLLM's metadata builder. `logits_window` wraps each backend call only (the ncu target
-    opens a profiling window there).
+    opens a profiling window there). `check` runs the value scans (launches, finite
+    logits), each a device->host copy vLLM's step does not make: the warm-up runs them,
+    and the profiled steps on the same inputs pass `check=False` so the tables show the step alone.
     """
     kernel = resolve_backend(backend)
     device, batch = inputs.q.device, inputs.batch
@@ -74,17 +78,19 @@ def phased_decode(
         metadata = build_metadata(strategy, batch, inputs.cache.block_table, native_sizes_for(kernel, device))
         for launch in metadata.launches:
             kernel.require(device, launch.next_n, batch.num_heads, batch.head_dim, batch.cache_dtype)
+        if check:
+            check_launches(metadata, inputs)
         schedules = [kernel.schedule(launch.context_lens, batch.block_size) for launch in metadata.launches]
     outputs = []
     for launch, schedule in zip(metadata.launches, schedules):
         with phase("pack", nvtx):
             packed = pack_launch(launch, inputs)
         with phase("logits", nvtx), logits_window():
-            outputs.append(launch_logits(kernel, packed, inputs.cache.data, metadata.max_context_len, schedule))
+            outputs.append(launch_logits(kernel, packed, inputs.cache, metadata.max_context_len, schedule))
     with phase("scatter", nvtx):
         logits, context = scatter_logits(metadata, outputs, device)
     with phase("topk", nvtx):
-        indices = topk_per_row(logits, context, topk)
+        indices = topk_per_row(logits, context, topk, check_values=check)
     return DecodeResult(metadata, logits, context, indices)
 
 
@@ -126,9 +132,15 @@ def check_correctness(
     return err
 
 
+def _check_batch(batch: object) -> None:
+    if not isinstance(batch, DecodeBatch):
+        raise ValueError(f"batch: expected a DecodeBatch, got {type(batch).__name__}")
+
+
 def random_queries(batch: DecodeBatch, seed: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     """Fresh FP8 queries `[T, H, D]` and float32 weights `[T, H]` drawn on `device` (never zeros)."""
-    device = torch.device(device)
+    _check_batch(batch)
+    seed, device = as_int("seed", seed), as_device("device", device)
     gen = torch.Generator(device=device).manual_seed(seed)
     tokens, heads, dim = batch.num_decode_tokens, batch.num_heads, batch.head_dim
     q = torch.randn(tokens, heads, dim, generator=gen, device=device).clamp(-448, 448).to(torch.float8_e4m3fn)
@@ -146,10 +158,11 @@ def random_fp8_cache(
     values then float32 scales per block, physical ids a random permutation) in seconds.
     Every block holds quantised random keys, so tails past a context are finite too.
     """
+    _check_batch(batch)
     if batch.cache_dtype != "fp8":
         raise ValueError(f"cache_dtype={batch.cache_dtype!r}: random_fp8_cache builds 'fp8' only")
     check_range("chunk_blocks", chunk_blocks, 1, 1 << 20)
-    device = torch.device(device)
+    seed, device = as_int("seed", seed), as_device("device", device)
     size, dim = batch.block_size, batch.head_dim
     per_request = [max(1, -(-length // size)) for length in batch.seq_lens]
     num_blocks = sum(per_request) + 1  # one spare block nobody owns
@@ -173,8 +186,11 @@ def profile_inputs(
     Passing the cache of another batch with the same requests (e.g. another next_n) skips
     rebuilding gigabytes of KV between configurations.
     """
+    _check_batch(batch)
     if cache is None:
         cache = random_fp8_cache(batch, seed, device)
+    elif not isinstance(cache, PagedCache):
+        raise ValueError(f"cache: expected a PagedCache or None, got {type(cache).__name__}")
     elif cache.block_table.shape[0] != batch.batch_size or cache.head_dim != batch.head_dim:
         raise ValueError(
             f"cache: built for {cache.block_table.shape[0]} requests of head_dim {cache.head_dim}, "

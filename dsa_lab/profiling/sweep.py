@@ -21,7 +21,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from dsa_lab.errors import check_choice
+from dsa_lab import store
+from dsa_lab.errors import as_int, check_choice, check_int_sequence, check_range
 from dsa_lab.kernels import get_backend
 from dsa_lab.metadata import STRATEGIES
 from dsa_lab.profiling.ncu import (
@@ -38,9 +39,10 @@ from dsa_lab.profiling.ncu import (
 from dsa_lab.profiling.ncu_tables import METRICS, attach_configs, parse_ncu_csv, summarize_ncu
 from dsa_lab.profiling.step import profile_inputs, random_fp8_cache, reference_logits
 from dsa_lab.profiling.torch_profile import compare_in_one_trace, profile_decode_step
-from dsa_lab.topk import DEFAULT_TOPK
-from dsa_lab.workload import uniform_batch
+from dsa_lab.topk import DEFAULT_TOPK, MAX_TOPK
+from dsa_lab.workload import MAX_NEXT_N, MAX_SEQ_LEN, uniform_batch
 
+MAX_PROFILE_BATCH = 4096
 KERNELS_PER_STEP_CAP = 17  # ncu --launch-count per step: the marker + up to 16 kernels in the logits calls
 TARGET_MARGIN_S = 45.0  # of an ncu run's timeout: ncu and CUDA start-up, the config in flight, teardown
 TRACE_STRATEGIES = ("native", "flatten")
@@ -61,10 +63,21 @@ class ProfileSpec:
     trace: bool = True
 
     def __post_init__(self) -> None:
+        """Every value checked (ints are never truncated); backend names are checked where they
+        are looked up, so an unknown one is recorded as skipped with the allowed names."""
         for strategy in self.strategies:
             check_choice("strategy", strategy, STRATEGIES)
         if not (self.backends and self.strategies and self.batches and self.next_ns):
             raise ValueError("backends, strategies, batches and next_ns: each needs at least one value")
+        if isinstance(self.backends, str) or not all(isinstance(name, str) for name in self.backends):
+            raise ValueError(f"backends={self.backends!r}: need a tuple of backend names")
+        object.__setattr__(self, "batches", check_int_sequence("batches", self.batches, 1, MAX_PROFILE_BATCH))
+        object.__setattr__(self, "next_ns", check_int_sequence("next_ns", self.next_ns, 1, MAX_NEXT_N))
+        object.__setattr__(self, "context_len", check_range("context_len", self.context_len, max(self.next_ns), MAX_SEQ_LEN))
+        object.__setattr__(self, "seed", as_int("seed", self.seed))
+        object.__setattr__(self, "topk", check_range("topk", self.topk, 1, MAX_TOPK))
+        object.__setattr__(self, "repeats", check_range("repeats", self.repeats, 1, 1000))
+        check_choice("trace", self.trace, (False, True))
 
     @property
     def trace_point(self) -> tuple[int, int]:
@@ -86,6 +99,7 @@ class ProfileRun:
     provenance: dict[str, Any] = field(default_factory=dict)
     folder: Path | None = None
     raw_ncu: str = ""
+    ignored: list[tuple[str, str]] = field(default_factory=list)  # (folder, problem) of stored runs passed over
 
     @property
     def ncu_summary(self) -> pd.DataFrame:
@@ -243,7 +257,7 @@ def run_ncu_backend(
             metrics[:] = [m for m in metrics if m not in unknown]
             dropped += unknown
         log(f"ncu {backend}: exit {code} after {time.perf_counter() - started:.0f} s")
-        manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"configs": [], "steps": []}
+        manifest = _read_manifest(manifest_path)
     kernels = attach_configs(parse_ncu_csv(output), manifest)
     if kernels.empty:
         failure = ncu_failure(output, code) or "ncu profiled no logits kernel"
@@ -252,6 +266,19 @@ def run_ncu_backend(
             if config.get("status") == "profiled":
                 config.update(status="failed", reason=failure)
     return kernels, manifest, output
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """The target's manifest (absent when it never started); a damaged one names the file."""
+    if not path.exists():
+        return {"configs": [], "steps": []}
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise store.RunFormatError(f"{path}: the ncu target's manifest is not valid JSON ({err})") from None
+    if not isinstance(manifest, dict):
+        raise store.RunFormatError(f"{path}: the ncu target's manifest is not a JSON object")
+    return manifest
 
 
 def _text(value: str | bytes | None) -> str:

@@ -137,7 +137,7 @@ def run_target(
                     sync(device)
                     with window():
                         marker(number, device)
-                    phased_decode(inputs, strategy, kernel, plan.topk, nvtx=nvtx, logits_window=window)
+                    phased_decode(inputs, strategy, kernel, plan.topk, nvtx=nvtx, logits_window=window, check=False)
                     sync(device)
                     manifest["steps"].append({"marker": number, "config": config["index"], "repeat": repeat})
                 config["status"] = "profiled"

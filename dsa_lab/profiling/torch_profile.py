@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import tempfile
+import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,12 +24,13 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from dsa_lab.decode import resolve_backend
 from dsa_lab.env_info import device_name
-from dsa_lab.errors import check_choice, check_range
+from dsa_lab.errors import NonFiniteLogits, check_choice, check_range
 from dsa_lab.kernels import LogitsBackend
 from dsa_lab.metadata import STRATEGIES
 from dsa_lab.profiling.step import (
     DEFAULT_TOLERANCE,
     PHASES,
+    ProfileRefused,
     check_correctness,
     phased_decode,
     reference_logits,
@@ -99,14 +101,17 @@ def profile_decode_step(
     config = step_config(inputs.batch, inputs.q.device, strategy, kernel)
     label = f"backend {kernel.name!r} strategy {strategy!r} ({inputs.batch.describe()})"
     for _ in range(warmup):  # compiles, autotunes and fills the allocator outside the profile
-        result = phased_decode(inputs, strategy, kernel, topk)
+        try:
+            result = phased_decode(inputs, strategy, kernel, topk)
+        except NonFiniteLogits as err:  # the backend wrote NaN/inf where the reference has scores
+            raise ProfileRefused(f"{label}: relative error inf against the reference ({err}); refusing to profile it") from None
     config["rel_err"] = check_correctness(
         result, reference if reference is not None else reference_logits(inputs), label, tolerance
     )
     sync(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        result = phased_decode(inputs, strategy, kernel, topk)
+    with profile(activities=activities) as prof:  # the warm-up above ran the value checks
+        result = phased_decode(inputs, strategy, kernel, topk, check=False)
         sync(device)
     shapes = tuple((launch.batch_size, launch.next_n) for launch in result.metadata.launches)
     config.update(logits_calls=len(shapes), kernel_rows=result.metadata.kernel_rows)
@@ -139,7 +144,7 @@ def compare_in_one_trace(
     with profile(activities=activities) as prof:
         for strategy in strategies:
             with record_function(f"step:{strategy}"):
-                phased_decode(inputs, strategy, kernel, topk)
+                phased_decode(inputs, strategy, kernel, topk, check=False)  # checked by profile_decode_step
             sync(device)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -157,11 +162,19 @@ def _export(prof: profile, trace_dir: str | Path, config: dict[str, Any]) -> Pat
 
 
 def read_trace(path: str | Path) -> dict[str, Any]:
-    """A Chrome trace as written by torch.profiler (plain or .gz)."""
+    """A Chrome trace as written by torch.profiler (plain or .gz); a damaged one names the file."""
+    from dsa_lab.store import RunFormatError
+
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        return json.load(handle)
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            trace = json.load(handle)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, zlib.error) as err:
+        raise RunFormatError(f"{path}: not a readable Chrome trace ({type(err).__name__}: {err})") from None
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise RunFormatError(f"{path}: not a Chrome trace (no 'traceEvents' list)")
+    return trace
 
 
 def _prefixed(table: pd.DataFrame, config: dict[str, Any]) -> pd.DataFrame:

@@ -1,0 +1,139 @@
+"""Bad input to `dsa-lab`: exit status 2 and one line naming the flag or file; nothing written outside --root."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dsa_lab import store
+from dsa_lab.cli import main
+
+FAST_BENCH = ["bench", "--preset", "ci", "--backend", "reference", "--batch", "1", "--context", "64", "--next-n", "1",
+              "--strategy", "native", "--no-progress", "--device", "cpu"]  # fmt: skip
+PROFILE = ["profile", "--torch", "--device", "cpu", "--batch", "1", "--context-len", "64", "--next-n", "1"]
+
+CASES = {  # argv after the command, what stderr must name
+    "bench run-id escapes": (FAST_BENCH + ["--run-id", "../.."], r"--run-id: run_id='\.\./\.\.'"),
+    "bench run-id with a slash": (FAST_BENCH + ["--run-id", "a/b"], r"--run-id: run_id='a/b'"),
+    "bench run-id dot": (FAST_BENCH + ["--run-id", "."], r"--run-id: run_id='\.'"),
+    "bench max-points zero": (FAST_BENCH + ["--max-points", "0"], r"--max-points=0"),
+    "bench max-minutes negative": (FAST_BENCH + ["--max-minutes", "-1"], r"--max-minutes=-1"),
+    "bench max-minutes nan": (FAST_BENCH + ["--max-minutes", "nan"], r"--max-minutes=nan"),
+    "bench seconds per point zero": (FAST_BENCH + ["--max-seconds-per-point", "0"], r"--max-seconds-per-point=0"),
+    "bench batch zero": (FAST_BENCH + ["--batch", "0"], r"batch=0"),
+    "bench batch float": (FAST_BENCH + ["--batch", "1.5"], r"--batch='1.5'"),
+    "bench next-n 17": (FAST_BENCH + ["--next-n", "17"], r"next_n=17"),
+    "bench context float": (FAST_BENCH + ["--context", "1.5K"], r"context='1\.5K'"),
+    "bench context below next_n": (FAST_BENCH + ["--context", "1", "--next-n", "2"], r"context: shortest length 1"),
+    "bench backend": (FAST_BENCH + ["--backend", "nope"], r"backend='nope'"),
+    "bench cache dtype": (FAST_BENCH + ["--cache-dtype", "int8"], r"cache_dtype='int8'"),
+    "bench heads": (FAST_BENCH + ["--heads", "48"], r"heads=48"),
+    "bench empty axis": (FAST_BENCH + ["--next-n", ","], r"--next-n: give at least one value"),
+    "bench resume nothing": (FAST_BENCH + ["--resume", "--run-id", "none-here"], r"--resume: .* holds no run"),
+    "profile backend": (PROFILE + ["--backend", "nope"], r"--backend='nope'"),
+    "profile batch zero": (PROFILE + ["--batch", "0"], r"batches\[0\]=0"),
+    "profile next-n 17": (PROFILE + ["--next-n", "17"], r"next_ns\[0\]=17"),
+    "profile context below next_n": (PROFILE + ["--context-len", "1", "--next-n", "2"], r"context_len=1"),
+    "profile repeats zero": (PROFILE + ["--repeats", "0"], r"repeats=0"),
+    "profile topk zero": (PROFILE + ["--topk", "0"], r"topk=0"),
+    "profile budget negative": (PROFILE + ["--torch-budget", "-5"], r"--torch-budget=-5"),
+    "profile ncu timeout zero": (PROFILE + ["--ncu-timeout", "0"], r"--ncu-timeout=0"),
+    "profile device": (PROFILE + ["--device", "tpu"], r"device='tpu'"),
+    "compare missing runs": (["compare", "no-run-a", "no-run-b"], r"no-run-a/provenance.json: no provenance file"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_cli_refuses_bad_input_with_one_named_line(tmp_path: Path, monkeypatch, capsys, case: str) -> None:
+    argv, name = CASES[case]
+    monkeypatch.chdir(tmp_path)  # a run folder a bug let through would land here, not in the repo
+    if argv[0] == "bench":
+        argv = [*argv, "--root", str(tmp_path / "root")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dsa-lab {argv[0]}: error: ") and len(err.strip().splitlines()) == 1
+    assert re.search(name, err), err
+    assert not any(p.name == store.PROVENANCE_FILE for p in tmp_path.rglob("*")), "a run was written"
+
+
+def test_cuda_device_without_a_gpu_is_named(capsys) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    assert main([*FAST_BENCH[:-2], "--device", "cuda", "--dry-run"]) == 2
+    assert "--device='cuda': no CUDA device" in capsys.readouterr().err
+
+
+def test_unknown_flags_and_choices_are_argparse_errors(capsys) -> None:
+    for argv, flag in ((["bench", "--preset", "huge"], "--preset"), (["runs", "--bogus"], "--bogus"), (["profile", "--batch", "x"], "--batch")):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2 and flag in capsys.readouterr().err
+
+
+def _run(root: Path, name: str) -> Path:
+    provenance = store.build_provenance(name, "cpu", "cpu", "measured", 0, "wall_clock", {})
+    run_dir = store.create_run(root / "cpu" / name, provenance)
+    store.append_point(run_dir, {"point_key": "k", "status": "ok", "source": "measured"})
+    store.write_results(run_dir)
+    return run_dir
+
+
+def test_runs_lists_a_corrupt_run_with_its_file_and_still_shows_the_good_one(tmp_path: Path, capsys) -> None:
+    _run(tmp_path, "good-run")
+    bad = _run(tmp_path, "bad-run")
+    (bad / store.RESULTS_FILE).write_bytes(b"PAR1 torn")
+    assert main(["runs", "--root", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert "good-run" in captured.out and "bad-run" in captured.out and "results.parquet: not a readable parquet" in captured.out
+    assert "1 damaged run" in captured.err
+
+
+def test_runs_with_a_missing_root_is_named(tmp_path: Path, capsys) -> None:
+    assert main(["runs", "--root", str(tmp_path / "typo")]) == 2
+    assert "typo': no such folder" in capsys.readouterr().err
+
+
+def test_reading_the_shipped_data_changes_nothing(capsys) -> None:
+    """`dsa-lab runs` and the loaders only read: every file under data/ keeps its bytes."""
+    import hashlib
+
+    from dsa_lab.profiling.runs import load_profile_run, scan_profile_runs
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    if not data.is_dir():
+        pytest.skip("no data/ folder in this checkout")
+
+    def digest() -> dict[Path, str]:
+        return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in data.rglob("*") if p.is_file()}
+
+    before = digest()
+    assert main(["runs", "--root", str(data)]) == 0
+    listing = store.list_runs(data)
+    for path in listing.loc[listing["problem"].isna(), "path"]:
+        store.load_run(path)
+    for folder in scan_profile_runs(data).runs:
+        load_profile_run(folder)
+    capsys.readouterr()
+    assert digest() == before
+
+
+@settings(max_examples=30, deadline=None)
+@given(run_id=st.text(alphabet="./ab-_\\", min_size=1, max_size=8))
+def test_bench_never_writes_outside_its_root(run_id: str) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "root"
+        code = main([*FAST_BENCH, "--root", str(root), f"--run-id={run_id}", "--max-points", "1", "--max-seconds-per-point", "0.01"])
+        written = [p for p in Path(tmp).rglob(store.PROVENANCE_FILE)]
+        assert all(root in p.parents for p in written)
+        if code == 0:
+            assert json.loads(written[0].read_text())["run_id"] == run_id
+            assert len(pd.read_parquet(written[0].parent / store.RESULTS_FILE)) == 1
