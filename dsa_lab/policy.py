@@ -299,6 +299,12 @@ POLICIES: dict[str, Policy] = {
     "pr52164": pr52164,
     "vllm_0_33_0": vllm_0_33_0,
 }
+RELEASES: dict[str, tuple[str, str]] = {  # policy name -> (what readers call it, the PR behind it)
+    "before_pr45322": ("vLLM ≤ 0.23", "before PR #45322"),
+    "pr45322": ("vLLM 0.24", "PR #45322: SM100 native for every next_n"),
+    "pr52164": ("vLLM main, mid-2026", "PR #52164: SM90 native for next_n = 4"),
+    "vllm_0_33_0": ("vLLM 0.33.0", "as released; checked against vLLM's own functions"),
+}
 
 
 def all_platforms() -> tuple[Platform, ...]:

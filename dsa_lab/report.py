@@ -31,6 +31,7 @@ from dsa_lab.store import git_state
 
 PAPERMILL_BANNER_TAG = "papermill-error-cell-tag"
 PROVENANCE_MIME = "application/vnd.dsa-lab.provenance+json"
+FALLBACK_MIME = "application/vnd.dsa-lab.fallback+json"
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_.+\.ipynb$")
 DEFAULT_NOTEBOOKS = Path("notebooks")
 DEFAULT_OUT = Path("reports")
@@ -46,6 +47,28 @@ def show_provenance(provenance: Mapping[str, Any], label: str) -> None:
         {PROVENANCE_MIME: record, "text/plain": f"data used ({label}): {summary}"},
         raw=True,
     )
+
+
+def show_fallback(missing: str, shown_instead: str) -> None:
+    """A banner saying that the notebook shows stand-in data; `build_report` flags it in the index.
+
+    Falling back is never silent: a reader sees what was missing, what is shown instead,
+    and the command that makes the real data.
+    """
+    from html import escape
+
+    from IPython.display import display
+
+    html = (
+        '<div class="dsa-lab-fallback" style="border-left:6px solid #d4a72c;background:#fff8c5;'
+        'padding:.6em 1em;margin:.4em 0;color:#3b2300">'
+        f"<b>Not the measured data: {escape(shown_instead)}.</b><br>{escape(missing)}</div>"
+    )
+    display(
+        {FALLBACK_MIME: {"missing": missing, "shown_instead": shown_instead}, "text/html": html,
+         "text/plain": f"NOT THE MEASURED DATA: {shown_instead}. {missing}"},
+        raw=True,
+    )  # fmt: skip
 
 
 def _is_plain(value: Any) -> bool:
@@ -66,6 +89,7 @@ class NotebookOutcome:
     failed_source: str | None = None  # its first source line
     error: str | None = None
     provenance: list[dict[str, Any]] = field(default_factory=list)
+    fallbacks: list[dict[str, Any]] = field(default_factory=list)  # what it showed instead of measured data
 
 
 @dataclass
@@ -120,12 +144,13 @@ def build_report(
     """Run every notebook with papermill, render HTML, write `index.html` and `report.json`.
 
     `device` (default: 'cuda' if present, else 'cpu') is passed to each notebook as a
-    papermill parameter alongside `parameters`. Notebooks run with `cwd` as their working
+    papermill parameter alongside `parameters`, and `interactive=False` unless given, so
+    that explorers draw their default view as plain output the HTML keeps. Notebooks run with `cwd` as their working
     directory (default: the folder above `notebooks_dir`, the repository root).
     """
     notebooks_dir, out_dir = Path(notebooks_dir), Path(out_dir)
     notebooks = find_notebooks(notebooks_dir, only)
-    params = {**(parameters or {}), "device": device or default_device()}
+    params = {"interactive": False, **(parameters or {}), "device": device or default_device()}
     out_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(cwd) if cwd is not None else notebooks_dir.resolve().parent
     outcomes = []
@@ -167,7 +192,8 @@ def _run_one(
     if executed.exists():
         outcome.executed = executed.name
         node = nbformat.read(executed, as_version=4)
-        outcome.provenance = _collect_provenance(node)
+        outcome.provenance = _collect(node, PROVENANCE_MIME)
+        outcome.fallbacks = _collect(node, FALLBACK_MIME)
         if outcome.status != "ok":
             outcome.failed_cell = _failing_source_cell(node)
         html = executed.with_suffix(".html")
@@ -199,11 +225,11 @@ def _failing_source_cell(node: nbformat.NotebookNode) -> int | None:
     return None
 
 
-def _collect_provenance(node: nbformat.NotebookNode) -> list[dict[str, Any]]:
+def _collect(node: nbformat.NotebookNode, mime: str) -> list[dict[str, Any]]:
     found = []
     for cell in node.cells:
         for output in cell.get("outputs", []):
-            record = output.get("data", {}).get(PROVENANCE_MIME)
+            record = output.get("data", {}).get(mime)
             if record is not None:
                 found.append(dict(record))
     return found
@@ -215,7 +241,8 @@ _INDEX_TEMPLATE = """<!doctype html>
 body { font-family: system-ui, sans-serif; margin: 2em; }
 table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: .3em .6em; vertical-align: top; }
 .ok { color: #1a7f37; font-weight: bold; } .failed { color: #cf222e; font-weight: bold; }
-code { font-size: 90%; }
+code { font-size: 90%; } pre { white-space: pre-wrap; margin: 0; }
+.fallback { background: #fff8c5; border-left: 4px solid #d4a72c; padding: .2em .4em; }
 </style></head><body>
 <h1>dsa_lab report</h1>
 <p>Generated {{ generated }} &middot; parameters:
@@ -224,13 +251,14 @@ code { font-size: 90%; }
 code: git <code>{{ code.sha or "unknown" }}</code>{% if code.dirty %} (uncommitted changes){% endif %},
 package sources sha256 <code>{{ (code.tree_sha256 or "")[:16] }}</code></p>
 <table>
-<tr><th>notebook</th><th>status</th><th>seconds</th><th>error</th><th>data used</th></tr>
+<tr><th>notebook</th><th>status</th><th>seconds</th><th>data</th><th>error</th><th>data used</th></tr>
 {% for o in outcomes %}
 <tr>
 <td>{% if o.html %}<a href="{{ o.html }}">{{ o.name }}</a> (<a href="{{ o.executed }}">ipynb</a>){% else %}{{ o.name }}{% endif %}</td>
 <td class="{{ o.status }}">{{ o.status }}</td>
 <td>{{ o.seconds }}</td>
-<td>{% if o.error %}{% if o.failed_cell is not none %}cell {{ o.failed_cell }} (In [{{ o.failed_exec_count }}]): <code>{{ o.failed_source }}</code><br>{% endif %}{{ o.error }}{% endif %}</td>
+<td>{% for f in o.fallbacks %}<div class="fallback"><b>stand-in: {{ f.shown_instead }}</b><br>{{ f.missing }}</div>{% else %}{% if o.status == "ok" %}as intended{% endif %}{% endfor %}</td>
+<td>{% if o.error %}{% if o.failed_cell is not none %}cell {{ o.failed_cell }} (In [{{ o.failed_exec_count }}]): <code>{{ o.failed_source }}</code><br>{% endif %}<pre>{{ o.error }}</pre>{% endif %}</td>
 <td>{% for p in o.provenance %}<b>{{ p.label }}</b>:
 {% for k, v in p.items() if k != 'label' %}<code>{{ k }}={{ v }}</code> {% endfor %}<br>{% else %}&mdash;{% endfor %}</td>
 </tr>

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dsa_lab.decode import run_decode
@@ -105,8 +105,10 @@ def test_plan_atoms_covers_rows_exactly_with_allowed_sizes(next_n: int, sizes: s
 
 @settings(max_examples=8, deadline=None)
 @given(batch=decode_batches(max_requests=3, max_len=160, max_next_n=6), seed=st.integers(0, 2**16))
+@example(batch=DecodeBatch(seq_lens=(2,), decode_lens=(2,), next_n=2), seed=0)  # differed by 8e-6 on AVX-512
 def test_decode_is_independent_of_strategy(batch: DecodeBatch, seed: int) -> None:
-    """The central invariant, with the reference backend: same logits, same top-k."""
+    """The central invariant, with the reference backend: same logits (bit for bit: the
+    reference is batch-invariant by construction), same top-k."""
     small = DecodeBatch(
         batch.seq_lens, batch.decode_lens, batch.next_n, num_heads=32, head_dim=64, num_decode_tokens=batch.num_decode_tokens
     )

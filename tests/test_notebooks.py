@@ -1,4 +1,5 @@
-"""Every notebook executes on the CPU with papermill and draws what it promises."""
+"""Every notebook executes on the CPU with papermill, from the repository root (as `dsa-lab
+report` runs it) and from notebooks/ (JupyterLab's working directory), and draws what it promises."""
 
 from __future__ import annotations
 
@@ -10,19 +11,22 @@ import pytest
 
 from dsa_lab import store
 from dsa_lab.bench.sweep import preset, run_sweep
-from dsa_lab.report import PROVENANCE_MIME
+from dsa_lab.paths import DATA_ENV
+from dsa_lab.report import FALLBACK_MIME, PROVENANCE_MIME
 
 pytestmark = pytest.mark.notebook
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 NB02 = REPO / "notebooks" / "02_latency_vs_next_n.ipynb"
+WORKDIRS = {"root": REPO, "notebooks": REPO / "notebooks"}
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
-def execute(path: Path, out: Path, **parameters: object) -> nbformat.NotebookNode:
-    """Run a notebook as `dsa-lab report` does (repository root as cwd) and read it back."""
+def execute(path: Path, out: Path, cwd: Path = REPO, **parameters: object) -> nbformat.NotebookNode:
+    """Run a notebook headless (as `dsa-lab report` does, unless `interactive` is given) and read it back."""
     papermill.execute_notebook(
-        str(path), str(out), parameters={"device": "cpu", **parameters}, cwd=str(REPO),
+        str(path), str(out), parameters={"device": "cpu", "interactive": False, **parameters}, cwd=str(cwd),
         progress_bar=False, execution_timeout=600,
     )  # fmt: skip
     return nbformat.read(out, as_version=4)
@@ -41,7 +45,7 @@ def outputs(nb: nbformat.NotebookNode, kind: str) -> list:
 
 
 def text_of(nb: nbformat.NotebookNode) -> str:
-    return "\n".join(outputs(nb, "text/markdown") + outputs(nb, "text/plain"))
+    return "\n".join(outputs(nb, "text/markdown") + outputs(nb, "text/plain") + outputs(nb, "text/html"))
 
 
 def test_notebooks_are_committed_without_outputs_and_take_parameters() -> None:
@@ -52,36 +56,64 @@ def test_notebooks_are_committed_without_outputs_and_take_parameters() -> None:
         code = [c for c in nb.cells if c.cell_type == "code"]
         assert "parameters" in code[0].metadata.get("tags", []), f"{path.name}: first code cell is not tagged 'parameters'"
         assert "device" in code[0].source, f"{path.name}: parameters cell has no 'device'"
+        assert "interactive" in code[0].source, f"{path.name}: parameters cell has no 'interactive'"
         assert all(not c.outputs and c.execution_count is None for c in code), f"{path.name}: committed with outputs"
+        assert "../data" not in "".join(c.source for c in code), f"{path.name}: reads data by a relative path"
 
 
+@pytest.mark.parametrize("workdir", list(WORKDIRS))
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes_and_draws(path: Path, tmp_path: Path) -> None:
-    nb = execute(path, tmp_path / path.name)
+def test_notebook_executes_and_draws(path: Path, workdir: str, tmp_path: Path) -> None:
+    nb = execute(path, tmp_path / path.name, WORKDIRS[workdir])
     assert not outputs(nb, "error")
     assert outputs(nb, "image/png") or outputs(nb, "text/html"), f"{path.name}: drew nothing"
+    assert not outputs(nb, FALLBACK_MIME), f"{path.name} from {workdir}/: fell back although the shipped data is there"
+    text = text_of(nb)
     if path.name.startswith("01_"):
-        assert len(outputs(nb, "image/png")) >= 3  # policy matrix, block tables, context lens
-        text = text_of(nb)
+        assert len(outputs(nb, "image/png")) >= 5  # policy matrix, block tables, context lens, explorer's two
         assert "All three strategies agree" in text and "max |diff| = 0" in text
         assert "vLLM 0.33.0 runs next_n = [1, 2, 4] natively" in text
+        assert "Decode-path explorer" in text and "Why:" in text
     if path.name.startswith("02_"):
-        assert len(outputs(nb, "image/png")) >= 3
+        assert len(outputs(nb, "image/png")) >= 4
         assert any("recommended" in html for html in outputs(nb, "text/html")), "no decision table"
-        assert outputs(nb, PROVENANCE_MIME), "02 does not say which data it used"
+        assert [p["label"] for p in outputs(nb, PROVENANCE_MIME)][0] == "latency run"
+        assert "Latency explorer" in text and "speedup over vLLM" in text
+    if path.name.startswith("03_"):
+        assert outputs(nb, PROVENANCE_MIME)[0]["source"] == "measured"
+    if path.name.startswith("04_"):
+        assert outputs(nb, PROVENANCE_MIME)[0]["device_name"] == "NVIDIA H200"
+        assert "Profile explorer" in text
 
 
-def test_02_without_a_shipped_run_says_so_and_falls_back(tmp_path: Path) -> None:
-    nb = execute(NB02, tmp_path / "out.ipynb", data_root=str(tmp_path / "empty"), run_path="", repeat_path="")
+def test_explorers_render_as_widgets_when_interactive(tmp_path: Path) -> None:
+    nb = execute(REPO / "notebooks" / "01_decode_paths.ipynb", tmp_path / "out.ipynb", REPO / "notebooks", interactive=True)
+    assert not outputs(nb, "error")
+    assert outputs(nb, WIDGET_MIME), "the explorer displayed no widget"
+
+
+@pytest.fixture
+def empty_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv(DATA_ENV, str(empty))
+    return empty
+
+
+def test_02_without_a_shipped_run_shows_a_banner_and_falls_back(empty_data: Path, tmp_path: Path) -> None:
+    nb = execute(NB02, tmp_path / "out.ipynb", REPO / "notebooks", run_path="", repeat_path="")
+    assert not outputs(nb, "error")
+    banner = outputs(nb, FALLBACK_MIME)
+    assert len(banner) == 1 and "No measured H200 run" in banner[0]["missing"]
+    assert "dsa-lab bench --preset h200-full" in banner[0]["missing"]
     text = text_of(nb)
-    assert "No measured H200 run is shipped" in text
-    assert "CPU reference, not H200" in text and "modeled" in text
+    assert "Not the measured data" in text and "CPU reference, not H200" in text and "modeled" in text
     labels = {p["label"] for p in outputs(nb, PROVENANCE_MIME)}
-    assert labels == {"CPU reference sweep (not H200)", "modeled H200 times"}
-    assert len(outputs(nb, "image/png")) >= 5  # latency x2, speedup x2, roofline
+    assert labels == {"latency run: CPU reference, not H200", "modeled H200 times"}
+    assert len(outputs(nb, "image/png")) >= 5  # explorer, latency x2, speedup x2, roofline
 
 
-def test_02_reads_the_newest_measured_run(tmp_path: Path) -> None:
+def test_02_reads_the_newest_measured_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = preset("ci").with_axes(next_n=(1, 3), context=("96",))
     old = tmp_path / "data" / "h200" / "run-old"
     new = tmp_path / "data" / "h200" / "run-new"
@@ -91,22 +123,30 @@ def test_02_reads_the_newest_measured_run(tmp_path: Path) -> None:
     unfinished = tmp_path / "data" / "h200" / "run-unfinished"  # provenance but no results yet
     unfinished.mkdir()
     (unfinished / store.PROVENANCE_FILE).write_text((new / store.PROVENANCE_FILE).read_text())
-    nb = execute(NB02, tmp_path / "out.ipynb", data_root=str(tmp_path / "data"), run_path="", repeat_path="")
+    monkeypatch.setenv(DATA_ENV, str(tmp_path / "data"))
+    nb = execute(NB02, tmp_path / "out.ipynb", REPO / "notebooks", run_path="", repeat_path="")
     used = outputs(nb, PROVENANCE_MIME)
     assert [p["run_id"] for p in used] == ["run-new"] and used[0]["source"] == "measured"
+    assert used[0]["path"] == "h200/run-new"  # relative to the data folder: no machine paths
+    assert not outputs(nb, FALLBACK_MIME)
     text = text_of(nb)
-    assert "No measured" not in text
     assert "Ignored run" in text and "run-unfinished" in text
     assert "has no timed rows in this run; deciding on `reference`" in text
     assert "**reference on cpu (measured)**: 2 points" in text
 
 
-def test_03_without_a_shipped_triton_run_says_so_and_falls_back(tmp_path: Path) -> None:
-    nb = execute(
-        REPO / "notebooks" / "03_kernel_deep_dive.ipynb", tmp_path / "out.ipynb",
-        data_root=str(tmp_path / "empty"), run_path=None,
-    )  # fmt: skip
-    text = text_of(nb)
-    assert "No measured H200 run with the `triton` backend" in text
-    assert "CPU reference, not H200" in text and "modeled" in text
+def test_03_without_a_shipped_triton_run_shows_a_banner_and_falls_back(empty_data: Path, tmp_path: Path) -> None:
+    nb = execute(REPO / "notebooks" / "03_kernel_deep_dive.ipynb", tmp_path / "out.ipynb", REPO / "notebooks", run_path="")
+    assert not outputs(nb, "error")
+    banner = outputs(nb, FALLBACK_MIME)
+    assert len(banner) == 1 and "with the 'triton' backend" in banner[0]["missing"]
+    assert "CPU reference, not H200" in text_of(nb) and "modeled" in text_of(nb)
     assert len(outputs(nb, "image/png")) >= 3
+
+
+def test_04_without_a_profile_run_shows_a_banner_and_profiles_the_cpu(empty_data: Path, tmp_path: Path) -> None:
+    nb = execute(REPO / "notebooks" / "04_kernel_profiles.ipynb", tmp_path / "out.ipynb", REPO / "notebooks")
+    assert not outputs(nb, "error")
+    banner = outputs(nb, FALLBACK_MIME)
+    assert len(banner) == 1 and "No readable profile run under $DSA_LAB_DATA/h200/profiles" in banner[0]["missing"]
+    assert "scripts/h200_profile.sh" in banner[0]["missing"]

@@ -73,7 +73,7 @@ def test_report_runs_good_and_reports_failing(notebooks: Path, tmp_path: Path) -
     assert "deliberate failure for the test" in index and "run_id=r1" in index
     summary = json.loads((out / "report.json").read_text())
     assert [n["status"] for n in summary["notebooks"]] == ["ok", "failed", "failed"]
-    assert summary["parameters"] == {"seed": 7, "device": "cpu"}
+    assert summary["parameters"] == {"interactive": False, "seed": 7, "device": "cpu"}
 
 
 def _cli(*argv: str) -> int:
@@ -166,7 +166,7 @@ def test_policy_grid_and_blocks_read() -> None:
 
     matrix = decision_matrix(["vllm_0_33_0"], [Platform("sm90", True)], range(1, 7))
     grid = policy_grid(matrix)
-    assert list(grid.index) == ["vllm_0_33_0 | sm90+dg"]
+    assert list(grid.index) == ["vLLM 0.33.0 | sm90+dg"]  # releases named by version
     assert [PATHS[int(c)] for c in grid.iloc[0]] == ["native", "native", "flatten", "native", "flatten", "flatten"]
     with pytest.raises(ValueError, match=r"missing columns \['path'\]"):
         policy_grid(matrix.drop(columns="path"))

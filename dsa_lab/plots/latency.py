@@ -46,7 +46,7 @@ def ok_rows(results: pd.DataFrame) -> pd.DataFrame:
         raise ValueError(f"results: missing columns {missing}")
     ok = results[results["status"] == "ok"].copy()
     shape_columns = [c for c in SHAPE_COLUMNS if c in ok.columns]
-    shapes = ok[shape_columns].drop_duplicates()
+    shapes = ok[shape_columns].drop_duplicates() if shape_columns else ok.iloc[:1, :0]
     if len(shapes) > 1:
         raise ValueError(
             f"results: {len(shapes)} shapes ({', '.join(shape_columns)}) in one frame; "

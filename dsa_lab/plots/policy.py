@@ -13,14 +13,15 @@ import seaborn as sns
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from dsa_lab.policy import PATHS, SYMBOLS
+from dsa_lab.policy import PATHS, RELEASES, SYMBOLS
 
 PATH_COLORS = {"native": "#4c9f70", "flatten": "#e07b39", "varlen": "#4a7fb5", "rejected": "#8c8c8c"}
 MATRIX_COLUMNS = ("policy", "platform", "deep_gemm", "next_n", "path")
 
 
 def _row_label(row: pd.Series, extra: list[str]) -> str:
-    parts = [str(row["policy"]), str(row["platform"]) + ("+dg" if row["deep_gemm"] else "")]
+    release = RELEASES[row["policy"]][0] if row["policy"] in RELEASES else str(row["policy"])
+    parts = [release, str(row["platform"]) + ("+dg" if row["deep_gemm"] else "")]
     parts += [name if row[name] else f"no {name}" for name in extra]
     return " | ".join(parts)
 

@@ -1,0 +1,30 @@
+"""Sections of the project's lab notes (docs/*.md) that notebooks quote instead of copying."""
+
+from __future__ import annotations
+
+import re
+
+from dsa_lab.paths import docs_dir
+
+HEADING = re.compile(r"^(#+)\s+(.*)$", flags=re.MULTILINE)
+
+
+def sections(document: str, keyword: str) -> str:
+    """Every section of docs/`document` whose heading contains `keyword` (case-insensitive), with its subsections.
+
+    Raises FileNotFoundError when the document is absent and LookupError when no heading matches.
+    """
+    path = docs_dir() / document
+    if not path.is_file():
+        raise FileNotFoundError(f"docs/{document} is not in this checkout")
+    text = path.read_text(encoding="utf-8")
+    headings = list(HEADING.finditer(text))
+    found = []
+    for i, heading in enumerate(headings):
+        if keyword.lower() in heading.group(2).lower():
+            level = len(heading.group(1))
+            end = next((h.start() for h in headings[i + 1 :] if len(h.group(1)) <= level), len(text))
+            found.append(text[heading.start() : end])
+    if not found:
+        raise LookupError(f"docs/{document}: no section heading contains {keyword!r}")
+    return "\n\n".join(found)

@@ -1,0 +1,232 @@
+"""Which run a notebook shows: the shipped measurement, or a labelled CPU stand-in.
+
+Notebooks call one function here (`latency_run`, `kernel_run`, `profile_run`) instead of
+carrying their own discovery cells. The answer says whether it is a measurement of the
+GPU asked for; when it is not, `missing` says what was absent and which command makes it,
+and the notebook shows that as a banner (`dsa_lab.report.show_fallback`) that the report
+index flags. Runs that were skipped because they are broken are listed with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from dsa_lab import store
+from dsa_lab.paths import resolve_data_path, shown_path
+from dsa_lab.roofline import GpuSpec, get_gpu, gpu_for_device
+
+CPU_STAND_IN = "CPU reference, not H200"
+SWEEP_HOW = "Make one on an H200 with `dsa-lab bench --preset h200-full` (see scripts/h200_sweep.sh)."
+
+
+@dataclass
+class ChosenRun:
+    """A run picked for a notebook, with what was passed over and why."""
+
+    run: store.Run
+    measured: bool  # a stored measurement of the device asked for, not the CPU stand-in
+    device_label: str
+    gpu: GpuSpec | None  # ceilings to judge it by (the H200's table row for the stand-in)
+    missing: str | None = None  # set when `measured` is False: what was absent and how to get it
+    ignored: list[tuple[str, str]] = field(default_factory=list)  # (run folder, problem)
+
+
+def timed_backends(run: store.Run) -> set[str]:
+    return set(run.results.loc[run.results["status"] == "ok", "backend"])
+
+
+def newest_measured_run(
+    device: str, accept: Callable[[store.Run], bool] = lambda run: True
+) -> tuple[store.Run | None, list[tuple[str, str]]]:
+    """The newest measured run under data/<device>/ that `accept` takes, and the broken ones skipped."""
+    root = resolve_data_path(".")
+    runs = store.list_runs(root) if root.is_dir() else pd.DataFrame()
+    if runs.empty:
+        return None, []
+    runs = runs[runs["path"].map(lambda p: Path(p).parent.name) == device]
+    ignored = [(row.path, row.problem) for row in runs.itertuples() if isinstance(row.problem, str)]
+    for row in runs[runs["problem"].isna() & (runs.get("source") == "measured")].itertuples():  # newest first
+        try:
+            run = store.load_run(row.path)
+        except store.RunFormatError as err:
+            ignored.append((row.path, str(err)))
+            continue
+        if accept(run):
+            return run, ignored
+    return None, ignored
+
+
+def _absent(run_path: str) -> list[tuple[str, str]]:
+    """The run asked for by name, when it is not in the data folder, as an 'ignored' entry."""
+    if not run_path:
+        return []
+    return [(run_path, f"not in the data folder {shown_path(resolve_data_path('.'))}/ (asked for by run_path)")]
+
+
+def _measured(run: store.Run, ignored: list[tuple[str, str]]) -> ChosenRun:
+    label = run.provenance.get("device_name") or run.provenance["device"]
+    return ChosenRun(run, True, label, gpu_for_device(label, run.provenance.get("ceilings")), ignored=ignored)
+
+
+def _cpu_stand_in(spec_factory: Callable[[], object], prefix: str, missing: str, ignored: list[tuple[str, str]]) -> ChosenRun:
+    from dsa_lab.bench.sweep import run_sweep
+
+    folder = Path(tempfile.mkdtemp(prefix=f"dsa_lab_{prefix}_")) / "cpu" / "cpu-reference"
+    run_sweep(spec_factory(), folder, "cpu", progress=False, extra_provenance={"preset": f"ci ({prefix} stand-in)"})
+    return ChosenRun(store.load_run(folder), False, CPU_STAND_IN, get_gpu("H200-measured"), missing, ignored)
+
+
+def latency_run(run_path: str = "", device: str = "h200", seed: int = 0) -> ChosenRun:
+    """Notebook 02's data: `run_path` (relative to data/) if it is there, else the newest measured run.
+
+    With neither, a tiny CPU reference sweep stands in, labelled as such; a `run_path` that
+    is absent is listed among the ignored runs, never passed over silently.
+    """
+    if run_path and resolve_data_path(run_path).is_dir():
+        return _measured(store.load_run(resolve_data_path(run_path)), [])
+    run, ignored = newest_measured_run(device)
+    ignored = _absent(run_path) + ignored
+    if run is not None:
+        return _measured(run, ignored)
+    from dsa_lab.bench.sweep import preset
+
+    missing = (
+        f"No measured {device.upper()} run under {shown_path(resolve_data_path(device))}; the charts show a CPU "
+        f"reference sweep run just now and roofline-modeled times. {SWEEP_HOW}"
+    )
+    spec = lambda: preset("ci").with_axes(next_n=(1, 2, 3, 4), context=("128", "mixed:64-256"), seed=seed)  # noqa: E731
+    return _cpu_stand_in(spec, "nb02", missing, ignored)
+
+
+def kernel_run(run_path: str = "", device: str = "h200", backend: str = "triton", seed: int = 0) -> ChosenRun:
+    """Notebook 03's data: a measured run in which `backend` was timed, else a CPU stand-in."""
+    if run_path and resolve_data_path(run_path).is_dir():
+        run = store.load_run(resolve_data_path(run_path))
+        if run.source != "measured" or backend not in timed_backends(run):
+            raise ValueError(
+                f"run_path={run_path!r}: a {run.source} run whose timed backends are {sorted(timed_backends(run))}; "
+                f"notebook 03 needs a measured run with backend {backend!r}"
+            )
+        return _measured(run, [])
+    run, ignored = newest_measured_run(device, lambda candidate: backend in timed_backends(candidate))
+    ignored = _absent(run_path) + ignored
+    if run is not None:
+        return _measured(run, ignored)
+    from dsa_lab.bench.sweep import preset
+
+    missing = (
+        f"No measured {device.upper()} run with the {backend!r} backend under {shown_path(resolve_data_path(device))};"
+        f" the charts show a CPU reference sweep run just now and roofline-modeled times. {SWEEP_HOW}"
+    )
+
+    def spec() -> object:
+        ci = preset("ci")  # two warm-up calls: a CPU process's first call is slow for reasons unrelated to the strategy
+        return ci.with_axes(next_n=(1, 2, 3, 4), seed=seed, timing=dataclasses.replace(ci.timing, warmup=2))
+
+    return _cpu_stand_in(spec, "nb03", missing, ignored)
+
+
+@dataclass
+class ChosenProfile:
+    """A profile run picked for notebook 04 (see `ChosenRun`)."""
+
+    run: object  # dsa_lab.profiling.sweep.ProfileRun
+    measured: bool
+    missing: str | None = None
+
+    @property
+    def ignored(self) -> list[tuple[str, str]]:
+        return [(shown_path(folder), problem) for folder, problem in self.run.ignored]
+
+    @property
+    def summary(self) -> dict[str, object]:
+        """The provenance a reader needs (the full record stays in the run's provenance.json)."""
+        provenance = self.run.provenance
+        env = provenance.get("environment") or {}
+        return {"run_id": provenance.get("run_id"), "source": provenance.get("source"),
+                "path": _relative(self.run.folder) if self.run.folder else "in memory",
+                "device_name": provenance.get("device_name"), "created": provenance.get("created"),
+                "git_sha": (provenance.get("git") or {}).get("sha"),
+                **{key: env.get(key) for key in ("torch", "triton", "vllm", "deep_gemm") if env.get(key)}}  # fmt: skip
+
+
+def profile_run(path: str = "h200/profiles", batch_size: int = 2, context_len: int = 256, next_ns: tuple[int, ...] = (1, 2, 4)) -> ChosenProfile:
+    """The newest readable profile run under data/`path`, else a CPU reference profile made now."""
+    from dsa_lab.profiling.runs import shipped_or_cpu_reference
+
+    root = resolve_data_path(path)
+    run = shipped_or_cpu_reference(root, batch_size=batch_size, context_len=context_len, next_ns=tuple(next_ns))
+    if run.folder is not None:
+        return ChosenProfile(run, True)
+    missing = (
+        f"No readable profile run under {shown_path(root)}; the charts show a torch.profiler profile of the CPU "
+        "reference made just now. Make one with `scripts/h200_profile.sh` on an H200."
+    )
+    return ChosenProfile(run, False, missing)
+
+
+def fresh_latency_run(preset_name: str, seed: int, device: str = "cuda") -> ChosenRun:
+    """Run a sweep preset on this GPU now, store it under data/<gpu>/, and choose it."""
+    import torch
+
+    from dsa_lab.bench.sweep import preset, run_sweep
+
+    if device != "cuda" or not torch.cuda.is_available():
+        raise ValueError(f"run_fresh=True needs a GPU (device='cuda'); this kernel has device={device!r}, "
+                         f"cuda available={torch.cuda.is_available()}")  # fmt: skip
+    folder = resolve_data_path(store.device_label(torch.cuda.get_device_name())) / store.new_run_id(preset_name)
+    run_sweep(preset(preset_name).with_axes(seed=seed), folder, "cuda", progress=False,
+              extra_provenance={"preset": preset_name, "command": ["notebook run_fresh"]})  # fmt: skip
+    return _measured(store.load_run(folder), [])
+
+
+def announce(chosen: ChosenRun, label: str) -> None:
+    """Say in the notebook which run it shows: a banner when it is a stand-in, the runs passed over, provenance."""
+    from IPython.display import Markdown, display
+
+    from dsa_lab.report import show_fallback, show_provenance
+
+    if chosen.missing:
+        show_fallback(chosen.missing, f"{chosen.device_label} and roofline-modeled times")
+    for path, problem in chosen.ignored:
+        display(Markdown(f"*Ignored run `{path}`: {problem}*"))
+    provenance = chosen.run.provenance
+    env = provenance.get("environment") or {}
+    show_provenance(
+        {"run_id": provenance["run_id"], "path": _relative(chosen.run.path), "source": chosen.run.source,
+         "device_name": chosen.device_label, "created": provenance["created"],
+         "timing_method": provenance["timing_method"], "git_sha": provenance["git"].get("sha"),
+         **{key: env.get(key) for key in ("torch", "triton", "vllm", "deep_gemm") if env.get(key)}},
+        label if chosen.measured else f"{label}: {chosen.device_label}",
+    )  # fmt: skip
+    if chosen.measured:
+        display(Markdown(f"Run **`{provenance['run_id']}`**: {chosen.device_label}, {chosen.run.source}, created "
+                         f"{provenance['created']}, timing `{provenance['timing_method']}`, "
+                         f"{len(chosen.run.results)} points."))  # fmt: skip
+
+
+def _relative(path: Path) -> str:
+    """A run folder relative to data/ when it lies inside it (no machine paths in reports)."""
+    try:
+        return str(Path(path).resolve().relative_to(resolve_data_path(".").resolve()))
+    except ValueError:
+        return Path(path).name
+
+
+def announce_profile(chosen: ChosenProfile) -> None:
+    """Notebook 04's counterpart of `announce`: banner, profile runs passed over, provenance."""
+    from IPython.display import Markdown, display
+
+    from dsa_lab.report import show_fallback, show_provenance
+
+    if chosen.missing:
+        show_fallback(chosen.missing, "a CPU reference profile")
+    for folder, problem in chosen.ignored:
+        display(Markdown(f"*Ignored profile run `{folder}`: {problem}*"))
+    show_provenance(chosen.summary, "kernel profiles")

@@ -1,0 +1,43 @@
+"""Notebook 04's explorer: one configuration's kernel timeline and its Nsight Compute counters."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from IPython.display import Markdown, display
+
+from dsa_lab.explorers.base import dropdown, explore
+from dsa_lab.plots.profiles import plot_kernel_timeline, tensor_column
+
+COUNTERS = ("duration_ns", "dram_read_per_unique", "l2_hit_pct", "effective_tbps", "useful_tflops")
+
+
+def profile_explorer(run: object, caption: str, interactive: bool = True) -> None:
+    """Backend, batch and next_n of a profile run → its timeline and counters per strategy."""
+    kernels = run.kernels
+    if kernels.empty:
+        raise ValueError(f"profile run {getattr(run, 'path', '')}: no torch.profiler tables to explore")
+    backends = sorted(kernels["backend"].unique())
+    batches = sorted(int(b) for b in kernels["batch_size"].unique())
+    next_ns = sorted(int(n) for n in kernels["next_n"].unique())
+    controls = {
+        "backend": dropdown("backend", ["all", *backends], "all", "200px"),
+        "batch": dropdown("batch", batches, batches[-1], "150px"),
+        "next_n": dropdown("next_n", next_ns, 4 if 4 in next_ns else next_ns[-1], "130px"),
+    }
+    summary = run.ncu_summary
+
+    def draw(backend: str, batch: int, next_n: int) -> None:
+        chosen = kernels if backend == "all" else kernels[kernels["backend"] == backend]
+        plot_kernel_timeline(chosen, caption, batch, next_n)
+        plt.show()
+        if summary.empty:
+            display(Markdown("*No Nsight Compute counters in this run.*"))
+            return
+        rows = summary[(summary["batch_size"] == batch) & (summary["next_n"] == next_n)]
+        if backend != "all":
+            rows = rows[rows["backend"] == backend]
+        shown = [c for c in ("backend", "strategy", *COUNTERS, tensor_column(summary)) if c in rows]
+        display(Markdown(f"Nsight Compute, logits kernels of one step (B={batch}, next_n={next_n}):"))
+        display(rows[shown].set_index(["backend", "strategy"]).round(3))
+
+    explore("Profile explorer", controls, draw, probe="next_n", interactive=interactive)

@@ -1,0 +1,77 @@
+"""Where the repository's measured data lives, wherever a notebook kernel was started.
+
+JupyterLab starts kernels in `notebooks/`, `dsa-lab report` in the repository root, and
+a user may import the package from anywhere. Every reader of `data/` goes through
+`data_dir()` so that relative paths never depend on the working directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DATA_ENV = "DSA_LAB_DATA"
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _is_repository(folder: Path) -> bool:
+    return (folder / "pyproject.toml").is_file() and (folder / "dsa_lab").is_dir()
+
+
+def repository_root() -> Path | None:
+    """The checkout this package was installed from (editable installs), else one above the cwd."""
+    if _is_repository(PACKAGE_DIR.parent):
+        return PACKAGE_DIR.parent
+    here = Path.cwd().resolve()
+    return next((folder for folder in (here, *here.parents) if _is_repository(folder)), None)
+
+
+def data_dir() -> Path:
+    """The data folder: `$DSA_LAB_DATA` when set, else the repository's `data/`.
+
+    Raises FileNotFoundError naming what was looked for, so a notebook never reads an
+    empty folder by accident.
+    """
+    override = os.environ.get(DATA_ENV)
+    if override:
+        folder = Path(override).expanduser()
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{DATA_ENV}={override!r} is not a folder; point it at a dsa_lab data folder")
+        return folder.resolve()
+    root = repository_root()
+    if root is None:
+        raise FileNotFoundError(
+            f"no dsa_lab checkout found from {PACKAGE_DIR} or {Path.cwd()}; set {DATA_ENV} to the data folder"
+        )
+    return root / "data"
+
+
+def resolve_data_path(path: str | os.PathLike[str]) -> Path:
+    """An absolute path as given; a relative one inside `data_dir()`.
+
+    A leading `data/` is accepted too (paths written relative to the repository root).
+    """
+    given = Path(path).expanduser()
+    if given.is_absolute():
+        return given
+    if given.parts and given.parts[0] == "data":
+        given = Path(*given.parts[1:])
+    return data_dir() / given
+
+
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """A path as reports show it: `data/...` (or `$DSA_LAB_DATA/...`) inside the data folder, else as given."""
+    given = Path(path).expanduser().resolve()
+    prefix = f"${DATA_ENV}" if os.environ.get(DATA_ENV) else "data"
+    try:
+        return str(Path(prefix) / given.relative_to(data_dir().resolve()))
+    except (ValueError, FileNotFoundError):
+        return str(path)
+
+
+def docs_dir() -> Path:
+    """The repository's `docs/` folder (lab notes that notebooks quote)."""
+    root = repository_root()
+    if root is None:
+        raise FileNotFoundError(f"no dsa_lab checkout found from {PACKAGE_DIR} or {Path.cwd()}")
+    return root / "docs"

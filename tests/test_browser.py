@@ -1,0 +1,187 @@
+"""Every notebook, opened in JupyterLab in a real (headless Chromium) browser, as users run it.
+
+JupyterLab serves `notebooks/` (so each kernel starts there), runs every notebook through
+Run → Run All Cells, and no cell may show an error; then each explorer's probe control is
+moved and its output must change, without the explorer's one-line error. Screenshots land
+in reports/browser/. Needs Chromium (Debian: `apt-get install chromium`) and the `playwright`
+package; without them the test skips, unless DSA_LAB_REQUIRE_BROWSER is set (as .ci/run does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from browser_support import (
+    EXPLORER_ERROR,
+    OUTPUT,
+    REQUIRE_ENV,
+    TRACEBACK_MARK,
+    LabServer,
+    NotebookPage,
+    browser_missing,
+    find_chromium,
+)
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = REPO / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+SCREENSHOTS = REPO / "reports" / "browser"
+NOTEBOOK_TIMEOUT = float(os.environ.get("DSA_LAB_BROWSER_TIMEOUT", "300"))  # seconds per notebook
+
+# Notebooks that must show explorers (prefix -> at least this many); a notebook that lost its
+# explorer fails here.
+EXPECTED_EXPLORERS = {"01": 1, "02": 1, "04": 1}
+
+
+def cannot_run(why: str) -> None:
+    """Skip with one line, or fail where the browser test is required (.ci/run)."""
+    if os.environ.get(REQUIRE_ENV, "") not in ("", "0"):
+        pytest.fail(f"{REQUIRE_ENV} is set but the browser test cannot run: {why}", pytrace=False)
+    pytest.skip(f"browser test: {why}")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    why = browser_missing()
+    if why is not None:
+        cannot_run(why)
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
+
+    executable = find_chromium()
+    with sync_playwright() as playwright:
+        try:
+            chromium = playwright.chromium.launch(
+                executable_path=executable, headless=True, args=["--disable-dev-shm-usage", "--disable-gpu"]
+            )
+        except PlaywrightError as err:
+            cannot_run(f"{executable} did not start: {str(err).strip().splitlines()[0]}")
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def screenshots(request: pytest.FixtureRequest) -> Path:
+    """reports/browser/, without this test's pictures from an earlier run."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    stem = request.node.callspec.params["path"].stem if hasattr(request.node, "callspec") else "canary"
+    for old in SCREENSHOTS.glob(f"{stem}*.png"):
+        old.unlink()
+    return SCREENSHOTS
+
+
+@pytest.fixture(scope="module")
+def lab(browser: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
+    """JupyterLab serving notebooks/, as `./lab jupyter` does."""
+    server = LabServer(root=NOTEBOOK_DIR, state=tmp_path_factory.mktemp("jupyterlab"))
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+def canary_notebook() -> nbformat.NotebookNode:
+    """A notebook the check must judge right: a warning on stderr (fine), two explorers that
+    follow the convention (one shows the one-line error once moved), then an exception."""
+    explorer = textwrap.dedent("""
+        import ipywidgets as w
+        from IPython.display import HTML, display
+
+        def explorer(options, draw):
+            probe = w.Dropdown(options=options); probe.add_class("dsa-lab-explorer-probe")
+            out = w.Output(); out.add_class("dsa-lab-explorer-output")
+            def redraw(change=None):
+                out.clear_output(wait=True)
+                with out:
+                    draw(probe.value)
+            probe.observe(redraw, names="value"); redraw()
+            box = w.VBox([probe, out]); box.add_class("dsa-lab-explorer")
+            return box
+
+        display(explorer(["a", "b"], lambda v: print("value", v)))
+        display(explorer(["valid", "invalid"], lambda v: display(HTML(
+            '<span class="dsa-lab-error">invalid: pick another</span>' if v == "invalid" else "fine"))))
+    """)  # fmt: skip
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nb.cells = [
+        nbformat.v4.new_code_cell('device = "cpu"', metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("import sys, warnings\nwarnings.warn('only a warning')\nprint('on stderr', file=sys.stderr)"),
+        nbformat.v4.new_code_cell(explorer.strip()),
+        nbformat.v4.new_code_cell("raise ValueError('deliberate')"),
+        nbformat.v4.new_code_cell("print('never reached')"),
+    ]  # fmt: skip
+    return nb
+
+
+def test_the_browser_check_tells_errors_from_warnings_and_sees_explorers_move(
+    browser: object, tmp_path_factory: pytest.TempPathFactory, screenshots: Path
+) -> None:
+    root = tmp_path_factory.mktemp("canary")
+    nbformat.write(canary_notebook(), root / "canary.ipynb")
+    server = LabServer(root=root, state=tmp_path_factory.mktemp("canary-jupyterlab")).start()
+    page = None
+    try:
+        page = NotebookPage(browser, server, "canary.ipynb")
+        outcome = page.run_all(timeout=120)
+        page.screenshot_notebook(screenshots / "canary.png")
+        assert [e.split(": ", 1)[1] for e in outcome.errors] == ["ValueError: deliberate"], outcome.errors
+        assert outcome.not_run == ["cell 4 (\"print('never reached')\")"], outcome.not_run
+        stderr = page.page.locator("[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()
+        assert any("only a warning" in text for text in stderr), "the warning was not shown on stderr"
+        good, bad = page.explorers()
+        assert page.move_probe(good) == ("a", "b")
+        assert "value b" in good.locator(OUTPUT).inner_text()
+        assert good.locator(EXPLORER_ERROR).count() == 0
+        assert page.move_probe(bad) == ("valid", "invalid")
+        assert bad.locator(EXPLORER_ERROR).count() == 1, "the explorer's one-line error was not seen"
+    finally:
+        if page is not None:
+            page.close()
+        server.stop()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_in_jupyterlab_and_its_explorers_respond(
+    path: Path, browser: object, lab: LabServer, screenshots: Path
+) -> None:
+    committed = hashlib.sha256(path.read_bytes()).hexdigest()
+    page = NotebookPage(browser, lab, path.name)
+    try:
+        try:
+            outcome = page.run_all(timeout=NOTEBOOK_TIMEOUT)
+        finally:
+            page.screenshot_notebook(screenshots / f"{path.stem}.png")
+        assert not outcome.errors, (
+            f"{path.name} run in JupyterLab (kernel cwd notebooks/) shows errors: {outcome.errors}"
+        )
+        assert not outcome.not_run, f"{path.name}: cells that did not run: {outcome.not_run}"
+        assert lab.kernel_cwds() in (set(), {NOTEBOOK_DIR}), f"kernels ran in {lab.kernel_cwds()}, not notebooks/"
+
+        explorers = page.explorers()
+        expected = EXPECTED_EXPLORERS.get(path.name[:2], 0)
+        assert len(explorers) >= expected, f"{path.name}: {len(explorers)} explorer(s) on the page, expected {expected}"
+        for number, explorer in enumerate(explorers, start=1):
+            charts = explorer.locator("img")
+            charts_before = charts.count()
+            old, new = page.move_probe(explorer)
+            page.screenshot_explorer(explorer, screenshots / f"{path.stem}-explorer{number}.png")
+            where = f"{path.name}, explorer {number}, probe moved from {old!r} to {new!r}"
+            assert charts_before > 0, f"{path.name}, explorer {number}: drew no chart before the move"
+            assert charts.count() == charts_before, f"{where}: {charts.count()} charts after the move, {charts_before} before"
+            errors = explorer.locator(EXPLORER_ERROR).all_inner_texts()
+            assert not errors, f"{where}: the explorer shows its error: {errors}"
+            assert TRACEBACK_MARK not in explorer.inner_text(), f"{where}: a traceback in the explorer's output"
+    finally:
+        page.close()
+        lab.shutdown_kernels()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == committed, f"{path.name} was modified on disk"
