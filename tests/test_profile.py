@@ -413,7 +413,7 @@ def test_ncu_runner_retries_unknown_metrics_and_parses(tmp_path: Path) -> None:
 
 
 @pytest.mark.notebook
-def test_notebook_renders_a_shipped_run_with_counters(tmp_path: Path) -> None:
+def test_notebook_renders_a_shipped_run_with_counters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stored run with torch tables and (synthetic) ncu rows: every chart of notebook 04 draws."""
     import nbformat
     import papermill
@@ -440,14 +440,15 @@ def test_notebook_renders_a_shipped_run_with_counters(tmp_path: Path) -> None:
     write_tables(ProfileRun(run.kernels, run.phases, run.ncu, run.configs), folder)
 
     repo = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("DSA_LAB_DATA", str(tmp_path / "data"))
     out = tmp_path / "04.ipynb"
     papermill.execute_notebook(
         str(repo / "notebooks" / "04_kernel_profiles.ipynb"), str(out), cwd=str(repo), progress_bar=False,
-        parameters={"device": "cpu", "data_root": str(tmp_path / "data" / "h200")},
+        parameters={"device": "cpu", "profile_path": "h200/profiles", "interactive": False},
     )  # fmt: skip
     nb = nbformat.read(out, as_version=4)
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     text = "\n".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) for c in nb.cells for o in c.get("outputs", []))
-    assert len(images) == 4  # timeline, phases, DRAM vs unique, tensor pipe
+    assert len(images) == 5  # timeline, phases, the explorer's timeline, DRAM vs unique, tensor pipe
     assert "NVIDIA H200 (synthetic test run)" in text and "CPU reference" not in text
     assert "dram_read_per_unique" in text
