@@ -1,8 +1,11 @@
 """Paged-MQA-logits backends. Importing this package registers every backend."""
 
-from dsa_lab.kernels import reference  # noqa: F401  (registers "reference")
-from dsa_lab.kernels import deepgemm  # noqa: F401  (registers "deepgemm"; imports deep_gemm lazily, so never fails here)
-from dsa_lab.kernels import triton_native  # noqa: F401  (registers "triton"; without triton it reports itself unavailable)
+from dsa_lab.kernels import (
+    deepgemm,  # noqa: F401  (registers "deepgemm"; imports deep_gemm lazily, so never fails here)
+    gluon_native,  # noqa: F401  (registers "gluon": SM90 only; elsewhere it says why not)
+    reference,  # noqa: F401  (registers "reference")
+    triton_native,  # noqa: F401  (registers "triton"; without triton it reports itself unavailable)
+)
 from dsa_lab.kernels.registry import (
     Availability,
     LogitsBackend,

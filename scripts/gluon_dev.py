@@ -1,0 +1,329 @@
+"""Dev script for the Gluon kernel (dsa_lab/kernels/gluon_native.py): offline AOT, H200 checks, variant timing.
+
+    python scripts/gluon_dev.py aot [--next-n 1,2,3] [--arch 90]      # no GPU: resources of the rule's configs
+    python scripts/gluon_dev.py check --out FILE.jsonl                # H200: every case vs the reference
+    python scripts/gluon_dev.py passing FILE.jsonl                    # next_n whose rule config passed everything
+    python scripts/gluon_dev.py variants --out FILE.jsonl             # H200: time configs against each other
+
+`check` runs each case into a NaN-filled output and compares every position with the reference
+backend: ||out - ref|| / ||ref|| <= 1e-3 over the valid positions, exactly -inf past each row's
+context, no NaN left. Cases: uniform, mixed lengths, ragged decode lengths plus CUDA-graph padding
+(requests and tokens), H = 32 / D = 64, a long context, every next_n 1..8 and 16, and the n=3 plans.
+A watchdog ends the process if one case runs over `--case-timeout` (a hung kernel), after writing
+which case it was; the results so far stay in the JSONL file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from dsa_lab.kernels import gluon_native as gn  # noqa: E402
+
+TOLERANCE = 1e-3
+
+
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def resources(kernel) -> dict:
+    """Registers, spills, shared memory and MMA count of a compiled kernel (its cubin)."""
+    usage = cuobjdump(kernel.asm["cubin"], "-res-usage")
+    sass = cuobjdump(kernel.asm["cubin"], "-sass")
+    fields = dict(re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage))
+    return {
+        "registers": int(fields["REG"]),
+        "stack_bytes": int(fields["STACK"]),
+        "sass_local_accesses": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+        "shared_bytes": kernel.metadata.shared,
+        "sass_qgmma": len(re.findall(r"\bQGMMA\.\S*E4M3\.E4M3", sass)),
+        "setmaxnreg": sorted(
+            {int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", kernel.asm["ptx"])}
+        ),
+    }
+
+
+def config_from(text: str, next_n: int, heads: int, dim: int) -> gn.GluonConfig:
+    """`rule` or `key=value;...` over the rule's config (c consumers, s stages, p plan, m mma, g group, w r|l, l loader)."""
+    base = gn.choose_gluon_config(next_n, heads, dim)
+    if text == "rule":
+        return base
+    kw = dict(item.split("=") for item in text.split(";"))
+    return gn.GluonConfig(
+        consumers=int(kw.get("c", base.consumers)),
+        stages=int(kw.get("s", base.stages)),
+        plan=kw.get("p", base.plan),
+        mma_columns=int(kw.get("m", base.mma_columns)),
+        group_columns=int(kw.get("g", base.group_columns)),
+        resident_weights=kw.get("w", "r" if base.resident_weights else "l") == "r",
+        loader_registers=int(kw.get("l", base.loader_registers)),
+    )
+
+
+def cmd_aot(args: argparse.Namespace) -> int:
+    import triton
+
+    for n in [int(x) for x in args.next_n.split(",")]:
+        for text in args.configs.split(","):
+            config = config_from(text, n, args.heads, args.head_dim)
+            started = time.time()
+            try:
+                kernel = gn.compile_for(args.arch, n, args.heads, args.head_dim, config)
+                row = resources(kernel)
+            except Exception as exc:  # one failed compile must not hide the others
+                row = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[-1][:300]}"}
+            print(json.dumps({"next_n": n, "config": config.describe(), "triton": triton.__version__,
+                              "seconds": round(time.time() - started, 1), **row}), flush=True)  # fmt: skip
+    return 0
+
+
+# --- H200 checks ------------------------------------------------------------------------------------
+
+
+def extra_cases(specs: list[str]) -> list[dict]:
+    """A uniform and a ragged+padding case for each `N:config` (configs as in `aot`)."""
+    out = []
+    for spec in specs:
+        n_text, text = spec.split(":", 1)
+        n = int(n_text)
+        out.append({"name": f"uniform n={n} {text}", "kind": "uniform", "n": n, "config": text, "B": 3, "L": 3000})
+        out.append({"name": f"ragged+pad n={n} {text}", "kind": "ragged", "n": n, "config": text, "B": 5, "L": 2500})
+    return out
+
+
+def cases() -> list[dict]:
+    """(name, batch kind, next_n, config, heads, head_dim) of every check, the rule's configs first."""
+    out = []
+    for n in (1, 2, 3, 4, 5, 6, 7, 8):
+        out.append({"name": f"uniform n={n}", "kind": "uniform", "n": n, "config": "rule", "B": 3, "L": 3000})
+        out.append({"name": f"ragged+pad n={n}", "kind": "ragged", "n": n, "config": "rule", "B": 5, "L": 2500})
+    out.append({"name": "mixed n=3", "kind": "mixed", "n": 3, "config": "rule", "B": 6, "L": 5000})
+    out.append({"name": "long n=4", "kind": "uniform", "n": 4, "config": "rule", "B": 2, "L": 40000})
+    out.append({"name": "uniform n=16", "kind": "uniform", "n": 16, "config": "rule", "B": 2, "L": 1500})
+    out.append({"name": "H32 D64 n=3", "kind": "ragged", "n": 3, "config": "rule", "B": 4, "L": 2000, "H": 32, "D": 64})
+    for text in ("p=row;m=64;g=192", "p=pad;m=256;g=256", "p=pair;m=128;g=128"):
+        out.append({"name": f"ragged+pad n=3 {text}", "kind": "ragged", "n": 3, "config": text, "B": 5, "L": 2500})
+    for text in ("c=4;s=8", "c=2;s=8"):
+        out.append({"name": f"ragged+pad n=1 {text}", "kind": "ragged", "n": 1, "config": text, "B": 5, "L": 2500})
+    out.append({"name": "ragged+pad n=8 m=128;g=128;l=72", "kind": "ragged", "n": 8, "config": "m=128;g=128;l=72",
+                "B": 4, "L": 2500})  # fmt: skip
+    return out
+
+
+def build_inputs(case: dict, seed: int, device: torch.device):
+    from dsa_lab.decode import check_launches, pack_launch
+    from dsa_lab.metadata import build_native_metadata
+    from dsa_lab.workload import mixed_length_batch, ragged_decode_batch, random_inputs, uniform_batch, with_padding
+
+    n, shape = case["n"], {"num_heads": case.get("H", 64), "head_dim": case.get("D", 128)}
+    if case["kind"] == "uniform":
+        batch = uniform_batch(case["B"], case["L"], n, **shape)
+    elif case["kind"] == "mixed":
+        batch = mixed_length_batch(case["B"], 100, case["L"], n, seed, **shape)
+    else:  # ragged decode lens, two padding requests and three padding tokens
+        batch = with_padding(ragged_decode_batch(case["B"], n, case["L"], n, seed, **shape), 2, 3)
+    inputs = random_inputs(batch, seed=seed, device=device)
+    metadata = build_native_metadata(batch, inputs.cache.block_table)
+    check_launches(metadata, inputs)
+    return inputs, metadata, pack_launch(metadata.launches[0], inputs)
+
+
+def run_case(case: dict, seed: int, device: torch.device) -> dict:
+    from dsa_lab.kernels.reference import paged_mqa_logits as reference
+
+    inputs, metadata, packed = build_inputs(case, seed, device)
+    batch, n, heads, dim = packed.q.shape
+    config = config_from(case["config"], n, heads, dim)
+    max_len = metadata.max_context_len
+    out = torch.full((batch * n, max_len), float("nan"), dtype=torch.float32, device=device)
+    gn.paged_mqa_logits_gluon(
+        packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len,
+        config=config, out=out, cache_dtype="fp8",
+    )  # fmt: skip
+    ref = reference(packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len,
+                    cache_dtype="fp8")  # fmt: skip
+    torch.cuda.synchronize()
+    ctx = packed.context_lens.reshape(-1).long()
+    valid = torch.arange(max_len, device=device)[None, :] < ctx[:, None]
+    got, want = out[valid].double(), ref[valid].double()
+    nan_valid = int(torch.isnan(got).sum())
+    tail = out[~valid]
+    tail_bad = int((tail != float("-inf")).sum())  # NaN (unwritten) or a value where -inf belongs
+    rel_err = float((got - want).norm() / want.norm().clamp(min=1e-30)) if got.numel() else 0.0
+    ok = nan_valid == 0 and tail_bad == 0 and rel_err <= TOLERANCE
+    return {"ok": ok, "rel_err": rel_err, "nan_valid": nan_valid, "tail_not_ninf": int(tail_bad),
+            "rows": batch * n, "max_len": max_len, "config": config.describe(), "seq_lens": list(inputs.batch.seq_lens)[:8],
+            "decode_lens": list(inputs.batch.decode_lens)[:8]}  # fmt: skip
+
+
+class Watchdog:
+    """Ends the process (exit 3) when a case runs longer than `seconds`: a hung kernel never returns."""
+
+    def __init__(self, seconds: float, log: Path) -> None:
+        self.seconds, self.log, self.deadline, self.case = seconds, log, None, None
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def arm(self, case: str) -> None:
+        self.case, self.deadline = case, time.time() + self.seconds
+
+    def disarm(self) -> None:
+        self.deadline = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(1)
+            if self.deadline is not None and time.time() > self.deadline:
+                with self.log.open("a") as f:
+                    f.write(json.dumps({"name": self.case, "ok": False, "error": f"hung (> {self.seconds} s)"}) + "\n")
+                print(f"WATCHDOG: case {self.case!r} ran over {self.seconds} s: exiting", flush=True)
+                os._exit(3)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    device = torch.device("cuda")
+    out = Path(args.out)
+    done = set()
+    if out.exists():
+        done = {json.loads(line)["name"] for line in out.read_text().splitlines() if line.strip()}
+    dog = Watchdog(args.case_timeout, out)
+    failures = 0
+    todo = ([] if args.only_extra else cases()) + extra_cases(args.extra)
+    for i, case in enumerate(todo):
+        if case["name"] in done:
+            continue
+        dog.arm(case["name"])
+        started = time.time()
+        try:
+            row = run_case(case, args.seed + i, device)
+        except Exception as exc:
+            row = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:1500]}"}
+        dog.disarm()
+        row = {"name": case["name"], "n": case["n"], "seconds": round(time.time() - started, 2), **row}
+        failures += not row["ok"]
+        with out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(("PASS " if row["ok"] else "FAIL ") + json.dumps(row), flush=True)
+    return 1 if failures else 0
+
+
+def cmd_passing(args: argparse.Namespace) -> int:
+    """next_n (1..8) whose every rule-config case passed, comma-separated (empty: none)."""
+    rows = [json.loads(line) for line in Path(args.file).read_text().splitlines() if line.strip()]
+    names = {c["name"]: c for c in cases()}
+    good = []
+    for n in range(1, 9):
+        mine = [c for c in names.values() if c["n"] == n and c["config"] == "rule"]
+        results = {r["name"]: r for r in rows}
+        if mine and all(results.get(c["name"], {}).get("ok") for c in mine):
+            good.append(str(n))
+    print(",".join(good))
+    return 0
+
+
+# --- variant timing -----------------------------------------------------------------------------------
+
+
+def cmd_variants(args: argparse.Namespace) -> int:
+    """Time Gluon configs at B, L (uniform, one GPU-drawn cache) in one process, each checked first
+    (sampled requests vs the reference: rel. error, no NaN in the poisoned output)."""
+    from dsa_lab.bench.timing import TimingConfig, time_callable
+    from dsa_lab.cache import random_paged_cache
+    from dsa_lab.kernels.reference import paged_mqa_logits as reference
+
+    device = torch.device("cuda")
+    timing = TimingConfig(warmup=3, min_samples=10, max_samples=60, max_seconds=args.seconds_per_point)
+    out = Path(args.out)
+    batch, length, heads, dim = args.batch, args.context, 64, 128
+    cache = random_paged_cache([length] * batch, dim, seed=args.seed, device=device)
+    gen = torch.Generator(device=device).manual_seed(args.seed + 7)
+    for spec in args.spec:
+        n_text, texts = spec.split(":", 1)
+        n = int(n_text)
+        q = torch.randn(batch, n, heads, dim, generator=gen, device=device).to(torch.float8_e4m3fn)
+        weights = torch.randn(batch * n, heads, generator=gen, device=device) * heads**-0.5
+        ctx = (length - n + 1 + torch.arange(n, device=device, dtype=torch.int32)).repeat(batch, 1).contiguous()
+        table = cache.block_table
+        sample = [0, batch - 1]
+        ref = reference(q[sample].contiguous(), cache.data, weights.view(batch, n, heads)[sample].reshape(-1, heads),
+                        ctx[sample].contiguous(), table[sample].contiguous(), length, cache_dtype="fp8")  # fmt: skip
+        valid = torch.isfinite(ref)
+        for text in texts.split("|"):
+            config = config_from(text, n, heads, dim)
+            row = {"next_n": n, "batch": batch, "context": length, "config": config.describe()}
+            try:
+                result = torch.full((batch * n, length), float("nan"), device=device)
+                _, kernel = gn.launch(q, cache.data, weights, ctx, table, length, config, result)
+                torch.cuda.synchronize()
+                got = result.view(batch, n, length)[sample].reshape(-1, length)
+                rel = float((got[valid].double() - ref[valid].double()).norm() / ref[valid].double().norm())
+                row.update({"rel_err": rel, "ok": bool(rel <= TOLERANCE and not torch.isnan(got).any())})
+                row.update(resources(kernel))
+                if row["ok"]:
+                    call = functools.partial(gn.launch, q, cache.data, weights, ctx, table, length, config, result)
+                    m = time_callable(call, device, timing)
+                    row.update({k: v for k, v in m.as_row().items() if isinstance(v, (int, float, str))})
+            except Exception as exc:
+                row.update({"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:500]}"})
+            with out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(json.dumps({k: row.get(k) for k in ("next_n", "config", "ok", "rel_err", "median_ms", "rel_iqr",
+                                                      "registers", "stack_bytes", "error")}), flush=True)  # fmt: skip
+        del q, weights, ref
+        torch.cuda.empty_cache()
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    aot = sub.add_parser("aot")
+    aot.add_argument("--next-n", default="1,2,3,4,5,6,7,8")
+    aot.add_argument("--configs", default="rule", help="comma-separated: rule or key=value;... (see config_from)")
+    aot.add_argument("--arch", type=int, default=90)
+    aot.add_argument("--heads", type=int, default=64)
+    aot.add_argument("--head-dim", type=int, default=128)
+    aot.set_defaults(func=cmd_aot)
+    check = sub.add_parser("check")
+    check.add_argument("--out", required=True)
+    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--case-timeout", type=float, default=60.0)
+    check.add_argument("--extra", nargs="*", default=[], help="N:config: uniform and ragged cases of these configs")
+    check.add_argument("--only-extra", action="store_true", help="run only the --extra cases")
+    check.set_defaults(func=cmd_check)
+    passing = sub.add_parser("passing")
+    passing.add_argument("file")
+    passing.set_defaults(func=cmd_passing)
+    variants = sub.add_parser("variants")
+    variants.add_argument("--out", required=True)
+    variants.add_argument("--batch", type=int, default=128)
+    variants.add_argument("--context", type=int, default=65536)
+    variants.add_argument("--seed", type=int, default=0)
+    variants.add_argument("--seconds-per-point", type=float, default=0.25)
+    variants.add_argument("spec", nargs="+", help="N:config|config|... (configs as in `aot`)")
+    variants.set_defaults(func=cmd_variants)
+    args = parser.parse_args()
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
