@@ -7,10 +7,18 @@ model architecture) to a `Decision`: which path the DSA indexer's decode takes.
 - flatten: `B * next_n` single-row pseudo-requests, each re-reading its request's KV;
 - varlen (vLLM 0.33, SM100 with DeepGEMM): per-token rows plus a row -> request index,
   DeepGEMM's varlen kernel; neither of the two above;
-- rejected: the configuration fails at startup (e.g. an MXFP4 cache off SM100).
+- rejected: the configuration fails at startup, with vLLM's reason (an MXFP4 cache
+  where no kernel reads it, adaptive verification where the indexer backend cannot
+  take device-side query lengths).
+
+For vLLM 0.33 the answer also depends on which indexer metadata builder the model wires
+(`indexer_builder`): every model uses the dense `DeepseekV32IndexerMetadataBuilder`,
+except DeepSeek-V4 / V4.1 with the MXFP4 cache on ROCm, which get aiter's
+`RocmMxfp4IndexerMetadataBuilder`: it always flattens, then launches full uniform steps
+as next_n-row sequences (native for every next_n >= 2, unless adaptive verification).
 
 The policies read like the code they model; `tests/test_conformance_vllm.py` checks
-`vllm_0_33_0` against vLLM 0.33.0's own functions on the whole grid.
+`vllm_0_33_0` against vLLM 0.33.0's own functions and builders on the whole grid.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import importlib.util
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -35,42 +45,78 @@ DEEPSEEK_V4_ARCHS = ("DeepseekV4ForCausalLM", "DeepseekV41ForCausalLM")
 MODEL_ARCHS = (DEEPSEEK_V32, *DEEPSEEK_V4_ARCHS)
 MAX_NEXT_N = 32
 _CAPABILITY_FAMILIES = {9: "sm90", 10: "sm100", 12: "sm120"}
+# vLLM's `get_cdna_version()` by GPU arch (vllm/platforms/rocm.py); 0 = not a CDNA GPU.
+CDNA_BY_GFX = {"gfx90a": 2, "gfx942": 3, "gfx950": 4, "gfx1250": 5}
+CDNA_VERSIONS = (0, 2, 3, 4, 5)
+DEFAULT_CDNA = 3  # a ROCm platform named without a generation: MI300X / MI325X
+# Indexer metadata builders of vLLM 0.33 (short name -> class) and the backends that carry them.
+BUILDERS = {"dense": "DeepseekV32IndexerMetadataBuilder", "rocm_mxfp4": "RocmMxfp4IndexerMetadataBuilder"}
+INDEXER_BACKENDS = {
+    DEEPSEEK_V32: "DeepseekV32IndexerBackend",
+    "DeepseekV4ForCausalLM": "DeepseekV4IndexerBackend",
+    "DeepseekV41ForCausalLM": "DeepseekV41IndexerBackend",
+}
 
 
 @dataclass(frozen=True)
 class Platform:
-    """What the decode policies look at: the GPU family and whether DeepGEMM imports.
+    """What the decode policies look at: the GPU family, whether DeepGEMM imports and,
+    on ROCm, the CDNA generation and whether aiter's kernels are on.
 
     'other' covers CUDA GPUs outside SM90/100/120 (e.g. SM80) and machines with no GPU;
-    vLLM 0.33 treats both alike here (native only for next_n in {1, 2}).
+    vLLM 0.33 treats both alike here (native only for next_n in {1, 2}). `cdna` is
+    vLLM's `get_cdna_version()` (3: MI300X/MI325X, 4: MI350X/MI355X; a ROCm platform
+    given none is CDNA3); `aiter` is VLLM_ROCM_USE_AITER=1 with aiter installed. Both
+    decide whether the MXFP4 indexer cache is accepted on ROCm.
     """
 
     family: str
     has_deep_gemm: bool
+    cdna: int | None = None
+    aiter: bool = False
 
     def __post_init__(self) -> None:
         check_choice("family", self.family, FAMILIES)
-        if not isinstance(self.has_deep_gemm, bool):
-            raise ValueError(f"has_deep_gemm={self.has_deep_gemm!r}: must be a bool")
+        for name in ("has_deep_gemm", "aiter"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be a bool")
+        if self.family != "rocm":
+            if self.cdna is not None or self.aiter:
+                raise ValueError(f"cdna={self.cdna!r}, aiter={self.aiter!r}: ROCm only (family={self.family!r})")
+            return
+        if self.cdna is None:
+            object.__setattr__(self, "cdna", DEFAULT_CDNA)
+        check_choice("cdna", self.cdna, CDNA_VERSIONS)
+
+    @property
+    def name(self) -> str:
+        """The family, with the generation and aiter on ROCm: 'sm90', 'rocm-cdna4+aiter'."""
+        if self.family != "rocm":
+            return self.family
+        return f"rocm-cdna{self.cdna}{'+aiter' if self.aiter else ''}"
 
     @property
     def label(self) -> str:
-        return f"{self.family}{'+dg' if self.has_deep_gemm else ''}"
+        return f"{self.name}{'+dg' if self.has_deep_gemm else ''}"
 
     @classmethod
     def detect(cls) -> Platform:
-        """This machine: torch's device capability (or HIP) and an importable deep_gemm.
+        """This machine: torch's device capability (or HIP's GPU arch) and an importable deep_gemm.
 
-        deep_gemm counts when it imports (see `import_deep_gemm`).
+        deep_gemm counts when it imports (see `import_deep_gemm`); aiter counts when
+        VLLM_ROCM_USE_AITER is on and the package is installed.
         """
+        has_deep_gemm = import_deep_gemm()[0] is not None
         if not torch.cuda.is_available():
-            family = "other"
-        elif torch.version.hip:
-            family = "rocm"
-        else:
-            major, _ = torch.cuda.get_device_capability()
-            family = _CAPABILITY_FAMILIES.get(major, "other")
-        return cls(family, import_deep_gemm()[0] is not None)
+            return cls("other", has_deep_gemm)
+        if torch.version.hip:
+            arch = torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]
+            aiter = os.environ.get("VLLM_ROCM_USE_AITER", "0").lower() in ("1", "true")
+            return cls(
+                "rocm", has_deep_gemm, CDNA_BY_GFX.get(arch, 0), aiter and importlib.util.find_spec("aiter") is not None
+            )
+        major, _ = torch.cuda.get_device_capability()
+        return cls(_CAPABILITY_FAMILIES.get(major, "other"), has_deep_gemm)
 
 
 @functools.cache
@@ -91,7 +137,8 @@ def import_deep_gemm() -> tuple[ModuleType | None, str]:
 
 @dataclass(frozen=True)
 class PolicyQuery:
-    """One configuration: next_n = 1 + speculative tokens; `model_arch` matters on ROCm only."""
+    """One configuration: next_n = 1 + speculative tokens; `model_arch` matters on ROCm
+    (which builder, MXFP4 and adaptive acceptance) and names the backend in reasons."""
 
     platform: Platform
     next_n: int
@@ -109,17 +156,29 @@ class PolicyQuery:
 
 @dataclass(frozen=True)
 class Decision:
-    """The decode path a policy picks, and why. `use_flattening` is the builder's flag."""
+    """The decode path a policy picks, and why.
+
+    `use_flattening` is the builder's flag, `native_next_n` whether a full step's kernel
+    sees next_n rows per request. For the dense builder the flag decides the path; the
+    ROCm MXFP4 builder sets it always and still launches full uniform steps natively.
+    """
 
     use_flattening: bool
     native_next_n: bool
     reason: str
     path: str
+    builder: str = "dense"
 
     def __post_init__(self) -> None:
         check_choice("path", self.path, PATHS)
-        if self.native_next_n != (self.path == "native") or self.use_flattening != (self.path == "flatten"):
-            raise ValueError(f"Decision: inconsistent flags for path={self.path!r}")
+        check_choice("builder", self.builder, tuple(BUILDERS))
+        flag_ok = (
+            self.use_flattening if self.builder == "rocm_mxfp4" else self.use_flattening == (self.path == "flatten")
+        )
+        if self.path == "rejected":
+            flag_ok = not self.use_flattening
+        if self.native_next_n != (self.path == "native") or not flag_ok:
+            raise ValueError(f"Decision: inconsistent flags for path={self.path!r}, builder={self.builder!r}")
 
     @property
     def symbol(self) -> str:
@@ -199,16 +258,19 @@ def _cuda_with_deep_gemm(p: Platform) -> bool:
     return p.family != "rocm" and p.has_deep_gemm
 
 
+def _capability_family_90(p: Platform) -> bool:
+    """`is_device_capability_family(90)`: Hopper, and ROCm's CDNA2-4 GPUs (gfx90a/942/950
+    report capability 9.x; CDNA5's gfx1250 reports 12.5)."""
+    return p.family == "sm90" or (p.family == "rocm" and p.cdna in (2, 3, 4))
+
+
 def native_next_n_supported(p: Platform, next_n: int) -> bool:
     """`vllm.utils.deep_gemm.native_next_n_supported`: capability family 9 -> {1, 2, 4}, else any.
 
-    vLLM asks only `is_device_capability_family(90)`; ROCm's CDNA3/4 GPUs report
-    capability 9.x (gfx94x/95x), so it says {1, 2, 4} there too - harmless, since
-    `_supports_native_decode` never consults it off CUDA.
+    On ROCm it says {1, 2, 4} too - harmless, since `_supports_native_decode` never
+    consults it off CUDA.
     """
-    if p.family in ("sm90", "rocm"):
-        return next_n in (1, 2, 4)
-    return True
+    return next_n in (1, 2, 4) if _capability_family_90(p) else True
 
 
 def supports_native_decode(p: Platform, next_n: int) -> bool:
@@ -237,14 +299,62 @@ def _adaptive_forces_flatten(q: PolicyQuery) -> bool:
     return q.adaptive_verification and (sm90_dg or rocm_v4)
 
 
-def _fp4_rejected_0_33(q: PolicyQuery) -> Decision | None:
-    """`dsa_indexer_uses_fp4`: MXFP4 needs SM100, or ROCm running DeepSeek-V4/V4.1
-    (vLLM also demands CDNA4 and aiter there; assumed present)."""
-    if not q.fp4_cache or q.platform.family == "sm100":
+def fp4_rejection_0_33(q: PolicyQuery) -> str | None:
+    """`dsa_indexer_uses_fp4`, which raises at startup: why an MXFP4 cache is refused, or None.
+
+    ROCm: DeepSeek-V4 / V4.1 only, on CDNA4, with aiter enabled (checked in that order);
+    CUDA: capability family 100 (SM100 / SM103) only.
+    """
+    if not q.fp4_cache:
         return None
-    if q.platform.family == "rocm" and q.model_arch in DEEPSEEK_V4_ARCHS:
+    p = q.platform
+    if p.family == "rocm":
+        if q.model_arch not in DEEPSEEK_V4_ARCHS:
+            return f"MXFP4 indexer cache on ROCm is wired for DeepSeek-V4 / V4.1 only, not {q.model_arch}"
+        if p.cdna != 4:
+            return f"MXFP4 indexer cache on ROCm needs CDNA4 (MI350X / MI355X); this is CDNA{p.cdna}"
+        if not p.aiter:
+            return "MXFP4 indexer cache on ROCm runs on aiter's kernels; aiter is not enabled (VLLM_ROCM_USE_AITER=1)"
         return None
-    return _rejected(f"FP4 indexer cache on {q.platform.family} ({q.model_arch}): rejected at startup")
+    if p.family != "sm100":
+        return f"MXFP4 indexer cache needs an SM10x datacenter Blackwell GPU; {p.family} has no kernel for it"
+    return None
+
+
+def indexer_builder(q: PolicyQuery) -> str:
+    """The indexer metadata builder vLLM 0.33 wires: 'rocm_mxfp4' for DeepSeek-V4 / V4.1
+    whose MXFP4 cache ROCm accepted (aiter's paged kernels), 'dense' for everything else.
+
+    V4 gets it from `DeepseekV4ROCMAiterMLAAttention`'s indexer class, V4.1 from its
+    indexer cache's backend; V3.2 always keeps `DeepseekV32IndexerBackend`.
+    """
+    rocm_fp4 = q.platform.family == "rocm" and q.fp4_cache and fp4_rejection_0_33(q) is None
+    return "rocm_mxfp4" if rocm_fp4 and q.model_arch in DEEPSEEK_V4_ARCHS else "dense"
+
+
+def indexer_backend_takes_device_query_lens(q: PolicyQuery) -> bool:
+    """`supports_device_cpu_query_lens_mismatch()` of the model's indexer backend: the
+    varlen kernel or SM90's flattened device lens; V4 / V4.1 backends also on any ROCm."""
+    p = q.platform
+    cuda = supports_varlen(p) or (p.family == "sm90" and p.has_deep_gemm)
+    return cuda or (p.family == "rocm" and q.model_arch in DEEPSEEK_V4_ARCHS)
+
+
+def adaptive_rejection_0_33(q: PolicyQuery) -> str | None:
+    """`maybe_create_adaptive_verification_manager`, which raises at startup: why adaptive
+    verification is refused, or None.
+
+    Its second check (a FULL-graph builder must replay varlen batches) passes wherever
+    this first one does: every backend that takes device query lens has a builder with
+    ALWAYS CUDA-graph support (varlen, flattening, or the ROCm MXFP4 builder).
+    """
+    if not q.adaptive_verification or indexer_backend_takes_device_query_lens(q):
+        return None
+    backend = INDEXER_BACKENDS[q.model_arch]
+    return (
+        f"adaptive verification trims drafts on the device; {backend} on {q.platform.label} needs the host's "
+        "query lengths (SM100 varlen or SM90 + DeepGEMM flattening, or ROCm for DeepSeek-V4 / V4.1)"
+    )
 
 
 def use_flattening_0_33(q: PolicyQuery) -> bool:
@@ -253,13 +363,29 @@ def use_flattening_0_33(q: PolicyQuery) -> bool:
     return not supports_native_decode(q.platform, q.next_n) or _adaptive_forces_flatten(q)
 
 
+def _rocm_mxfp4_decision(q: PolicyQuery) -> Decision:
+    """`RocmMxfp4IndexerMetadataBuilder`: rows always flattened; a full uniform step is
+    launched as next_n-row sequences when next_n >= 2 and adaptive verification is off."""
+    if q.adaptive_verification:
+        reason = "ROCm MXFP4 builder: adaptive verification reallocates drafts, so every step flattens"
+        return Decision(True, False, reason, "flatten", "rocm_mxfp4")
+    if q.next_n == 1:
+        return Decision(True, False, "ROCm MXFP4 builder: one row per request", "flatten", "rocm_mxfp4")
+    reason = f"ROCm MXFP4 builder: full uniform steps run as {q.next_n}-row sequences (ragged steps flatten)"
+    return Decision(True, True, reason, "native", "rocm_mxfp4")
+
+
 def vllm_0_33_0(q: PolicyQuery) -> Decision:
-    """vLLM 0.33.0 as released: the builder-time path (`use_flattening`, `supports_varlen`).
+    """vLLM 0.33.0 as released: startup acceptance, then the builder-time path
+    (`use_flattening`, `supports_varlen`, or the ROCm MXFP4 builder's native sequences).
 
     Per step the builder may still flatten a non-native batch: see `step_path`.
     """
-    if (rejected := _fp4_rejected_0_33(q)) is not None:
-        return rejected
+    for rejection in (fp4_rejection_0_33(q), adaptive_rejection_0_33(q)):
+        if rejection is not None:
+            return _rejected(f"{rejection}: rejected at startup")
+    if indexer_builder(q) == "rocm_mxfp4":
+        return _rocm_mxfp4_decision(q)
     p = q.platform
     if supports_varlen(p):
         reason = "SM100 + DeepGEMM: varlen kernel, per-token rows with request indices"
@@ -272,24 +398,33 @@ def vllm_0_33_0(q: PolicyQuery) -> Decision:
     return _native(f"{p.label}: native kernel for next_n={q.next_n}")
 
 
-def step_uses_native(q: PolicyQuery, max_decode_len: int) -> bool:
-    """vLLM 0.33's per-step rule in `build()`: native only if the builder did not flatten
-    (nor take varlen) and the kernel takes this step's `max_decode_len` rows natively.
+def step_uses_native(q: PolicyQuery, max_decode_len: int, uniform: bool = True) -> bool:
+    """vLLM 0.33's per-step rule: does this decode step's kernel see rows per request?
 
+    Dense builder (`build()`): native only if the builder did not flatten (nor take
+    varlen) and the kernel takes this step's `max_decode_len` rows natively; a native
+    builder sends ragged requests to the prefill path, so `uniform` does not matter.
     e.g. SM90 + DeepGEMM, next_n = 4: a step whose longest request has 3 rows flattens.
+    ROCm MXFP4 builder (`native_decode`): native only if every decoding request has all
+    next_n rows (`uniform` and `max_decode_len == next_n`; padding requests aside).
     """
     check_range("max_decode_len", max_decode_len, 1, q.next_n)
-    if _fp4_rejected_0_33(q) is not None:
+    if not isinstance(uniform, bool):
+        raise ValueError(f"uniform={uniform!r}: must be a bool")
+    decision = vllm_0_33_0(q)
+    if decision.path == "rejected":
         raise ValueError(f"{q}: rejected at startup; no decode step exists")
+    if decision.builder == "rocm_mxfp4":
+        return decision.native_next_n and uniform and max_decode_len == q.next_n
     builder_native = not (use_flattening_0_33(q) or supports_varlen(q.platform))
     return builder_native and (max_decode_len <= 1 or supports_native_decode(q.platform, max_decode_len))
 
 
-def step_path(q: PolicyQuery, max_decode_len: int) -> str:
+def step_path(q: PolicyQuery, max_decode_len: int, uniform: bool = True) -> str:
     """'native', 'flatten' or 'varlen' for one vLLM 0.33 decode step."""
-    if step_uses_native(q, max_decode_len):
+    if step_uses_native(q, max_decode_len, uniform):
         return "native"
-    return "varlen" if supports_varlen(q.platform) else "flatten"
+    return "varlen" if vllm_0_33_0(q).path == "varlen" else "flatten"
 
 
 Policy = Callable[[PolicyQuery], Decision]
@@ -308,7 +443,10 @@ RELEASES: dict[str, tuple[str, str]] = {  # policy name -> (what readers call it
 
 
 def all_platforms() -> tuple[Platform, ...]:
-    return tuple(Platform(f, dg) for f in FAMILIES for dg in (True, False))
+    """Every CUDA family with and without DeepGEMM, and ROCm as MI300 (CDNA3) and as
+    MI355X with aiter on (CDNA4, where the MXFP4 cache is accepted); DeepGEMM is CUDA-only."""
+    cuda = tuple(Platform(f, dg) for f in FAMILIES if f != "rocm" for dg in (True, False))
+    return (*cuda, Platform("rocm", False, 3), Platform("rocm", False, 4, aiter=True))
 
 
 def _as_tuple(value: bool | Iterable[bool]) -> tuple[bool, ...]:
@@ -323,7 +461,8 @@ def decision_matrix(
     adaptive: bool | Iterable[bool] = False,
     model_arch: str = DEEPSEEK_V32,
 ) -> pd.DataFrame:
-    """Tidy table: one row per policy x platform x next_n x fp4 x adaptive."""
+    """Tidy table: one row per policy x platform x next_n x fp4 x adaptive (`platform` is
+    `Platform.name`; `builder` is the indexer builder vLLM 0.33 would wire)."""
     names = list(POLICIES) if policies is None else list(policies)
     for name in names:
         check_choice("policy", name, tuple(POLICIES))
@@ -336,9 +475,17 @@ def decision_matrix(
                         d = POLICIES[name](PolicyQuery(p, n, use_fp4, use_adaptive, model_arch))
                         rows.append(
                             dict(
-                                policy=name, platform=p.family, deep_gemm=p.has_deep_gemm, next_n=n,
-                                fp4=use_fp4, adaptive=use_adaptive, use_flattening=d.use_flattening,
-                                path=d.path, reason=d.reason,
+                                policy=name,
+                                platform=p.name,
+                                deep_gemm=p.has_deep_gemm,
+                                next_n=n,
+                                fp4=use_fp4,
+                                adaptive=use_adaptive,
+                                model_arch=model_arch,
+                                builder=d.builder,
+                                use_flattening=d.use_flattening,
+                                path=d.path,
+                                reason=d.reason,
                             )
                         )
     return pd.DataFrame(rows)
@@ -364,9 +511,9 @@ def _print_matrix(args: argparse.Namespace) -> int:
             table.add_column(str(n), justify="center")
         part = frame[frame.policy == name]
         for p in all_platforms():
-            cells = part[(part.platform == p.family) & (part.deep_gemm == p.has_deep_gemm)].sort_values("next_n")
+            cells = part[(part.platform == p.name) & (part.deep_gemm == p.has_deep_gemm)].sort_values("next_n")
             symbols = [SYMBOLS[path] for path in cells.path]
-            table.add_row(p.family, "yes" if p.has_deep_gemm else "no", *(f"[{_COLOURS[s]}]{s}[/]" for s in symbols))
+            table.add_row(p.name, "yes" if p.has_deep_gemm else "no", *(f"[{_COLOURS[s]}]{s}[/]" for s in symbols))
         console.print(table)
     console.print("N native  F flatten  V varlen (SM100 DeepGEMM, per-token rows)  - rejected at startup")
     return 0
@@ -378,5 +525,10 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--fp4", action="store_true", help="MXFP4 indexer cache")
     parser.add_argument("--adaptive", action="store_true", help="adaptive speculative verification")
     parser.add_argument("--policy", choices=("all", *POLICIES), default="all")
-    parser.add_argument("--model-arch", choices=MODEL_ARCHS, default=DEEPSEEK_V32, help="matters on ROCm only")
+    parser.add_argument(
+        "--model-arch",
+        choices=MODEL_ARCHS,
+        default=DEEPSEEK_V32,
+        help="decides the ROCm builder, MXFP4 and adaptive acceptance on ROCm",
+    )
     parser.set_defaults(func=_print_matrix)

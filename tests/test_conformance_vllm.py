@@ -2,10 +2,18 @@
 
 vLLM is imported at module top on purpose: without it this module must fail, not skip.
 
-(a) `dsa_lab.policy.vllm_0_33_0` against vLLM's own `_use_flattening`,
-    `_supports_native_decode`, `native_next_n_supported` and
-    `_supports_varlen_paged_mqa_logits`, with `current_platform` / `has_deep_gemm`
-    patched where vLLM looks them up; the per-step rule against vLLM's real `build()`.
+(a) `dsa_lab.policy.vllm_0_33_0` against vLLM itself on the whole grid (GPU x DeepGEMM x
+    next_n x adaptive verification x model architecture x MXFP4 cache). For each cell vLLM
+    wires the model's indexer backend as its model code does (V3.2's indexer cache, V4's
+    attention layer -> indexer -> cache, V4.1's cache built by its own `__init__`), builds
+    that backend's metadata builder with its real `__init__` (where `dsa_indexer_uses_fp4`
+    may refuse the cache), and runs the real `maybe_create_adaptive_verification_manager`
+    (where adaptive verification may be refused); what survives gives the builder class,
+    its `use_flattening` and `supports_varlen`, and the ROCm MXFP4 builder's `native_next_n`.
+    `current_platform`, `has_deep_gemm`, the ROCm CDNA generation and aiter's switch are
+    patched where vLLM reads them; only GPU-bound pieces are stubbed (the SM count, aiter's
+    cache geometry and schedule, the adaptive manager's CUDA stream), none of which decides
+    a path. The per-step rule runs against the real `build()` of both builders.
 (b) `build_flatten_metadata` / `build_native_metadata` against vLLM's
     `DeepseekV32IndexerMetadataBuilder._prepare_decode_tensors` on a builder made
     without `__init__` (which needs a GPU). The ragged and native paths run here on CPU.
@@ -21,22 +29,30 @@ even cast, which is what the GPU's `cvt.rn` does; everything else is vLLM's kern
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
 from unittest import mock
 
 import pytest
 import torch
-
 import vllm
+import vllm.model_executor.models.deepseek_v2 as vllm_v32_model
+import vllm.models.deepseek_v4.attention as vllm_v4_attention
+import vllm.models.deepseek_v32.amd.rocm as vllm_v32_rocm
+import vllm.models.deepseek_v41.attention as vllm_v41_attention
 import vllm.utils.deep_gemm as vllm_deep_gemm
 import vllm.v1.attention.backends.mla.indexer as vllm_indexer
+import vllm.v1.attention.backends.mla.rocm_paged_mxfp4_indexer as vllm_rocm_mxfp4
+import vllm.v1.worker.gpu.spec_decode.adaptive_verification as vllm_adaptive
+from vllm._aiter_ops import rocm_aiter_ops
 from vllm.platforms.interface import DeviceCapability, PlatformEnum
 from vllm.platforms.interface import Platform as VllmPlatform
 from vllm.v1.attention.backend import CommonAttentionMetadata
@@ -47,6 +63,10 @@ from dsa_lab.policy import (
     MODEL_ARCHS,
     Platform,
     PolicyQuery,
+    adaptive_rejection_0_33,
+    fp4_rejection_0_33,
+    indexer_backend_takes_device_query_lens,
+    indexer_builder,
     native_next_n_supported,
     step_uses_native,
     supports_native_decode,
@@ -56,32 +76,48 @@ from dsa_lab.policy import (
 )
 from dsa_lab.workload import DecodeBatch, ragged_decode_batch, uniform_batch, with_padding
 
-# name: (vLLM platform enum, device capability or None, our family)
+# DeepSeek-V4's ROCm attention layer lives in a module that reads the GPU arch when imported;
+# vLLM asks amdsmi, then torch. Imported once, seeing a gfx950 (the arch only sets module flags).
+with mock.patch.object(torch.cuda, "get_device_properties", lambda *a, **k: SimpleNamespace(gcnArchName="gfx950")):
+    from vllm.models.deepseek_v4.amd.rocm import DeepseekV4ROCMAiterMLAAttention
+
+
+@dataclass(frozen=True)
+class FakeGpu:
+    """A GPU as vLLM sees it (platform enum, capability) and as dsa_lab's `Platform` names it."""
+
+    enum: PlatformEnum
+    capability: tuple[int, int] | None
+    family: str
+    cdna: int | None = None  # ROCm: what vLLM's get_cdna_version() returns
+    aiter: bool = False  # ROCm: rocm_aiter_ops.is_enabled()
+
+
 FAKE_PLATFORMS = {
-    "h200_sm90": (PlatformEnum.CUDA, (9, 0), "sm90"),
-    "b200_sm100": (PlatformEnum.CUDA, (10, 0), "sm100"),
-    "gb300_sm103": (PlatformEnum.CUDA, (10, 3), "sm100"),
-    "rtx_pro_sm120": (PlatformEnum.CUDA, (12, 0), "sm120"),
-    "a100_sm80": (PlatformEnum.CUDA, (8, 0), "other"),
-    "mi300x_gfx942": (PlatformEnum.ROCM, (9, 4), "rocm"),
-    "mi355x_gfx950": (PlatformEnum.ROCM, (9, 5), "rocm"),
-    "cpu_no_gpu": (PlatformEnum.CPU, None, "other"),
+    "h200_sm90": FakeGpu(PlatformEnum.CUDA, (9, 0), "sm90"),
+    "b200_sm100": FakeGpu(PlatformEnum.CUDA, (10, 0), "sm100"),
+    "gb300_sm103": FakeGpu(PlatformEnum.CUDA, (10, 3), "sm100"),
+    "rtx_pro_sm120": FakeGpu(PlatformEnum.CUDA, (12, 0), "sm120"),
+    "a100_sm80": FakeGpu(PlatformEnum.CUDA, (8, 0), "other"),
+    "mi300x_gfx942_aiter": FakeGpu(PlatformEnum.ROCM, (9, 4), "rocm", 3, True),
+    "mi355x_gfx950": FakeGpu(PlatformEnum.ROCM, (9, 5), "rocm", 4, False),
+    "mi355x_gfx950_aiter": FakeGpu(PlatformEnum.ROCM, (9, 5), "rocm", 4, True),
+    "cpu_no_gpu": FakeGpu(PlatformEnum.CPU, None, "other"),
 }
 NEXT_NS = range(1, 17)
 ADAPTIVE = (False, True)
 DEEP_GEMM = (True, False)
-# Full grid of (a): platforms x deep_gemm present x next_n 1..16 x adaptive x model arch.
-POLICY_GRID_SIZE = len(FAKE_PLATFORMS) * len(DEEP_GEMM) * len(NEXT_NS) * len(ADAPTIVE) * len(MODEL_ARCHS)
+FP4 = (False, True)
+# Full grid of (a): GPUs x deep_gemm present x next_n 1..16 x adaptive x model arch x MXFP4 cache.
+POLICY_GRID_SIZE = len(FAKE_PLATFORMS) * len(DEEP_GEMM) * len(NEXT_NS) * len(ADAPTIVE) * len(MODEL_ARCHS) * len(FP4)
 STEP_NEXT_NS = range(1, 7)
-# vLLM build() calls in the step-rule test: every (platform, deep_gemm, adaptive, next_n,
-# decode_len <= next_n) except SM100 + DeepGEMM (varlen kernel, Triton only).
-STEP_GRID_BUILDS = 588
 MODEL_TYPES = {
     "DeepseekV32ForCausalLM": "deepseek_v32",
     "DeepseekV4ForCausalLM": "deepseek_v4",
     "DeepseekV41ForCausalLM": "deepseek_v41",
 }
 POISON = -777
+CAPACITY = 256  # the builders' token buffers
 
 
 def test_vllm_is_the_pinned_release() -> None:
@@ -93,162 +129,325 @@ def test_vllm_is_the_pinned_release() -> None:
 
 def fake_vllm_platform(name: str) -> VllmPlatform:
     """A vLLM `Platform` whose capability is fixed, so vLLM's own family logic runs."""
-    enum, capability, _ = FAKE_PLATFORMS[name]
+    gpu = FAKE_PLATFORMS[name]
 
     class FakePlatform(VllmPlatform):
-        _enum = enum
+        _enum = gpu.enum
 
         @classmethod
         def get_device_capability(cls, device_id: int = 0) -> DeviceCapability | None:
-            return None if capability is None else DeviceCapability(*capability)
+            return None if gpu.capability is None else DeviceCapability(*gpu.capability)
 
     return FakePlatform()
 
 
+def _no_aiter_layout(*args: object) -> SimpleNamespace:
+    return SimpleNamespace(n_per_tile=16)  # aiter's K page geometry, which needs aiter installed
+
+
 @contextmanager
 def vllm_sees(name: str, deep_gemm: bool) -> Iterator[None]:
-    """Patch `current_platform` and `has_deep_gemm` in the modules whose functions read them."""
+    """Patch what vLLM reads to tell the platform: `current_platform` where it is looked up,
+    `has_deep_gemm`, the ROCm CDNA generation and aiter's switch; stub the SM count and
+    aiter's cache geometry and schedule size (GPU- or aiter-bound, never a path decision)."""
+    gpu = FAKE_PLATFORMS[name]
     plat = fake_vllm_platform(name)
-    with (
-        mock.patch.object(vllm_indexer, "current_platform", plat),
-        mock.patch.object(vllm_deep_gemm, "current_platform", plat),
-        mock.patch.object(vllm_indexer, "has_deep_gemm", lambda: deep_gemm),
-    ):
+    rocm = ModuleType("vllm.platforms.rocm")
+    rocm.get_cdna_version = lambda: gpu.cdna or 0  # type: ignore[attr-defined]
+    with ExitStack() as stack:
+        for module in (vllm_indexer, vllm_deep_gemm, vllm_v41_attention):
+            stack.enter_context(mock.patch.object(module, "current_platform", plat))
+        stack.enter_context(mock.patch.object(vllm_indexer, "has_deep_gemm", lambda: deep_gemm))
+        stack.enter_context(mock.patch.dict(sys.modules, {"vllm.platforms.rocm": rocm}))
+        stack.enter_context(mock.patch.object(rocm_aiter_ops, "is_enabled", classmethod(lambda cls: gpu.aiter)))
+        stack.enter_context(mock.patch.object(vllm_indexer, "num_compute_units", lambda device_id=0: 132))
+        stack.enter_context(mock.patch.object(vllm_rocm_mxfp4, "rocm_paged_mxfp4_cache_layout", _no_aiter_layout))
+        stack.enter_context(mock.patch.object(vllm_rocm_mxfp4, "rocm_mxfp4_decode_schedule_words", lambda *a: 64))
         yield
 
 
 def fake_vllm_config(
     next_n: int, adaptive: bool, arch: str = "DeepseekV32ForCausalLM", fp4: bool = False
 ) -> SimpleNamespace:
-    """The attributes of `VllmConfig` that the indexer's decode-path functions read."""
+    """The attributes of `VllmConfig` that the indexer's wiring, builders and startup checks read."""
     spec = None
     if next_n > 1 or adaptive:
         spec = SimpleNamespace(num_speculative_tokens=next_n - 1, enable_adaptive_verification=adaptive)
+    hf_config = SimpleNamespace(model_type=MODEL_TYPES[arch], index_n_heads=64, index_head_dim=128)
     return SimpleNamespace(
         speculative_config=spec,
         num_speculative_tokens=next_n - 1,
-        model_config=SimpleNamespace(architectures=[arch], hf_config=SimpleNamespace(model_type=MODEL_TYPES[arch])),
-        attention_config=SimpleNamespace(resolve_indexer_kv_dtype=lambda default: "mxfp4" if fp4 else default),
+        model_config=SimpleNamespace(
+            architectures=[arch], hf_config=hf_config, hf_text_config=hf_config, max_model_len=4096
+        ),
+        attention_config=SimpleNamespace(
+            resolve_indexer_kv_dtype=lambda default: "mxfp4" if fp4 else default,
+            sparse_mla_prefill_workspace_factor=5,
+            indexer_sparse_logits=False,
+        ),
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=CAPACITY, max_num_seqs=32),
+        parallel_config=SimpleNamespace(
+            decode_context_parallel_size=1,
+            tensor_parallel_size=1,
+            prefill_context_parallel_size=1,
+            cp_kv_cache_interleave_size=1,
+        ),
+        compilation_config=SimpleNamespace(static_forward_context={}),
     )
 
 
 def our_platform(name: str, deep_gemm: bool) -> Platform:
-    return Platform(FAKE_PLATFORMS[name][2], deep_gemm)
+    gpu = FAKE_PLATFORMS[name]
+    return Platform(gpu.family, deep_gemm, gpu.cdna, gpu.aiter)
+
+
+def vllm_indexer_backend(name: str, arch: str, config: SimpleNamespace) -> type:
+    """The indexer backend the model's code wires on this platform (may raise ValueError:
+    V4's ROCm layer and V4.1's cache ask `dsa_indexer_uses_fp4` while choosing)."""
+    rocm = FAKE_PLATFORMS[name].enum == PlatformEnum.ROCM
+    if arch == "DeepseekV32ForCausalLM":
+        cache = vllm_v32_rocm.DeepseekV32ROCmIndexerCache if rocm else vllm_v32_model.DeepseekV32IndexerCache
+        return cache.get_attn_backend(object.__new__(cache))
+    if arch == "DeepseekV4ForCausalLM":
+        # the CUDA layers are subclasses that do not override the choice; the base is abstract
+        layer = object.__new__(DeepseekV4ROCMAiterMLAAttention) if rocm else None
+        layer_cls = DeepseekV4ROCMAiterMLAAttention if rocm else vllm_v4_attention.DeepseekV4Attention
+        indexer = layer_cls._get_indexer_cls(layer, config)
+        cache = indexer._get_cache_cls(object.__new__(indexer))
+        return cache.get_attn_backend(object.__new__(cache))
+    with mock.patch.object(vllm_v41_attention, "get_current_vllm_config", lambda: config):
+        cache = vllm_v41_attention.DeepseekV4IndexerCache(
+            128, torch.uint8, "model.layers.0.attn.indexer.k_cache", SimpleNamespace(block_size=64)
+        )
+    return cache.get_attn_backend()
+
+
+@dataclass
+class VllmStartup:
+    """What vLLM 0.33 does with one configuration: refuses it (`error`), or builds this builder."""
+
+    error: str | None = None
+    backend: type | None = None
+    builder: object | None = None
+    takes_device_query_lens: bool | None = None  # the backend's answer, asked on this platform
+
+    @property
+    def builder_name(self) -> str:
+        rocm = isinstance(self.builder, vllm_rocm_mxfp4.RocmMxfp4IndexerMetadataBuilder)
+        return "rocm_mxfp4" if rocm else "dense"
+
+    @property
+    def path(self) -> str:
+        """The path of a full step (every request decoding next_n rows)."""
+        if self.error is not None:
+            return "rejected"
+        if self.builder.supports_varlen:
+            return "varlen"
+        if self.builder_name == "rocm_mxfp4":
+            return "native" if self.builder.native_next_n > 1 else "flatten"
+        return "flatten" if self.builder.use_flattening else "native"
+
+
+def vllm_startup(name: str, deep_gemm: bool, next_n: int, adaptive: bool, arch: str, fp4: bool) -> VllmStartup:
+    """Wire the indexer backend, build its metadata builder, create the adaptive manager."""
+    config = fake_vllm_config(next_n, adaptive, arch, fp4)
+    spec = SimpleNamespace(block_size=64, num_states=64)
+    startup = VllmStartup()
+    with vllm_sees(name, deep_gemm):
+        try:
+            startup.backend = vllm_indexer_backend(name, arch, config)
+            startup.takes_device_query_lens = startup.backend.supports_device_cpu_query_lens_mismatch()
+            builder_cls = startup.backend.get_builder_cls()
+            startup.builder = builder_cls(spec, ["indexer"], config, torch.device("cpu"), block_table_width=4)
+            group = SimpleNamespace(
+                backend=startup.backend,
+                layer_names=["indexer"],
+                kv_cache_spec=spec,
+                get_metadata_builder=lambda index=0: startup.builder,
+            )
+            with mock.patch.object(vllm_adaptive, "AdaptiveVerificationManager", lambda *a, **k: object()):
+                vllm_adaptive.maybe_create_adaptive_verification_manager(
+                    enable_adaptive_verification=adaptive,
+                    attn_groups=[[group]],
+                    req_states=SimpleNamespace(num_speculative_steps=next_n - 1),
+                    query_start_loc=None,
+                    num_bonus_tokens=1,
+                    max_total_logits=1 << 20,
+                    vllm_config=config,
+                )
+        except ValueError as err:
+            startup.error = str(err)
+    return startup
 
 
 # --- (a) the decode-path rules ----------------------------------------------------------
 
 
-def test_policy_matches_vllm_functions_on_full_grid() -> None:
-    checked = 0
+def test_policy_matches_vllm_on_full_grid() -> None:
+    """Path, builder, `use_flattening` and the reason's kind, on every cell of the grid."""
+    checked, paths = 0, collections.Counter()
     for name, deep_gemm in itertools.product(FAKE_PLATFORMS, DEEP_GEMM):
         plat = our_platform(name, deep_gemm)
         with vllm_sees(name, deep_gemm):
-            vllm_varlen = vllm_indexer._supports_varlen_paged_mqa_logits()
-            assert supports_varlen(plat) == vllm_varlen, name
-            for next_n, adaptive, arch in itertools.product(NEXT_NS, ADAPTIVE, MODEL_ARCHS):
-                where = f"{name} deep_gemm={deep_gemm} next_n={next_n} adaptive={adaptive} {arch}"
-                vllm_flatten = vllm_indexer._use_flattening(fake_vllm_config(next_n, adaptive, arch))
-                vllm_native = vllm_indexer._supports_native_decode(next_n)
-                query = PolicyQuery(plat, next_n, adaptive_verification=adaptive, model_arch=arch)
-                decision = vllm_0_33_0(query)
-                assert use_flattening_0_33(query) == vllm_flatten, where
-                assert decision.use_flattening == vllm_flatten, where
-                assert supports_native_decode(plat, next_n) == vllm_native, where
+            assert supports_varlen(plat) == vllm_indexer._supports_varlen_paged_mqa_logits(), name
+        for next_n, adaptive, arch, fp4 in itertools.product(NEXT_NS, ADAPTIVE, MODEL_ARCHS, FP4):
+            where = f"{name} deep_gemm={deep_gemm} next_n={next_n} adaptive={adaptive} {arch} fp4={fp4}"
+            query = PolicyQuery(plat, next_n, fp4, adaptive, arch)
+            with vllm_sees(name, deep_gemm):
+                config = fake_vllm_config(next_n, adaptive, arch, fp4)
+                assert use_flattening_0_33(query) == vllm_indexer._use_flattening(config), where
+                assert supports_native_decode(plat, next_n) == vllm_indexer._supports_native_decode(next_n), where
                 assert native_next_n_supported(plat, next_n) == vllm_deep_gemm.native_next_n_supported(next_n), where
-                expected_path = "varlen" if vllm_varlen else "flatten" if vllm_flatten else "native"
-                assert decision.path == expected_path, where
-                checked += 1
-    assert checked == POLICY_GRID_SIZE == 1536
-
-
-def test_fp4_acceptance_matches_dsa_indexer_uses_fp4() -> None:
-    """MXFP4 is accepted exactly where vLLM's startup check accepts it (ROCm: CDNA4 + aiter assumed)."""
-    fake_rocm = ModuleType("vllm.platforms.rocm")
-    fake_rocm.get_cdna_version = lambda: 4  # type: ignore[attr-defined]
-    from vllm._aiter_ops import rocm_aiter_ops
-
-    with mock.patch.dict(sys.modules, {"vllm.platforms.rocm": fake_rocm}), mock.patch.object(
-        rocm_aiter_ops, "is_enabled", classmethod(lambda cls: True)
-    ):
-        accepted_count = 0
-        for name, arch in itertools.product(FAKE_PLATFORMS, MODEL_ARCHS):
-            with vllm_sees(name, True):
                 try:
-                    accepted = vllm_indexer.dsa_indexer_uses_fp4(fake_vllm_config(2, False, arch, fp4=True))
+                    vllm_indexer.dsa_indexer_uses_fp4(config)
+                    fp4_refused = False
                 except ValueError:
-                    accepted = False
-            decision = vllm_0_33_0(PolicyQuery(our_platform(name, True), 2, fp4_cache=True, model_arch=arch))
-            assert (decision.path != "rejected") == accepted, f"{name} {arch}"
-            accepted_count += accepted
-    assert accepted_count == 2 * len(MODEL_ARCHS) + 2 * 2  # SM100 / SM103 any model; two ROCm GPUs x V4, V4.1
+                    fp4_refused = True
+            assert (fp4_rejection_0_33(query) is not None) == fp4_refused, where
+            vllm = vllm_startup(name, deep_gemm, next_n, adaptive, arch, fp4)
+            decision = vllm_0_33_0(query)
+            assert decision.path == vllm.path, f"{where}: ours {decision.path} ({decision.reason}), vLLM {vllm.error}"
+            if vllm.error is None:
+                assert decision.builder == indexer_builder(query) == vllm.builder_name, where
+                assert decision.use_flattening == vllm.builder.use_flattening, where
+                assert indexer_backend_takes_device_query_lens(query) == vllm.takes_device_query_lens, where
+            else:
+                vllm_adaptive_refusal = vllm.error.startswith("Adaptive verification")
+                assert (adaptive_rejection_0_33(query) is not None and not fp4_refused) == vllm_adaptive_refusal, where
+                assert decision.reason.endswith("rejected at startup"), where
+            checked += 1
+            paths[decision.path, decision.builder] += 1
+    assert checked == POLICY_GRID_SIZE == 3456
+    # every kind of answer occurs: native / flatten / varlen / rejected, and the ROCm MXFP4 builder
+    assert set(paths) == {
+        ("native", "dense"),
+        ("flatten", "dense"),
+        ("varlen", "dense"),
+        ("rejected", "dense"),
+        ("native", "rocm_mxfp4"),
+        ("flatten", "rocm_mxfp4"),
+    }
 
 
-def run_vllm_build(name: str, deep_gemm: bool, next_n: int, adaptive: bool, decode_len: int):
-    """vLLM's real `build()` for three requests decoding `decode_len` rows plus one
-    CUDA-graph padding request (seq_len 0, no tokens), on a builder set up as `__init__` would."""
-    seq_lens = torch.tensor([50, 70, 90, 0], dtype=torch.int32)
-    query_lens = torch.tensor([decode_len] * 3 + [0], dtype=torch.int32)
-    query_start_loc = torch.zeros(5, dtype=torch.int32)
-    query_start_loc[1:] = torch.cumsum(query_lens, 0)
-    tokens = int(query_lens.sum())
-    capacity = 256
+def test_rejection_reasons_name_what_vllm_names() -> None:
+    """Each refusal says the same thing vLLM's error says, in vLLM's order of checks."""
+    cases = [  # (GPU, arch, fp4, adaptive, word in vLLM's error, word in ours)
+        ("h200_sm90", "DeepseekV4ForCausalLM", True, False, "sm_10x", "SM10x"),
+        ("mi355x_gfx950_aiter", "DeepseekV32ForCausalLM", True, False, "DeepSeek-V4", "DeepSeek-V4"),
+        ("mi300x_gfx942_aiter", "DeepseekV4ForCausalLM", True, False, "CDNA4", "CDNA4"),
+        ("mi355x_gfx950", "DeepseekV41ForCausalLM", True, False, "aiter", "aiter"),
+        (
+            "rtx_pro_sm120",
+            "DeepseekV32ForCausalLM",
+            False,
+            True,
+            "DeepseekV32IndexerBackend",
+            "DeepseekV32IndexerBackend",
+        ),
+        ("cpu_no_gpu", "DeepseekV41ForCausalLM", False, True, "DeepseekV41IndexerBackend", "DeepseekV41IndexerBackend"),
+        ("mi300x_gfx942_aiter", "DeepseekV32ForCausalLM", False, True, "DeepseekV32IndexerBackend", "adaptive"),
+    ]
+    for name, arch, fp4, adaptive, theirs, ours in cases:
+        vllm = vllm_startup(name, True, 2, adaptive, arch, fp4)
+        decision = vllm_0_33_0(PolicyQuery(our_platform(name, True), 2, fp4, adaptive, arch))
+        assert vllm.error is not None and theirs in vllm.error, (name, arch, vllm.error)
+        assert decision.path == "rejected" and ours in decision.reason, (name, arch, decision.reason)
+
+
+def run_vllm_build(
+    name: str, deep_gemm: bool, next_n: int, adaptive: bool, arch: str, fp4: bool, decode_lens: tuple[int, ...]
+):
+    """vLLM's real `build()` of the builder it wires, for one decode step of requests
+    decoding `decode_lens` rows (request i holds 50 + 20 i tokens; a 0 is a CUDA-graph
+    padding request: no tokens, seq_len 0).
+
+    GPU- or aiter-bound calls are stubbed: DeepGEMM's SM planner, the uniform-decode Triton
+    kernel (which fills buffers whose shapes are what decides), aiter's decode schedule.
+    """
+    startup = vllm_startup(name, deep_gemm, next_n, adaptive, arch, fp4)
+    assert startup.error is None, startup.error
+    lens = torch.tensor(decode_lens, dtype=torch.int32)
+    reqs, tokens = len(decode_lens), int(lens.sum())
+    query_start_loc = torch.zeros(reqs + 1, dtype=torch.int32)
+    query_start_loc[1:] = torch.cumsum(lens, 0)
+    seq_lens = torch.tensor([50 + 20 * i if rows else 0 for i, rows in enumerate(decode_lens)], dtype=torch.int32)
 
     def no_deep_gemm_schedule(lens, block, sms, indices=None):  # DeepGEMM's planner needs a GPU
         return torch.zeros(sms + 1, 2, dtype=torch.int32)
 
-    with vllm_sees(name, deep_gemm), mock.patch.object(vllm_indexer, "get_paged_mqa_logits_metadata", no_deep_gemm_schedule):
-        config = fake_vllm_config(next_n, adaptive)
-        builder = object.__new__(vllm_indexer.DeepseekV32IndexerMetadataBuilder)
-        builder.vllm_config = config
-        builder.compress_ratio, builder.use_pcp, builder.dcp_world_size = 1, False, 1
-        builder.num_speculative_tokens, builder.decode_threshold = next_n - 1, next_n
-        builder.use_flattening = vllm_indexer._use_flattening(config)
-        builder.supports_varlen = vllm_indexer._supports_varlen_paged_mqa_logits()
-        builder.num_sms, builder.kv_cache_spec = 132, SimpleNamespace(num_states=64)
-        builder.scheduler_metadata_buffer = torch.zeros(133, 2, dtype=torch.int32)
-        for buffer in ("decode_lens_buffer", "per_req_decode_lens_buffer", "decode_seq_lens_buffer"):
-            setattr(builder, buffer, torch.zeros(capacity, dtype=torch.int32))
-        builder.arange_buffer = torch.arange(capacity, dtype=torch.int32)
-        builder.offsets_buffer = torch.arange(next_n, dtype=torch.int32)
-        builder.expanded_block_table_buffer = torch.zeros(capacity, 4, dtype=torch.int32)
-        common = CommonAttentionMetadata(
-            query_start_loc=query_start_loc, query_start_loc_cpu=query_start_loc.clone(),
-            seq_lens=seq_lens, num_reqs=4, num_actual_tokens=tokens, max_query_len=decode_len,
-            max_seq_len=90, block_table_tensor=torch.arange(16, dtype=torch.int32).view(4, 4),
-            slot_mapping=torch.zeros(tokens, dtype=torch.int64),
-        )
-        return builder.build(0, common)
+    common = CommonAttentionMetadata(
+        query_start_loc=query_start_loc,
+        query_start_loc_cpu=query_start_loc.clone(),
+        seq_lens=seq_lens,
+        num_reqs=reqs,
+        num_actual_tokens=tokens,
+        max_query_len=max(decode_lens),
+        max_seq_len=int(seq_lens.max()),
+        block_table_tensor=torch.arange(reqs * 4, dtype=torch.int32).view(reqs, 4),
+        slot_mapping=torch.zeros(tokens, dtype=torch.int64),
+    )
+    with (
+        vllm_sees(name, deep_gemm),
+        mock.patch.object(vllm_indexer, "get_paged_mqa_logits_metadata", no_deep_gemm_schedule),
+        mock.patch.object(vllm_indexer, "_PREPARE_UNIFORM_DECODE_KERNEL", lambda *args: None),
+        mock.patch.object(vllm_rocm_mxfp4, "build_rocm_mxfp4_decode_schedule", lambda *args, **kw: None),
+    ):
+        return startup.builder.build(0, common)
+
+
+def vllm_step_is_native(meta: object, max_decode_len: int) -> bool:
+    """Native: the dense builder keeps one row per request (`[B, max_decode_len]` lens, B
+    counting the padding request; flattened it would be one row per token), the ROCm
+    MXFP4 builder hands its launches next_n-row sequences (`decode_native`)."""
+    if isinstance(meta, vllm_rocm_mxfp4.RocmMxfp4IndexerMetadata):
+        return meta.decode_native is not None
+    return tuple(meta.decode.seq_lens.shape) == (meta.num_decodes, max_decode_len)
+
+
+STEP_CASES = [  # (GPU, deep_gemm, arch, fp4): the dense builder on each kind of GPU, and the ROCm MXFP4 builder
+    *[(name, dg, "DeepseekV32ForCausalLM", False) for name in FAKE_PLATFORMS for dg in DEEP_GEMM],
+    ("mi300x_gfx942_aiter", False, "DeepseekV4ForCausalLM", False),  # dense, adaptive accepted on ROCm
+    ("mi355x_gfx950_aiter", False, "DeepseekV4ForCausalLM", True),
+    ("mi355x_gfx950_aiter", False, "DeepseekV41ForCausalLM", True),
+]
+STEP_GRID_BUILDS = 808
 
 
 def test_step_rule_matches_vllm_build() -> None:
-    """`step_uses_native` against the native/flatten choice of vLLM's own `build()`.
+    """`step_uses_native` against the native/flatten choice of vLLM's own `build()`, for
+    uniform steps of 1..next_n rows and a ragged one (one request a row short).
 
     SM100 + DeepGEMM takes the varlen Triton kernel, which cannot run in-process on a
     CPU; there we only check that we never call it native (its flags are checked above).
+    Configurations vLLM refuses at startup have no step. A native dense builder sends a
+    ragged step's odd requests to the prefill path (pinned below), so ragged steps run
+    where vLLM keeps every request a decode: flattening builders and the ROCm MXFP4 one.
     """
-    builds = 0
-    for name, deep_gemm, adaptive in itertools.product(FAKE_PLATFORMS, DEEP_GEMM, ADAPTIVE):
-        plat = our_platform(name, deep_gemm)
-        for next_n in STEP_NEXT_NS:
-            query = PolicyQuery(plat, next_n, adaptive_verification=adaptive)
-            for decode_len in range(1, next_n + 1):
-                ours = step_uses_native(query, decode_len)
-                if supports_varlen(plat):
-                    assert not ours
-                    continue
-                meta = run_vllm_build(name, deep_gemm, next_n, adaptive, decode_len)
-                assert meta.num_decodes == 4 and meta.num_prefills == 0
-                # native keeps one row per request ([B, max_decode_len]); flatten one per token.
-                vllm_native = tuple(meta.decode.seq_lens.shape) == (4, decode_len)
-                if not vllm_native:
-                    assert tuple(meta.decode.seq_lens.shape) == (3 * decode_len, 1)
-                assert ours == vllm_native, f"{name} dg={deep_gemm} next_n={next_n} adaptive={adaptive} m={decode_len}"
-                builds += 1
-    steps_per_combo = sum(STEP_NEXT_NS)  # decode_len 1..next_n for each next_n
-    varlen_combos = sum(FAKE_PLATFORMS[n][2] == "sm100" for n in FAKE_PLATFORMS) * len(ADAPTIVE)
-    all_combos = len(FAKE_PLATFORMS) * len(DEEP_GEMM) * len(ADAPTIVE)
-    assert builds == (all_combos - varlen_combos) * steps_per_combo == STEP_GRID_BUILDS
+    builds, outcomes = 0, set()
+    for (name, deep_gemm, arch, fp4), adaptive, next_n in itertools.product(STEP_CASES, ADAPTIVE, STEP_NEXT_NS):
+        query = PolicyQuery(our_platform(name, deep_gemm), next_n, fp4, adaptive, arch)
+        if vllm_0_33_0(query).path == "rejected":
+            assert vllm_startup(name, deep_gemm, next_n, adaptive, arch, fp4).error is not None
+            continue
+        keeps_ragged_decodes = vllm_0_33_0(query).use_flattening
+        for decode_len, uniform in itertools.product(range(1, next_n + 1), (True, False)):
+            if not uniform and (decode_len == 1 or not keeps_ragged_decodes):
+                continue
+            ours = step_uses_native(query, decode_len, uniform)
+            if supports_varlen(query.platform):
+                assert not ours
+                continue
+            decode_lens = (decode_len,) * 3 if uniform else (decode_len, decode_len - 1, decode_len)
+            if vllm_0_33_0(query).builder == "dense":  # a padding request: native and flatten differ in shape
+                decode_lens += (0,)
+            meta = run_vllm_build(name, deep_gemm, next_n, adaptive, arch, fp4, decode_lens)
+            where = f"{name} dg={deep_gemm} {arch} fp4={fp4} next_n={next_n} adaptive={adaptive} lens={decode_lens}"
+            assert meta.num_decodes == len(decode_lens) and meta.num_prefills == 0, where
+            assert ours == vllm_step_is_native(meta, decode_len), where
+            builds += 1
+            outcomes.add((vllm_0_33_0(query).builder, ours))
+    assert builds == STEP_GRID_BUILDS
+    assert outcomes == {("dense", True), ("dense", False), ("rocm_mxfp4", True), ("rocm_mxfp4", False)}
 
 
 def test_native_builder_sends_ragged_decodes_to_prefill() -> None:
@@ -261,9 +460,14 @@ def test_native_builder_sends_ragged_decodes_to_prefill() -> None:
 
     query_start_loc = torch.tensor([0, 4, 6, 10], dtype=torch.int32)
     common = CommonAttentionMetadata(
-        query_start_loc=query_start_loc, query_start_loc_cpu=query_start_loc.clone(),
-        seq_lens=torch.tensor([90, 60, 70], dtype=torch.int32), num_reqs=3, num_actual_tokens=10,
-        max_query_len=4, max_seq_len=90, block_table_tensor=torch.zeros(3, 2, dtype=torch.int32),
+        query_start_loc=query_start_loc,
+        query_start_loc_cpu=query_start_loc.clone(),
+        seq_lens=torch.tensor([90, 60, 70], dtype=torch.int32),
+        num_reqs=3,
+        num_actual_tokens=10,
+        max_query_len=4,
+        max_seq_len=90,
+        block_table_tensor=torch.zeros(3, 2, dtype=torch.int32),
         slot_mapping=torch.zeros(10, dtype=torch.int64),
     )
     for adaptive, expected in ((False, (1, 2, 4, 6)), (True, (3, 0, 10, 0))):
@@ -314,7 +518,9 @@ def vllm_prepare(batch: DecodeBatch, table: torch.Tensor, use_native: bool, adap
 
 def random_table(batch: DecodeBatch, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 10_000, (batch.batch_size, batch.max_blocks_per_request + 1), generator=gen, dtype=torch.int32)
+    return torch.randint(
+        0, 10_000, (batch.batch_size, batch.max_blocks_per_request + 1), generator=gen, dtype=torch.int32
+    )
 
 
 def random_batch(seed: int) -> DecodeBatch:
@@ -414,7 +620,6 @@ def _interpret_worker(in_path: str, out_path: str) -> None:
     import numpy as np
     import triton.language as tl
     from triton.runtime import interpreter
-
     from vllm.v1.attention.ops import rocm_aiter_mla_sparse
 
     original_cast = interpreter._convert_float
@@ -440,7 +645,9 @@ def _interpret_worker(in_path: str, out_path: str) -> None:
         for batch, table in zip(UNIFORM_CASES, inputs["tables"]):
             before = len(kernel_calls)
             out = vllm_prepare(batch, table, use_native=False, adaptive=False)
-            uniform.append((*(t.clone() if isinstance(t, torch.Tensor) else t for t in out), len(kernel_calls) - before))
+            uniform.append(
+                (*(t.clone() if isinstance(t, torch.Tensor) else t for t in out), len(kernel_calls) - before)
+            )
     quant = {}
     with mock.patch.object(interpreter, "_convert_float", rtne_e4m3_cast):
         k = inputs["k"]

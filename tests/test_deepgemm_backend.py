@@ -1,5 +1,7 @@
 """The DeepGEMM backend on a machine without a GPU: it says why it cannot run, and its
-argument plumbing (API generations, schedule slots, dtypes) is right against a stand-in module."""
+argument plumbing (API generations, schedule slots, dtypes, and the SM100 form chosen from
+the device's compute capability) is right against a stand-in module that reads its inputs
+the way DeepGEMM does."""
 
 from __future__ import annotations
 
@@ -9,14 +11,15 @@ import pytest
 import torch
 
 from dsa_lab.bench.sweep import SweepPoint, skip_reason
+from dsa_lab.cache import build_paged_cache
 from dsa_lab.decode import pack_launch
 from dsa_lab.errors import BackendUnavailable
 from dsa_lab.kernels import get_backend
-from dsa_lab.kernels.deepgemm import DeepGemmBackend
-from dsa_lab.kernels.registry import Availability
+from dsa_lab.kernels.deepgemm import DeepGemmBackend, ue8m0_kv_cache
 from dsa_lab.kernels.reference import paged_mqa_logits
+from dsa_lab.kernels.registry import Availability
 from dsa_lab.metadata import build_native_metadata
-from dsa_lab.workload import random_inputs, uniform_batch
+from dsa_lab.workload import DecodeInputs, random_inputs, uniform_batch
 
 NUM_SMS = 132
 
@@ -37,8 +40,22 @@ def test_unavailable_on_cpu_with_a_reason():
     assert "unavailable on cpu" in skip_reason(point, torch.device("cpu"))
 
 
+def mx_to_float_scales(kv: torch.Tensor) -> torch.Tensor:
+    """Undo the SM100 form: four UE8M0 bytes per token -> the float32 power of two they encode."""
+    blocks, block_size, _, width = kv.shape
+    out = kv.clone()
+    scales = kv.view(blocks, -1)[:, block_size * (width - 4) :].view(torch.int32)
+    out.view(blocks, -1)[:, block_size * (width - 4) :].view(torch.int32).copy_((scales & 0xFF) << 23)
+    return out
+
+
 class FakeDeepGemm:
-    """Stands in for deep_gemm: records calls, computes with the reference, leaves a NaN tail."""
+    """Stands in for deep_gemm: records calls, computes with the reference, leaves a NaN tail.
+
+    Varlen calls (`indices`) are read as DeepGEMM's SM100 scheduler reads them: a run of
+    equal indices is one request, whose block table is the row of the run's first token;
+    the cache's scales are UE8M0 bytes, and the logits come back in bf16.
+    """
 
     def __init__(self, new_api: bool = True):
         self.calls: list[tuple[str, dict]] = []
@@ -55,14 +72,20 @@ class FakeDeepGemm:
         return torch.zeros(slots + 1, 2, dtype=torch.int32)
 
     def _compute(self, q, kv, w, ctx, table, max_len, indices=None):
-        if indices is not None:  # varlen: each row names its request's block-table row
-            table = table[indices.long()]
+        if indices is not None:
+            starts = torch.ones_like(indices, dtype=torch.bool)
+            starts[1:] = indices[1:] != indices[:-1]
+            first_row = torch.cummax(torch.where(starts, torch.arange(len(indices)), 0), 0).values
+            table = table[first_row]
+            kv = mx_to_float_scales(kv)
         out = paged_mqa_logits(q, kv, w.float(), ctx, table, max_len, cache_dtype="fp8")
+        if indices is not None:
+            out = out.to(torch.bfloat16)
         return torch.where(torch.isfinite(out), out, torch.full_like(out, float("nan")))
 
     def _new(self, q, kv, w, ctx, table, schedule, max_len, indices=None):
         values, scales = q
-        self.calls.append(("new", {"scales": scales, "weights": w.dtype, "indices": indices}))
+        self.calls.append(("new", {"scales": scales, "weights": w.dtype, "indices": indices, "kv": kv, "table": table}))
         return self._compute(values, kv, w, ctx, table, max_len, indices)
 
     def _old(self, q, kv, w, ctx, table, schedule, max_len, clean_logits):
@@ -75,14 +98,27 @@ def sm90_backend(monkeypatch, fake: FakeDeepGemm) -> DeepGemmBackend:
     backend._module, backend._origin, backend._loaded = fake, "fake", True
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(backend, "availability", lambda device: Availability(True, ""))  # CPU tensors stand in for the GPU's
+    monkeypatch.setattr(
+        backend, "availability", lambda device: Availability(True, "")
+    )  # CPU tensors stand in for the GPU's
     return backend
 
 
-def launch_for(next_n: int):
-    inputs = random_inputs(uniform_batch(2, 150, next_n, num_heads=32, head_dim=128), seed=next_n)
+def launch_for(next_n: int, batch: int = 2, ue8m0: bool = False):
+    inputs = random_inputs(uniform_batch(batch, 150, next_n, num_heads=32, head_dim=128), seed=next_n)
+    if ue8m0:  # the same keys quantised with power-of-two scales, as vLLM writes the cache on SM100
+        gen = torch.Generator().manual_seed(next_n)
+        keys = [torch.randn(150, 128, generator=gen) for _ in range(batch)]
+        cache = build_paged_cache(keys, ue8m0=True, seed=next_n)
+        inputs = DecodeInputs(inputs.batch, inputs.q, inputs.weights, cache)
     meta = build_native_metadata(inputs.batch, inputs.cache.block_table)
     return inputs, pack_launch(meta.launches[0], inputs), meta.max_context_len
+
+
+def reference(packed, cache, max_len):
+    return paged_mqa_logits(
+        packed.q, cache.data, packed.weights, packed.context_lens, packed.block_table, max_len, cache_dtype="fp8"
+    )
 
 
 @pytest.mark.parametrize(("next_n", "slots"), [(1, NUM_SMS), (2, NUM_SMS), (4, NUM_SMS // 2)])
@@ -101,36 +137,111 @@ def test_both_api_generations_give_reference_logits_on_valid_positions(monkeypat
     fake = FakeDeepGemm(new_api)
     backend = sm90_backend(monkeypatch, fake)
     inputs, packed, max_len = launch_for(2)
-    out = backend.logits(packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len, cache_dtype="fp8")
+    out = backend.logits(
+        packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len, cache_dtype="fp8"
+    )
     kind, details = fake.calls[-1]
     if new_api:
         assert kind == "new" and details["scales"] is None and details["weights"] == torch.float32
         assert details["indices"] is None
     else:
         assert kind == "old" and details["clean_logits"] is False
-    ref = paged_mqa_logits(packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len, cache_dtype="fp8")
+    ref = paged_mqa_logits(
+        packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len, cache_dtype="fp8"
+    )
     valid = torch.isfinite(ref)
     assert out.dtype == torch.float32 and torch.equal(out[valid], ref[valid])
     assert torch.isnan(out[~valid]).all()  # the tail is not cleaned: callers must mask it
 
 
-def test_sm100_uses_the_varlen_form_with_bf16_weights(monkeypatch):
+@pytest.mark.parametrize("capability", [(10, 0), (10, 3)])
+@pytest.mark.parametrize("next_n", [1, 3, 5])
+def test_sm100_takes_the_varlen_form_for_any_next_n(monkeypatch, capability, next_n):
+    """SM100 and SM103 (B200, GB300): bf16 weights, unit MX q scales, one row per token with
+    its request index, a per-token block table, UE8M0 K scales; reference logits up to bf16."""
+    fake = FakeDeepGemm()
+    backend = sm90_backend(monkeypatch, fake)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    inputs, packed, max_len = launch_for(next_n, batch=3, ue8m0=True)
+    schedule = backend.schedule(packed.context_lens, 64)
+    assert fake.calls[-1] == ("metadata", {"shape": (3 * next_n, 1), "block": 64, "slots": NUM_SMS})
+    out = backend.logits(
+        packed.q,
+        inputs.cache.data,
+        packed.weights,
+        packed.context_lens,
+        packed.block_table,
+        max_len,
+        schedule,
+        cache_dtype="fp8",
+    )
+    _, details = fake.calls[-1]
+    assert details["weights"] == torch.bfloat16
+    assert details["scales"].shape == (3 * next_n, 1, 32) and int(details["scales"][0, 0, 0]) == 0x7F7F7F7F
+    assert details["indices"].tolist() == [r for r in range(3) for _ in range(next_n)]
+    assert torch.equal(details["table"], packed.block_table.repeat_interleave(next_n, 0))
+    ref = reference(packed, inputs.cache, max_len)
+    valid = torch.isfinite(ref)
+    rel = (out[valid] - ref[valid]).norm() / ref[valid].norm()
+    assert out.dtype == torch.float32 and rel < 1e-2  # bf16 weights and logits: ~3e-3
+    assert backend.native_next_n(torch.device("cpu")) is None
+
+
+def test_sm100_needs_power_of_two_scales(monkeypatch):
+    """A cache quantised without ue8m0 loses its scales' mantissas in the SM100 form: the
+    reference check that precedes every timing then fails, loudly."""
     fake = FakeDeepGemm()
     backend = sm90_backend(monkeypatch, fake)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
-    inputs, packed, max_len = launch_for(3)
-    schedule = backend.schedule(packed.context_lens, 64)
-    assert fake.calls[-1] == ("metadata", {"shape": (6, 1), "block": 64, "slots": NUM_SMS})
-    out = backend.logits(packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len, schedule, cache_dtype="fp8")
-    _, details = fake.calls[-1]
-    ref = paged_mqa_logits(packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len, cache_dtype="fp8")
+    inputs, packed, max_len = launch_for(2)
+    out = backend.logits(
+        packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len, cache_dtype="fp8"
+    )
+    ref = reference(packed, inputs.cache, max_len)
     valid = torch.isfinite(ref)
-    rel = (out[valid] - ref[valid]).norm() / ref[valid].norm()
-    assert out.dtype == torch.float32 and rel < 1e-2  # bf16 weights: ~1e-3
-    assert details["weights"] == torch.bfloat16
-    assert details["scales"].shape == (6, 1, 32) and int(details["scales"][0, 0, 0]) == 0x7F7F7F7F
-    assert details["indices"].tolist() == [0, 0, 0, 1, 1, 1]
-    assert backend.native_next_n(torch.device("cpu")) is None
+    assert (out[valid] - ref[valid]).norm() / ref[valid].norm() > 0.05
+
+
+def test_ue8m0_form_is_exact_for_power_of_two_scales():
+    keys = [torch.randn(130, 128, generator=torch.Generator().manual_seed(1))]
+    cache = build_paged_cache(keys, ue8m0=True)
+    converted = ue8m0_kv_cache(cache.data)
+    blocks, value_bytes = cache.data.shape[0], 64 * 128
+    flat, flat_converted = cache.data.view(blocks, -1), converted.view(blocks, -1)
+    assert torch.equal(flat_converted[:, :value_bytes], flat[:, :value_bytes])  # values untouched
+    scale_bytes = flat_converted[:, value_bytes:].reshape(blocks, 64, 4)
+    assert (scale_bytes == scale_bytes[..., :1]).all()  # four equal UE8M0 bytes per token
+    full = cache.block_table[0, :2].long()  # the request's two full blocks: power-of-two scales, decoded exactly
+    decoded = mx_to_float_scales(converted).view(blocks, -1)
+    assert torch.equal(decoded[full, value_bytes:], flat[full, value_bytes:])
+
+
+def test_sm100_inputs_are_derived_once_per_unchanged_tensor(monkeypatch):
+    fake = FakeDeepGemm()
+    backend = sm90_backend(monkeypatch, fake)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
+    inputs, packed, max_len = launch_for(2, ue8m0=True)
+    args = (packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len)
+    backend.logits(*args, cache_dtype="fp8")
+    backend.logits(*args, cache_dtype="fp8")
+    first, second = fake.calls[-3][1], fake.calls[-1][1]
+    assert first["kv"] is second["kv"] and first["table"] is second["table"] and first["indices"] is second["indices"]
+    inputs.cache.data[0, 0, 0, 0] ^= 1  # an in-place write: the UE8M0 copy is made again
+    backend.logits(*args, cache_dtype="fp8")
+    assert fake.calls[-1][1]["kv"] is not first["kv"]
+
+
+def test_sm120_keeps_float32_weights_and_the_plain_form(monkeypatch):
+    fake = FakeDeepGemm()
+    backend = sm90_backend(monkeypatch, fake)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 0))
+    inputs, packed, max_len = launch_for(3)
+    backend.logits(
+        packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len, cache_dtype="fp8"
+    )
+    details = fake.calls[-1][1]
+    assert details["weights"] == torch.float32 and details["indices"] is None and details["kv"] is inputs.cache.data
+    assert fake.calls[-2] == ("metadata", {"shape": (2, 3), "block": 64, "slots": NUM_SMS})
 
 
 def test_missing_module_is_reported_not_hidden(monkeypatch):

@@ -6,17 +6,28 @@ vLLM (`vllm.third_party.deep_gemm`). Two API generations are handled:
 `fp8_paged_mqa_logits(q, ..., clean_logits)`. The kernel leaves columns past each row's
 context unspecified (up to a 256-aligned bound), hence `cleans_tail = False`.
 
-Per device capability:
-- SM90: next_n in {1, 2, 4} natively; weights float32; schedule slots = SMs / 2 for
+Dispatch is on the device's real compute capability (major version):
+- 9 (SM90): next_n in {1, 2, 4} natively; weights float32; schedule slots = SMs / 2 for
   next_n = 4 (two CTAs share KV through multicast), SMs otherwise.
-- SM100: weights bf16, unit MX scales for FP8 q, and the varlen form (rows of one token
-  plus a row -> request index), so any next_n; logits come back bf16 and are widened.
-  This path follows vLLM 0.33's wrapper and has not been run by this project.
-- SM120: any next_n, weights float32 (as vLLM passes them).
+- 10 (SM100, SM103): DeepGEMM's SM100 form, as vLLM 0.33 calls it (`mqa_logits_mx_inputs`,
+  the varlen decode metadata): MX inputs only, so FP8 q goes with unit UE8M0 scales, the
+  weights in bf16, and each K token's scale as four equal UE8M0 bytes (its exponent:
+  exact for the power-of-two scales vLLM writes there, i.e. a cache quantised with
+  `ue8m0=True`; any other scale is truncated to its power of two, which the reference
+  check then reports); the varlen form: one row per query token, a row -> request index,
+  and a block table with one row per token (DeepGEMM reads a run's table at its first
+  token row). The kernel groups each request's rows into 2-row Q blocks (64 heads) that
+  reuse the request's KV chunk, so any next_n is native. Logits come back bf16 and are
+  widened. Derived inputs (the UE8M0 cache, the per-row table, indices, unit scales) are
+  made once per source tensor and reused while it is unchanged, so a timing loop pays
+  for the kernel only. This path has not been run by this project (no SM100 here).
+- 12 (SM120): any next_n, weights float32 (as vLLM passes them).
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -26,13 +37,49 @@ from dsa_lab.errors import BackendUnavailable, check_range, check_tensor
 from dsa_lab.kernels.registry import Availability, LogitsBackend, check_logits_args, register_backend
 
 SUPPORTED_MAJORS = (9, 10, 12)
+SM100_MAJOR = 10
 SM90_NATIVE_NEXT_N = frozenset({1, 2, 4})
 UNIT_UE8M0_X4 = 0x7F7F7F7F  # four ue8m0 bytes of 2^0, packed in an int32
+SCALE_BYTES = 4  # an FP8 cache token's float32 scale, or its four UE8M0 bytes on SM100
 
 
 def _row_requests(batch: int, next_n: int, device: torch.device) -> torch.Tensor:
     """int32 request index of each of the batch * next_n varlen rows."""
     return torch.arange(batch, dtype=torch.int32, device=device).repeat_interleave(next_n)
+
+
+def ue8m0_kv_cache(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The FP8 cache as DeepGEMM's SM100 kernel reads it: values unchanged, each token's
+    float32 scale replaced by four copies of its exponent byte (UE8M0).
+
+    Exact when the scales are powers of two (`quantize_fp8(k, ue8m0=True)`, as vLLM
+    quantises the indexer cache on SM100); otherwise each scale loses its mantissa.
+    """
+    check_tensor("kv_cache", kv_cache, dtype=torch.uint8, ndim=4, contiguous=True)
+    blocks, block_size, _, width = kv_cache.shape
+    value_bytes = block_size * (width - SCALE_BYTES)
+    out = kv_cache.clone()
+    scale_bits = kv_cache.view(blocks, -1)[:, value_bytes:].view(torch.int32)
+    out.view(blocks, -1)[:, value_bytes:].view(torch.int32).copy_(((scale_bits >> 23) & 0xFF) * 0x01010101)
+    return out
+
+
+class _Derived:
+    """Tensors made from a source tensor, reused while the source lives and is unmodified
+    (same object, same version counter): what lets repeated calls skip the conversion."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, int], tuple[weakref.ref, int, torch.Tensor]] = {}
+
+    def get(self, kind: str, source: torch.Tensor, make: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        key = (kind, id(source))
+        entry = self._entries.get(key)
+        if entry is not None and entry[0]() is source and entry[1] == source._version:
+            return entry[2]
+        self._entries = {k: e for k, e in self._entries.items() if e[0]() is not None}  # drop the dead
+        derived = make(source)
+        self._entries[key] = (weakref.ref(source), source._version, derived)
+        return derived
 
 
 @register_backend
@@ -49,6 +96,8 @@ class DeepGemmBackend(LogitsBackend):
         self._module: ModuleType | None = None
         self._origin = ""
         self._loaded = False
+        self._derived = _Derived()
+        self._constants: dict[tuple[str, int, int, int, str], torch.Tensor] = {}
 
     def module(self) -> ModuleType | None:
         """deep_gemm, imported on first use (never at package import), with PDL on as vLLM sets it."""
@@ -80,7 +129,9 @@ class DeepGemmBackend(LogitsBackend):
             return Availability(False, "torch.cuda.is_available() is False")
         major, minor = torch.cuda.get_device_capability(device)
         if major not in SUPPORTED_MAJORS:
-            return Availability(False, f"compute capability {major}.{minor}; DeepGEMM's paged MQA logits needs SM90, SM100 or SM120")
+            return Availability(
+                False, f"compute capability {major}.{minor}; DeepGEMM's paged MQA logits needs SM90, SM100 or SM120"
+            )
         module = self.module()
         if module is None:
             return Availability(False, f"deep_gemm could not be imported ({self._origin})")
@@ -103,10 +154,12 @@ class DeepGemmBackend(LogitsBackend):
         module = self._require_available(context_lens.device)
         major = torch.cuda.get_device_capability(context_lens.device)[0]
         num_sms = int(module.get_num_sms())
-        if major == 10:  # varlen form: one row per query token, each naming its request
+        if major == SM100_MAJOR:  # varlen form: one row per query token, each naming its request
             batch, next_n = context_lens.shape
-            indices = _row_requests(batch, next_n, context_lens.device)
-            return module.get_paged_mqa_logits_metadata(context_lens.reshape(-1, 1).contiguous(), block_size, num_sms, indices)
+            indices = self._row_constant("indices", batch, next_n, 0, context_lens.device)
+            return module.get_paged_mqa_logits_metadata(
+                context_lens.reshape(-1, 1).contiguous(), block_size, num_sms, indices
+            )
         next_n = context_lens.shape[1]
         slots = num_sms // 2 if (major == 9 and next_n == 4) else num_sms
         return module.get_paged_mqa_logits_metadata(context_lens.contiguous(), block_size, slots)
@@ -131,8 +184,10 @@ class DeepGemmBackend(LogitsBackend):
             schedule = self.schedule(context_lens, kv_cache.shape[1])
         major = torch.cuda.get_device_capability(q.device)[0]
         block_table = block_table.contiguous()
-        if major == 10:
-            return self._logits_sm100(module, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule)
+        if major == SM100_MAJOR:
+            return self._logits_sm100(
+                module, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule
+            )
         if hasattr(module, "fp8_fp4_paged_mqa_logits"):
             out = module.fp8_fp4_paged_mqa_logits(
                 (q, None), kv_cache, weights, context_lens, block_table, schedule, max_context_len
@@ -143,21 +198,33 @@ class DeepGemmBackend(LogitsBackend):
             )
         return out if out.dtype == torch.float32 else out.float()
 
+    def _row_constant(self, kind: str, batch: int, next_n: int, heads: int, device: torch.device) -> torch.Tensor:
+        """The varlen row -> request index, or unit UE8M0 q scales, for this launch shape (made once)."""
+        key = (kind, batch, next_n, heads, str(device))
+        if key not in self._constants:
+            if kind == "indices":
+                value = _row_requests(batch, next_n, device)
+            else:
+                value = torch.full((batch * next_n, 1, heads), UNIT_UE8M0_X4, dtype=torch.int32, device=device)
+            self._constants[key] = value
+        return self._constants[key]
+
     def _logits_sm100(self, module, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule):
-        """Varlen form: rows of one token, `indices` naming each row's request (vLLM 0.33 on SM100)."""
+        """Varlen form, as vLLM 0.33 calls DeepGEMM on SM100 (see the module docstring)."""
         batch, next_n, heads, dim = q.shape
         rows = q.reshape(batch * next_n, 1, heads, dim)
-        unit_scales = torch.full((batch * next_n, 1, heads), UNIT_UE8M0_X4, dtype=torch.int32, device=q.device)
-        indices = _row_requests(batch, next_n, q.device)
+        row_table = self._derived.get(
+            f"row_table/{next_n}", block_table, lambda table: table.repeat_interleave(next_n, dim=0)
+        )
         out = module.fp8_fp4_paged_mqa_logits(
-            (rows, unit_scales),
-            kv_cache,
+            (rows, self._row_constant("unit_scales", batch, next_n, heads, q.device)),
+            self._derived.get("ue8m0_cache", kv_cache, ue8m0_kv_cache),
             weights.to(torch.bfloat16),
             context_lens.reshape(-1, 1).contiguous(),
-            block_table,
+            row_table,
             schedule,
             max_context_len,
-            indices,
+            self._row_constant("indices", batch, next_n, 0, q.device),
         )
         return out.float()
 
