@@ -1,22 +1,28 @@
-"""Execute the notebooks with papermill into `reports/` (ipynb + HTML) and index them.
+"""Execute the notebooks with papermill into `reports/` and index them.
 
 Each `notebooks/NN_*.ipynb` runs in order on whatever device is present (passed to it
 as the papermill parameter `device`). A failing notebook is recorded with its cell and
 error and the rest still run, so one broken chart never hides the others. Notebooks
 announce the data they used with `show_provenance`; the index lists it beside each one.
+Per notebook the report keeps a reader's page without code (`NN_x.html`), the page with
+code (`NN_x.code.html`), the executed notebook, and every chart as PNG and SVG
+(`figures/`); `dsa_lab.report_page` builds the landing page.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
+import os
 import re
 import sys
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +33,7 @@ from nbconvert import HTMLExporter
 from papermill.exceptions import PapermillExecutionError
 from tqdm import tqdm
 
+from dsa_lab import report_page
 from dsa_lab.store import git_state
 
 PAPERMILL_BANNER_TAG = "papermill-error-cell-tag"
@@ -90,6 +97,11 @@ class NotebookOutcome:
     error: str | None = None
     provenance: list[dict[str, Any]] = field(default_factory=list)
     fallbacks: list[dict[str, Any]] = field(default_factory=list)  # what it showed instead of measured data
+    title: str = ""
+    description: str = ""  # the first sentence of its introduction
+    code_html: str | None = None  # the page with code; `html` is the reader's page without it
+    thumbnail: str | None = None
+    figures: list[str] = field(default_factory=list)  # figures/NN_x-KK.png|svg
 
 
 @dataclass
@@ -155,20 +167,40 @@ def build_report(
     workdir = Path(cwd) if cwd is not None else notebooks_dir.resolve().parent
     outcomes = []
     bar = tqdm(notebooks, desc="notebooks", unit="nb", file=sys.stderr)
-    for path in bar:
-        bar.set_postfix_str(path.name)
-        outcomes.append(_run_one(path, out_dir, params, workdir, execution_timeout))
+    with _kernels_draw_svg_too():
+        for path in bar:
+            bar.set_postfix_str(path.name)
+            outcomes.append(_run_one(path, out_dir, params, workdir, execution_timeout))
     result = ReportResult(out_dir, params, outcomes, git_state())
-    _write_index(result)
+    _write_index(result, report_page.headline_findings())
     return result
+
+
+@contextlib.contextmanager
+def _kernels_draw_svg_too() -> Iterator[None]:
+    """Kernels started meanwhile render every inline chart as PNG and SVG (an IPython profile
+    of their own), so `figures/` can keep both; the user's IPython profile is left alone."""
+    with tempfile.TemporaryDirectory(prefix="dsa_lab_ipython_") as ipython_dir:
+        profile = Path(ipython_dir) / "profile_default"
+        profile.mkdir()
+        (profile / "ipython_kernel_config.py").write_text('c.InlineBackend.figure_formats = {"png", "svg"}\n')
+        previous = os.environ.get("IPYTHONDIR")
+        os.environ["IPYTHONDIR"] = ipython_dir
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop("IPYTHONDIR", None)
+            else:
+                os.environ["IPYTHONDIR"] = previous
 
 
 def _run_one(
     path: Path, out_dir: Path, params: dict[str, Any], workdir: Path, execution_timeout: int | None
 ) -> NotebookOutcome:
     executed = out_dir / path.name
-    for stale in (executed, executed.with_suffix(".html")):  # never report a previous run's output
-        stale.unlink(missing_ok=True)
+    for stale in (executed, executed.with_suffix(".html"), executed.with_suffix(".code.html")):
+        stale.unlink(missing_ok=True)  # never report a previous run's output
     start = time.perf_counter()
     outcome = NotebookOutcome(name=path.stem, status="ok", seconds=0.0)
     try:
@@ -196,10 +228,18 @@ def _run_one(
         outcome.fallbacks = _collect(node, FALLBACK_MIME)
         if outcome.status != "ok":
             outcome.failed_cell = _failing_source_cell(node)
-        html = executed.with_suffix(".html")
-        body, _ = HTMLExporter().from_notebook_node(node)
-        html.write_text(body, encoding="utf-8")
-        outcome.html = html.name
+        outcome.title, outcome.description = report_page.describe(node)
+        outcome.figures = report_page.write_figures(node, path.stem, out_dir)
+        outcome.thumbnail = report_page.write_thumbnail(node, path.stem, out_dir)
+        light = report_page.without_svg(node)
+        reader = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+        for exporter, target in (
+            (reader, executed.with_suffix(".html")),
+            (HTMLExporter(), executed.with_suffix(".code.html")),
+        ):
+            body, _ = exporter.from_notebook_node(light)
+            target.write_text(body, encoding="utf-8")
+        outcome.html, outcome.code_html = executed.with_suffix(".html").name, executed.with_suffix(".code.html").name
     if outcome.status != "ok":
         where = (
             f" in cell {outcome.failed_cell} (In [{outcome.failed_exec_count}]: {outcome.failed_source!r})"
@@ -238,45 +278,61 @@ def _collect(node: nbformat.NotebookNode, mime: str) -> list[dict[str, Any]]:
 _INDEX_TEMPLATE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>dsa_lab report</title>
 <style>
-body { font-family: system-ui, sans-serif; margin: 2em; }
-table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: .3em .6em; vertical-align: top; }
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #1f2328; }
+h1 { margin-bottom: .2em; } .meta { color: #57606a; font-size: 90%; }
+table { border-collapse: collapse; } td, th { border: 1px solid #d0d7de; padding: .3em .6em; vertical-align: top; }
+table.headline td:nth-child(3), table.headline td:nth-child(5), table.headline td:nth-child(6) { text-align: right; }
+td.win { background: #dafbe1; } caption { text-align: left; font-weight: bold; padding: .3em 0; }
+.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(330px, 1fr)); gap: 1em; }
+.card { border: 1px solid #d0d7de; border-radius: 6px; padding: .8em; }
+.card img { max-width: 100%; border: 1px solid #eee; }
 .ok { color: #1a7f37; font-weight: bold; } .failed { color: #cf222e; font-weight: bold; }
-code { font-size: 90%; } pre { white-space: pre-wrap; margin: 0; }
-.fallback { background: #fff8c5; border-left: 4px solid #d4a72c; padding: .2em .4em; }
+.fallback { background: #fff8c5; border-left: 4px solid #d4a72c; padding: .3em .5em; margin: .4em 0; }
+pre { white-space: pre-wrap; background: #f6f8fa; padding: .5em; margin: .3em 0; }
+code { font-size: 90%; } details { margin: .3em 0; } summary { cursor: pointer; color: #57606a; }
 </style></head><body>
 <h1>dsa_lab report</h1>
-<p>Generated {{ generated }} &middot; parameters:
-{% for k, v in parameters.items() %}<code>{{ k }}={{ v }}</code> {% endfor %}
-&middot; {{ outcomes|length - failed }} ok, {{ failed }} failed<br>
-code: git <code>{{ code.sha or "unknown" }}</code>{% if code.dirty %} (uncommitted changes){% endif %},
-package sources sha256 <code>{{ (code.tree_sha256 or "")[:16] }}</code></p>
-<table>
-<tr><th>notebook</th><th>status</th><th>seconds</th><th>data</th><th>error</th><th>data used</th></tr>
-{% for o in outcomes %}
-<tr>
-<td>{% if o.html %}<a href="{{ o.html }}">{{ o.name }}</a> (<a href="{{ o.executed }}">ipynb</a>){% else %}{{ o.name }}{% endif %}</td>
-<td class="{{ o.status }}">{{ o.status }}</td>
-<td>{{ o.seconds }}</td>
-<td>{% for f in o.fallbacks %}<div class="fallback"><b>stand-in: {{ f.shown_instead }}</b><br>{{ f.missing }}</div>{% else %}{% if o.status == "ok" %}as intended{% endif %}{% endfor %}</td>
-<td>{% if o.error %}{% if o.failed_cell is not none %}cell {{ o.failed_cell }} (In [{{ o.failed_exec_count }}]): <code>{{ o.failed_source }}</code><br>{% endif %}<pre>{{ o.error }}</pre>{% endif %}</td>
-<td>{% for p in o.provenance %}<b>{{ p.label }}</b>:
-{% for k, v in p.items() if k != 'label' %}<code>{{ k }}={{ v }}</code> {% endfor %}<br>{% else %}&mdash;{% endfor %}</td>
-</tr>
-{% endfor %}
-</table></body></html>
+<p class="meta">{{ outcomes|length - failed }} of {{ outcomes|length }} notebooks ok &middot; generated {{ generated }}
+&middot; git <code>{{ (code.sha or "unknown")[:12] }}</code>{% if code.dirty %} (uncommitted changes){% endif %}
+&middot; parameters {% for k, v in parameters.items() %}<code>{{ k }}={{ v }}</code> {% endfor %}</p>
+
+<h2>Findings</h2>
+{{ headline_table|safe }}
+{{ headline_reading|safe }}
+<p class="meta">Green: vLLM 0.33's choice is slower than the fastest option by more than the measured spread.
+The table as Markdown: <a href="headline.md">headline.md</a>. Every chart as PNG and SVG: <a href="figures/">figures/</a>.</p>
+
+<h2>Notebooks</h2>
+<div class="cards">
+{% for o in outcomes %}<div class="card">
+<div><b>{% if o.html %}<a href="{{ o.html }}">{{ o.title or o.name }}</a>{% else %}{{ o.title or o.name }}{% endif %}</b>
+&middot; <span class="{{ o.status }}">{{ o.status }}</span> &middot; {{ o.seconds }} s</div>
+<div class="meta">{{ o.description }}</div>
+{% if o.thumbnail %}<a href="{{ o.html }}"><img src="{{ o.thumbnail }}" alt="first chart of {{ o.name }}"></a>{% endif %}
+{% for f in o.fallbacks %}<div class="fallback"><b>Not the measured data: {{ f.shown_instead }}.</b> {{ f.missing }}</div>{% endfor %}
+{% if o.error %}<div class="failed">Failed{% if o.failed_cell is not none %} in cell {{ o.failed_cell }} (In [{{ o.failed_exec_count }}]): <code>{{ o.failed_source }}</code>{% endif %}</div><pre>{{ o.error }}</pre>{% endif %}
+<div class="meta">{% if o.code_html %}<a href="{{ o.code_html }}">with code</a> &middot; {% endif %}{% if o.executed %}<a href="{{ o.executed }}">notebook</a> &middot; {% endif %}{{ o.figures|length }} figure files</div>
+{% if o.provenance %}<details><summary>data used ({{ o.provenance|length }})</summary>
+{% for p in o.provenance %}<div><b>{{ p.label }}</b>: {% for k, v in p.items() if k != 'label' %}<code>{{ k }}={{ v }}</code> {% endfor %}</div>{% endfor %}
+</details>{% endif %}
+</div>
+{% endfor %}</div>
+</body></html>
 """
 
 
-def _write_index(result: ReportResult) -> None:
+def _write_index(result: ReportResult, findings: report_page.Findings) -> None:
     env = jinja2.Environment(autoescape=True)
     page = env.from_string(_INDEX_TEMPLATE).render(
-        generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        generated=datetime.now(UTC).isoformat(timespec="seconds"),
         parameters=result.parameters,
         outcomes=result.outcomes,
         failed=len(result.failed),
         code=result.code,
+        **report_page.page_context(findings),
     )
     (result.out_dir / "index.html").write_text(page, encoding="utf-8")
+    (result.out_dir / "headline.md").write_text(findings.markdown, encoding="utf-8")
     summary = {"parameters": result.parameters, "code": result.code, "notebooks": [asdict(o) for o in result.outcomes]}
     (result.out_dir / "report.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
 
@@ -313,7 +369,11 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report folder (default: reports/)")
     parser.add_argument("--only", action="append", default=[], metavar="NN", help="run only notebook NN (repeatable)")
     parser.add_argument(
-        "-p", "--parameter", action="append", default=[], metavar="KEY=VALUE",
+        "-p",
+        "--parameter",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="papermill parameter for every notebook (repeatable), e.g. -p run_fresh=True",
     )
     parser.set_defaults(func=_cli)

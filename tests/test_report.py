@@ -33,7 +33,11 @@ def notebooks(tmp_path: Path) -> Path:
         "from dsa_lab.report import show_provenance\n"
         "show_provenance({'run_id': 'r1', 'source': 'measured', 'device': device}, 'tiny run')",
         "print(f'seed={seed} device={device} marker=GOOD-OUTPUT')",
+        "%matplotlib inline\nimport matplotlib.pyplot as plt\nplt.plot([1, 2], [3, 4]); plt.title('A CHART'); plt.show()",
     )
+    good = nbformat.read(folder / "01_good.ipynb", as_version=4)
+    good.cells.insert(0, nbformat.v4.new_markdown_cell("# 01 · A good `notebook`\n\nIt draws one chart. Then more."))
+    nbformat.write(good, folder / "01_good.ipynb")
     _write(
         folder / "02_broken.ipynb",
         "x = 1",
@@ -56,6 +60,13 @@ def test_report_runs_good_and_reports_failing(notebooks: Path, tmp_path: Path) -
     assert good.status == "ok" and good.error is None
     html = (out / "01_good.html").read_text()
     assert "seed=7 device=cpu marker=GOOD-OUTPUT" in html
+    assert (
+        "matplotlib.pyplot" not in html and "matplotlib.pyplot" in (out / "01_good.code.html").read_text()
+    )  # no code for readers
+    assert good.title == "01 · A good notebook" and good.description == "It draws one chart."
+    assert good.figures == ["figures/01_good-01.png", "figures/01_good-01.svg"]
+    assert "A CHART" in (out / "figures" / "01_good-01.svg").read_text()
+    assert good.thumbnail == "thumbs/01_good.png" and (out / good.thumbnail).stat().st_size > 0
     assert good.provenance == [{"label": "tiny run", "run_id": "r1", "source": "measured", "device": "cpu"}]
 
     assert broken.status == "failed"
@@ -71,6 +82,9 @@ def test_report_runs_good_and_reports_failing(notebooks: Path, tmp_path: Path) -
     index = (out / "index.html").read_text()
     assert 'href="01_good.html"' in index and 'href="02_broken.html"' in index
     assert "deliberate failure for the test" in index and "run_id=r1" in index
+    assert "<pre>ValueError: deliberate failure for the test</pre>" in index
+    assert 'src="thumbs/01_good.png"' in index and "It draws one chart." in index
+    assert str(tmp_path) not in index and len(index.encode()) < 400_000
     summary = json.loads((out / "report.json").read_text())
     assert [n["status"] for n in summary["notebooks"]] == ["ok", "failed", "failed"]
     assert summary["parameters"] == {"interactive": False, "seed": 7, "device": "cpu"}
@@ -86,7 +100,10 @@ def _cli(*argv: str) -> int:
 def test_cli_only_selects_one_notebook_and_exit_code_follows(notebooks: Path, tmp_path: Path) -> None:
     out = tmp_path / "only"
     assert _cli("--notebooks", str(notebooks), "--out", str(out), "--only", "01", "-p", "device=cpu") == 0
-    assert sorted(p.name for p in out.iterdir()) == ["01_good.html", "01_good.ipynb", "index.html", "report.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "01_good.code.html", "01_good.html", "01_good.ipynb", "figures", "headline.md", "index.html", "report.json",
+        "thumbs",
+    ]  # fmt: skip
     assert _cli("--notebooks", str(notebooks), "--out", str(out), "--only", "2", "-p", "device=cpu") == 1
 
 
@@ -131,7 +148,10 @@ def test_decision_table_compares_the_fastest_with_vllm_0_33_on_sm90() -> None:
 
     text = reading(table.reset_index(), "NVIDIA H200", "deepgemm")
     assert "fastest strategy in 1 of them and not in 3 (2 of them beyond the measured spread)" in text
-    assert "next_n=3, batch=4, context=8192: vLLM takes **flatten** (30.0 µs); **atom** takes 10.0 µs, 3.00x faster." in text
+    assert (
+        "next_n=3, batch=4, context=8192: vLLM takes **flatten** (30.0 µs); **atom** takes 10.0 µs, 3.00x faster."
+        in text
+    )
     assert "1.20x faster (within the measured spread)" in text
 
     speedups = speedup_table(results).set_index(["strategy", "next_n"])["speedup"].round(6)
@@ -145,12 +165,18 @@ def test_decision_table_compares_the_fastest_with_vllm_0_33_on_sm90() -> None:
 
 
 def test_modeled_rows_have_no_spread_to_be_significant_against() -> None:
-    from dsa_lab.plots.latency import decision_table, modeled_grid
+    from dsa_lab.analysis.modeled import modeled_grid
+    from dsa_lab.plots.latency import decision_table
     from dsa_lab.roofline import get_gpu
 
     modeled = modeled_grid((2,), ("4096",), (3, 4), get_gpu("H200"))
     assert set(modeled["source"]) == {"modeled"}
-    assert set(zip(modeled["next_n"], modeled["strategy"])) == {(3, "atom"), (3, "flatten"), (4, "native"), (4, "flatten")}
+    assert set(zip(modeled["next_n"], modeled["strategy"])) == {
+        (3, "atom"),
+        (3, "flatten"),
+        (4, "native"),
+        (4, "flatten"),
+    }
     table = decision_table(modeled, modeled["backend"].iloc[0])
     assert table["significant"].isna().all()
     # flatten re-reads the KV once per row, so the model never prefers it for next_n > 1
@@ -175,3 +201,16 @@ def test_policy_grid_and_blocks_read() -> None:
     table = random_inputs(batch).cache.block_table
     assert blocks_read(build_native_metadata(batch, table), 64) == 2 * 3  # once per request
     assert blocks_read(build_flatten_metadata(batch, table), 64) == 2 * (2 + 3 + 3)  # once per row
+
+
+def test_index_opens_with_the_headline_of_the_shipped_run(notebooks: Path, tmp_path: Path) -> None:
+    """A reader finds the fastest strategy for next_n = 3 at B = 128, 64K at the top of the index."""
+    out = tmp_path / "reports"
+    build_report(notebooks, out, device="cpu", only=["01"])
+    index = (out / "index.html").read_text()
+    findings = index[index.index("<h2>Findings</h2>") : index.index("<h2>Notebooks</h2>")]
+    row = findings[findings.index("<tr><td>3</td>") :].split("</tr>")[0]
+    assert "flatten (deepgemm)" in row and "<b>atom 4[pad 1]</b>" in row and "1.61×" in row
+    assert "measured on NVIDIA H200" in findings and "h200-full-20261129" in findings
+    markdown = (out / "headline.md").read_text()
+    assert "| 3 | flatten (deepgemm) | 829 | atom 4[pad 1] (deepgemm) | 515 | 1.61× |" in markdown

@@ -1,0 +1,165 @@
+"""The report's landing page: findings first, then one card per notebook, provenance folded.
+
+`dsa-lab report` (dsa_lab.report) executes the notebooks; this module turns what they
+produced into what a reader opens: the headline table generated from the shipped H200
+run (also written as Markdown to paste into a pull request), a line, a thumbnail and a
+status per notebook, every chart as PNG and SVG under `figures/`, and the notebooks'
+HTML without code (the code-visible page and the executed notebook sit beside it).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import mistune
+import nbformat
+import pandas as pd
+
+HEADLINE_RUN = "h200/h200-full-20261129"
+HEADLINE_BATCH, HEADLINE_CONTEXT = 128, "65536"
+THUMB_WIDTH = 360
+FIGURE_MIMES = {"image/png": "png", "image/svg+xml": "svg"}
+
+
+@dataclass
+class Findings:
+    """The headline: a table per next_n and a few sentences, both generated from one run."""
+
+    table: pd.DataFrame | None
+    reading_html: str
+    markdown: str  # the table as Markdown, for pull requests and issues
+
+
+def headline_findings(
+    run_path: str = HEADLINE_RUN, batch: int = HEADLINE_BATCH, context: str = HEADLINE_CONTEXT
+) -> Findings:
+    """What vLLM 0.33 takes and what is fastest per next_n at one large shape of the shipped run."""
+    from dsa_lab.analysis import headline
+    from dsa_lab.analysis.runs import latency_run
+
+    chosen = latency_run(run_path) if _run_present(run_path) else None
+    if chosen is None or not chosen.measured:
+        text = (f"The measured run `{run_path}` is not in this checkout's data folder, so there is no headline. "
+                "Make one on an H200 with `dsa-lab bench --preset h200-full`.")  # fmt: skip
+        return Findings(None, f"<p class='fallback'>{mistune.html(text)}</p>", text + "\n")
+    run_id = chosen.run.provenance["run_id"]
+    table = headline.headline_table(chosen.run.results, batch, context)
+    reading = headline.headline_reading(table, chosen.device_label, run_id, batch, context)
+    return Findings(table, mistune.html(reading), headline_markdown(table, chosen.device_label, run_id, batch, context))
+
+
+def _run_present(run_path: str) -> bool:
+    from dsa_lab.paths import resolve_data_path
+
+    try:
+        return resolve_data_path(run_path).is_dir()
+    except FileNotFoundError:
+        return False
+
+
+def headline_markdown(table: pd.DataFrame, device_label: str, run_id: str, batch: int, context: str) -> str:
+    """The headline table in Markdown, with its provenance line."""
+    lines = [
+        f"Paged MQA logits, one decode step, B = {batch}, context {int(context) // 1024}K, FP8; "
+        f"measured on {device_label} (run `{run_id}`), median µs.",
+        "",
+        "| next_n | vLLM 0.33 takes | µs | fastest measured | µs | speedup |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in table.itertuples():
+        pieces = f" {row.best_pieces}" if row.best_pieces else ""
+        lines.append(f"| {row.next_n} | {row.vllm_strategy} ({row.vllm_backend}) | {row.vllm_us:.0f} | "
+                     f"{row.best_strategy}{pieces} ({row.best_backend}) | {row.best_us:.0f} | {row.speedup:.2f}× |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def describe(node: nbformat.NotebookNode) -> tuple[str, str]:
+    """(title, one line) from a notebook's first markdown cell: its heading and first sentence."""
+    first = next((c.source for c in node.cells if c.cell_type == "markdown"), "")
+    lines = [line.strip() for line in first.splitlines()]
+    title = re.sub(r"[*`]", "", next((line.lstrip("# ").strip() for line in lines if line.startswith("#")), ""))
+    prose = " ".join(line for line in lines if line and not line.startswith("#"))
+    sentence = re.split(r"(?<=[.?!])\s", prose, maxsplit=1)[0] if prose else ""
+    return title, re.sub(r"[*`]", "", sentence)
+
+
+def images(node: nbformat.NotebookNode) -> list[tuple[str, str | bytes]]:
+    """Every chart a notebook drew, in order, as (extension, payload); a chart drawn in two formats counts once per format."""
+    found = []
+    for cell in node.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            for mime, ext in FIGURE_MIMES.items():
+                if mime in data:
+                    payload = data[mime]
+                    found.append((ext, base64.b64decode(payload) if ext == "png" else "".join(payload)))
+    return found
+
+
+def write_figures(node: nbformat.NotebookNode, stem: str, out_dir: Path) -> list[str]:
+    """Each chart as figures/<stem>-NN.png / .svg; returns the paths relative to `out_dir`."""
+    folder = out_dir / "figures"
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(f"{stem}-*"):
+        stale.unlink()
+    written, counters = [], {"png": 0, "svg": 0}
+    for ext, payload in images(node):
+        counters[ext] += 1
+        path = folder / f"{stem}-{counters[ext]:02d}.{ext}"
+        path.write_bytes(payload) if isinstance(payload, bytes) else path.write_text(payload, encoding="utf-8")
+        written.append(str(path.relative_to(out_dir)))
+    return written
+
+
+def write_thumbnail(node: nbformat.NotebookNode, stem: str, out_dir: Path) -> str | None:
+    """The notebook's first PNG chart, shrunk to `THUMB_WIDTH`, as thumbs/<stem>.png."""
+    from PIL import Image
+
+    first = next((payload for ext, payload in images(node) if ext == "png"), None)
+    if first is None:
+        return None
+    image = Image.open(io.BytesIO(first))
+    image.thumbnail((THUMB_WIDTH, THUMB_WIDTH * 3))
+    path = out_dir / "thumbs" / f"{stem}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path, optimize=True)
+    return str(path.relative_to(out_dir))
+
+
+def without_svg(node: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A copy whose outputs keep PNG only where both were drawn: the pages stay light, figures/ keeps the SVG."""
+    copy = nbformat.from_dict(node)
+    for cell in copy.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if "image/svg+xml" in data and "image/png" in data:
+                del data["image/svg+xml"]
+    return copy
+
+
+def headline_html(findings: Findings) -> str:
+    """The findings' table as HTML, the fastest option of each next_n in bold."""
+    if findings.table is None:
+        return ""
+    rows = []
+    for row in findings.table.itertuples():
+        pieces = f" {row.best_pieces}" if row.best_pieces else ""
+        mark = " class='win'" if row.beyond_spread else ""
+        rows.append(f"<tr><td>{row.next_n}</td><td>{row.vllm_strategy} ({row.vllm_backend})</td><td>{row.vllm_us:.0f}</td>"
+                    f"<td{mark}><b>{row.best_strategy}{pieces}</b> ({row.best_backend})</td><td>{row.best_us:.0f}</td>"
+                    f"<td{mark}>{row.speedup:.2f}×</td></tr>")  # fmt: skip
+    head = ("<tr><th>next_n</th><th>vLLM 0.33 takes</th><th>µs</th><th>fastest measured</th><th>µs</th>"
+            "<th>speedup over vLLM</th></tr>")  # fmt: skip
+    caption = findings.markdown.splitlines()[0].replace("`", "")
+    return f"<table class='headline'><caption>{escape(caption)}</caption>{head}{''.join(rows)}</table>"
+
+
+def page_context(findings: Findings) -> dict[str, Any]:
+    """What the index template needs of the findings."""
+    return {"headline_table": headline_html(findings), "headline_reading": findings.reading_html}
