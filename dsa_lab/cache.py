@@ -129,7 +129,9 @@ def quantize_mxfp4(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_mxfp4(packed: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
     """Inverse of `quantize_mxfp4`: float32 [tokens, D]."""
     check_tensor("packed", packed, dtype=torch.uint8, ndim=2)
-    check_tensor("scale_bytes", scale_bytes, dtype=torch.uint8, shape=(packed.shape[0], 2 * packed.shape[1] // MX_GROUP))
+    check_tensor(
+        "scale_bytes", scale_bytes, dtype=torch.uint8, shape=(packed.shape[0], 2 * packed.shape[1] // MX_GROUP)
+    )
     grid = torch.tensor(E2M1_VALUES, device=packed.device)
     codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], 2 * packed.shape[-1])
     values = grid[(codes & 7).long()] * torch.where(codes >= 8, -1.0, 1.0)
@@ -150,7 +152,9 @@ def permuted_block_table(per_request: Sequence[int], perm: torch.Tensor) -> torc
     counts = check_int_sequence("per_request", per_request, 1, 1 << 31)
     check_tensor("perm", perm, dtype=(torch.int32, torch.int64), ndim=1)
     if not counts or sum(counts) > perm.numel():
-        raise ValueError(f"per_request: needs 1..{perm.numel()} blocks in all (len(perm)), got {sum(counts)} over {len(counts)} requests")
+        raise ValueError(
+            f"per_request: needs 1..{perm.numel()} blocks in all (len(perm)), got {sum(counts)} over {len(counts)} requests"
+        )
     per_request = counts
     table = torch.empty(len(per_request), max(per_request), dtype=torch.int32, device=perm.device)
     first = 0
@@ -181,7 +185,9 @@ def build_paged_cache(
     seed = as_int("seed", seed)
     check_choice("ue8m0", ue8m0, (False, True))
     if isinstance(keys, torch.Tensor) or not isinstance(keys, (list, tuple)) or not keys:
-        raise ValueError(f"keys: need a non-empty list of K tensors [L_b, D], one per request, got {type(keys).__name__}")
+        raise ValueError(
+            f"keys: need a non-empty list of K tensors [L_b, D], one per request, got {type(keys).__name__}"
+        )
     check_tensor("keys[0]", keys[0], dtype=KEY_DTYPES, ndim=2)
     head_dim = check_head_dim(keys[0].shape[-1], cache_dtype)
     device = keys[0].device
@@ -259,13 +265,12 @@ def gather_request_keys(cache: PagedCache, request: int, length: int) -> torch.T
     length = check_range("length", length, 0, 1 << 40)
     blocks = -(-length // cache.block_size)
     if blocks > cache.block_table.shape[1]:
-        raise ValueError(
-            f"length={length} needs {blocks} blocks; the block table holds "
-            f"{cache.block_table.shape[1]}"
-        )
+        raise ValueError(f"length={length} needs {blocks} blocks; the block table holds {cache.block_table.shape[1]}")
     ids = cache.block_table[request, :blocks]
     if blocks and (int(ids.min()) < 0 or int(ids.max()) >= cache.num_blocks):
-        raise ValueError(f"block_table[{request}]: block ids must lie in [0, {cache.num_blocks - 1}], got {ids.tolist()}")
+        raise ValueError(
+            f"block_table[{request}]: block ids must lie in [0, {cache.num_blocks - 1}], got {ids.tolist()}"
+        )
     return dequantize_blocks(cache, ids)[:length]
 
 
@@ -298,7 +303,9 @@ def random_paged_cache(
     num_blocks = sum(per_request) + 1
     value_bytes, scale_bytes = _token_regions(cache_dtype, head_dim, block_size)
     perm = torch.randperm(num_blocks, generator=gen, device=device).to(torch.int32)
-    flat = torch.randint(0, 256, (num_blocks, value_bytes + scale_bytes), generator=gen, device=device, dtype=torch.uint8)
+    flat = torch.randint(
+        0, 256, (num_blocks, value_bytes + scale_bytes), generator=gen, device=device, dtype=torch.uint8
+    )
     if cache_dtype == "fp8":  # stale scales must still be finite floats
         flat[:, value_bytes:].view(torch.float32)[:] = torch.rand(num_blocks, block_size, generator=gen, device=device)
     table = permuted_block_table(per_request, perm)

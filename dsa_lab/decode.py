@@ -20,13 +20,10 @@ import torch
 from dsa_lab.cache import PagedCache
 from dsa_lab.errors import check_range, check_tensor
 from dsa_lab.kernels import LogitsBackend, get_backend
-from dsa_lab.kernels.deepgemm import SM90_NATIVE_NEXT_N
 from dsa_lab.kernels.registry import check_logits_values
 from dsa_lab.metadata import DecodeMetadata, KernelLaunch, build_metadata
 from dsa_lab.topk import DEFAULT_TOPK, MAX_TOPK, topk_per_row
-from dsa_lab.workload import DecodeInputs
-
-SM90_DEEPGEMM_NATIVE = tuple(sorted(SM90_NATIVE_NEXT_N))  # (1, 2, 4)
+from dsa_lab.workload import MAX_NEXT_N, DecodeInputs
 
 
 @dataclass(frozen=True)
@@ -75,7 +72,9 @@ def check_launches(metadata: DecodeMetadata, inputs: DecodeInputs) -> None:
     for i, launch in enumerate(metadata.launches):
         check_tensor(f"launches[{i}].block_table", launch.block_table, device=inputs.cache.data.device)
         if launch.token_rows.numel() and int(launch.token_rows.max()) >= metadata.num_tokens:
-            raise ValueError(f"launches[{i}].token_rows: values must be -1 (filler) or < num_tokens={metadata.num_tokens}")
+            raise ValueError(
+                f"launches[{i}].token_rows: values must be -1 (filler) or < num_tokens={metadata.num_tokens}"
+            )
         check_logits_values(inputs.cache.data, launch.context_lens, launch.block_table, metadata.max_context_len)
 
 
@@ -116,10 +115,11 @@ def launch_logits(
     )  # fmt: skip
 
 
-def native_sizes_for(backend: LogitsBackend, device: torch.device) -> Sequence[int]:
-    """Atom pieces a backend runs natively; a backend native for any n uses SM90 DeepGEMM's set."""
+def native_sizes_for(backend: LogitsBackend, device: torch.device) -> tuple[int, ...]:
+    """The next_n values `backend` runs natively on `device`, as it declares them (`native_next_n`);
+    a backend native for any next_n gets 1..MAX_NEXT_N, so its atom plan is one native piece."""
     native = backend.native_next_n(device)
-    return tuple(sorted(native)) if native is not None else SM90_DEEPGEMM_NATIVE
+    return tuple(sorted(native)) if native is not None else tuple(range(1, MAX_NEXT_N + 1))
 
 
 def scatter_logits(
@@ -160,7 +160,9 @@ def run_logits(
     outputs = []
     for i, launch in enumerate(metadata.launches):
         packed = pack_launch(launch, inputs)
-        schedule = schedules[i] if schedules is not None else backend.schedule(packed.context_lens, inputs.batch.block_size)
+        schedule = (
+            schedules[i] if schedules is not None else backend.schedule(packed.context_lens, inputs.batch.block_size)
+        )
         outputs.append(launch_logits(backend, packed, inputs.cache, metadata.max_context_len, schedule))
     return outputs
 

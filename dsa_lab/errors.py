@@ -124,9 +124,7 @@ def check_tensor(
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name}: expected {ndim} dims, got shape {tuple(t.shape)}")
     if shape is not None:
-        if t.dim() != len(shape) or any(
-            want is not None and got != want for got, want in zip(t.shape, shape)
-        ):
+        if t.dim() != len(shape) or any(want is not None and got != want for got, want in zip(t.shape, shape)):
             want_s = tuple("*" if s is None else s for s in shape)
             raise ValueError(f"{name}: expected shape {want_s}, got {tuple(t.shape)}")
     if device is not None and t.device != _same_index(torch.device(device), t.device):

@@ -68,17 +68,19 @@ def compare_strategies(results: Mapping[str, DecodeResult], baseline: str = "nat
                 f"{baseline!r} has {tuple(base.logits.shape)}; compare results of one decode step"
             )
         agreement = compare_selections(result.indices, base.indices, base.logits)
-        rows.append({
-            "strategy": strategy,
-            "launches": len(result.metadata.launches),
-            "kernel rows": result.metadata.kernel_rows,
-            "context lens equal": torch.equal(result.context_lens, base.context_lens),
-            LOGITS_COLUMN: _max_abs_diff(result.logits, base.logits, valid),
-            "top-k rows equal": agreement.rows_equal,
-            "token rows": agreement.rows,
-            "top-k max score gap": agreement.max_score_gap,
-            "top-k equal": agreement.equal,
-        })
+        rows.append(
+            {
+                "strategy": strategy,
+                "launches": len(result.metadata.launches),
+                "kernel rows": result.metadata.kernel_rows,
+                "context lens equal": torch.equal(result.context_lens, base.context_lens),
+                LOGITS_COLUMN: _max_abs_diff(result.logits, base.logits, valid),
+                "top-k rows equal": agreement.rows_equal,
+                "token rows": agreement.rows,
+                "top-k max score gap": agreement.max_score_gap,
+                "top-k equal": agreement.equal,
+            }
+        )
     table = pd.DataFrame(rows).set_index("strategy")
     table.attrs["baseline"] = baseline
     table.attrs["valid positions"] = int(valid.sum())

@@ -59,7 +59,11 @@ class DecodeMetadata:
 
     def __post_init__(self) -> None:
         check_choice("strategy", self.strategy, STRATEGIES)
-        if not isinstance(self.launches, tuple) or not self.launches or not all(isinstance(x, KernelLaunch) for x in self.launches):
+        if (
+            not isinstance(self.launches, tuple)
+            or not self.launches
+            or not all(isinstance(x, KernelLaunch) for x in self.launches)
+        ):
             raise ValueError(f"launches: need a non-empty tuple of KernelLaunch, got {self.launches!r:.80}")
         check_range("num_tokens", self.num_tokens, 0, 1 << 31)
         check_range("max_context_len", self.max_context_len, 0, 1 << 31)
@@ -92,7 +96,11 @@ def _check_table(batch: DecodeBatch, block_table: torch.Tensor) -> None:
     if not isinstance(batch, DecodeBatch):
         raise ValueError(f"batch: expected a DecodeBatch, got {type(batch).__name__}")
     if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2:
-        got = f"{block_table.dtype} {tuple(block_table.shape)}" if isinstance(block_table, torch.Tensor) else type(block_table).__name__
+        got = (
+            f"{block_table.dtype} {tuple(block_table.shape)}"
+            if isinstance(block_table, torch.Tensor)
+            else type(block_table).__name__
+        )
         raise ValueError(f"block_table: expected int32 [B, max_blocks], got {got}")
     if block_table.shape[0] != batch.batch_size:
         raise ValueError(f"block_table: {block_table.shape[0]} rows for batch_size={batch.batch_size}")
@@ -207,9 +215,7 @@ def _combinations(sizes: list[int], target: int, allow_padding: bool) -> list[tu
     return found
 
 
-def build_atom_metadata(
-    batch: DecodeBatch, block_table: torch.Tensor, pieces: Sequence[AtomPiece]
-) -> DecodeMetadata:
+def build_atom_metadata(batch: DecodeBatch, block_table: torch.Tensor, pieces: Sequence[AtomPiece]) -> DecodeMetadata:
     """Native launches over the given pieces of the right-aligned `[B, n]` row layout."""
     _check_table(batch, block_table)
     if isinstance(pieces, (str, bytes)) or not all(isinstance(p, AtomPiece) for p in pieces):
@@ -222,17 +228,29 @@ def build_atom_metadata(
     return DecodeMetadata("atom", launches, batch.num_decode_tokens, batch.max_seq_len)
 
 
+def strategy_pieces(strategy: str, next_n: int, native_sizes: Sequence[int]) -> tuple[AtomPiece, ...]:
+    """The native row ranges each launch of a strategy covers: the one strategy -> pieces mapping.
+
+    native: one piece of next_n rows; atom: `plan_atoms(next_n, native_sizes)`; flatten: one
+    piece of 1 row (each query token is its own single-row pseudo-request).
+    """
+    check_choice("strategy", strategy, STRATEGIES)
+    if strategy == "atom":
+        return plan_atoms(next_n, _check_sizes(native_sizes))
+    return (AtomPiece(1 if strategy == "flatten" else check_range("next_n", next_n, 1, MAX_NEXT_N), 0),)
+
+
 def build_metadata(
     strategy: str,
     batch: DecodeBatch,
     block_table: torch.Tensor,
     native_sizes: Sequence[int] = (1, 2, 4),
 ) -> DecodeMetadata:
-    """Dispatch by strategy name; atom pieces come from `plan_atoms(max_decode_len, native_sizes)`."""
+    """Dispatch by strategy name; atom pieces come from `strategy_pieces` (`plan_atoms` over `native_sizes`)."""
     check_choice("strategy", strategy, STRATEGIES)
     native_sizes = _check_sizes(native_sizes)
     if strategy == "native":
         return build_native_metadata(batch, block_table)
     if strategy == "flatten":
         return build_flatten_metadata(batch, block_table)
-    return build_atom_metadata(batch, block_table, plan_atoms(batch.max_decode_len, native_sizes))
+    return build_atom_metadata(batch, block_table, strategy_pieces("atom", batch.max_decode_len, native_sizes))

@@ -1,11 +1,11 @@
-"""Bytes, FLOPs and time floors of one paged-MQA-logits decode step.
+"""Time floors of one paged-MQA-logits decode step: a GPU table, floors, modeled times.
 
-Two byte counts matter: what *must* move (each request's KV once, the valid logits
-written once, q and weights read once) and what a strategy *does* read (flatten
-re-reads a request's KV once per query row, atom once per piece). FLOPs count the
-useful q·k products only (2·H·D per token-row pair). Floors use a GPU table whose
-rows say where each number comes from; times for GPUs we do not have are *modeled*
-and labelled `source='modeled'`, never mixed with measured rows.
+The bytes and FLOPs come from the step's `plan.LaunchPlan` (computed once there): what
+*must* move (each request's KV once, the valid logits written once, q and weights read
+once) and what a strategy *does* read (flatten re-reads a request's KV once per query
+row, atom once per piece). Floors use a GPU table whose rows say where each number comes
+from; times for GPUs we do not have are *modeled* and labelled `source='modeled'`, never
+mixed with measured rows.
 """
 
 from __future__ import annotations
@@ -13,13 +13,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dsa_lab.cache import bytes_per_token, check_head_dim
-from dsa_lab.errors import check_choice, check_int_sequence, check_range
-from dsa_lab.metadata import STRATEGIES, AtomPiece, plan_atoms
+from dsa_lab.errors import check_choice
+from dsa_lab.plan import LaunchPlan, StepCost, row_context
 
-LOGIT_BYTES = 4  # float32 logits
-WEIGHT_BYTES = 4  # float32 head weights
-Q_BYTES = 1  # fp8 queries
+__all__ = [
+    "GPUS",
+    "GpuSpec",
+    "LaunchPlan",
+    "ModeledPoint",
+    "StepCost",
+    "StepShape",
+    "floor_ms",
+    "get_gpu",
+    "gpu_for_device",
+    "modeled_rows",
+    "modeled_time",
+    "roofline_columns",
+    "row_context",
+    "step_cost",
+]
 
 
 @dataclass(frozen=True)
@@ -36,10 +48,30 @@ class GpuSpec:
 GPUS: dict[str, GpuSpec] = {
     spec.name: spec
     for spec in (
-        GpuSpec("H100", 3.35, 1979.0, "NVIDIA H100 SXM datasheet: 3.35 TB/s HBM3, 3,958 TFLOPS FP8 with sparsity (half dense)"),
-        GpuSpec("H200", 4.8, 1979.0, "NVIDIA H200 SXM datasheet: 4.8 TB/s HBM3e, 3,958 TFLOPS FP8 with sparsity (half dense)"),
-        GpuSpec("B200", 8.0, 4500.0, "NVIDIA DGX/HGX B200 datasheet: 8 TB/s HBM3e, 72 PFLOPS FP8 sparse per 8 GPUs (4.5 PF dense each)"),
-        GpuSpec("GB200", 8.0, 5000.0, "NVIDIA GB200 NVL72 datasheet: 576 TB/s HBM3e and 720 PFLOPS FP8 sparse per 72 GPUs (8 TB/s, 5 PF dense each)"),
+        GpuSpec(
+            "H100",
+            3.35,
+            1979.0,
+            "NVIDIA H100 SXM datasheet: 3.35 TB/s HBM3, 3,958 TFLOPS FP8 with sparsity (half dense)",
+        ),
+        GpuSpec(
+            "H200",
+            4.8,
+            1979.0,
+            "NVIDIA H200 SXM datasheet: 4.8 TB/s HBM3e, 3,958 TFLOPS FP8 with sparsity (half dense)",
+        ),
+        GpuSpec(
+            "B200",
+            8.0,
+            4500.0,
+            "NVIDIA DGX/HGX B200 datasheet: 8 TB/s HBM3e, 72 PFLOPS FP8 sparse per 8 GPUs (4.5 PF dense each)",
+        ),
+        GpuSpec(
+            "GB200",
+            8.0,
+            5000.0,
+            "NVIDIA GB200 NVL72 datasheet: 576 TB/s HBM3e and 720 PFLOPS FP8 sparse per 72 GPUs (8 TB/s, 5 PF dense each)",
+        ),
         GpuSpec(
             "H200-measured",
             4.2,
@@ -56,77 +88,14 @@ def get_gpu(name: str) -> GpuSpec:
     return GPUS[name]
 
 
-@dataclass(frozen=True)
-class StepShape:
-    """What the cost model needs: per-request cached lengths and the strategy's launches."""
-
-    seq_lens: tuple[int, ...]
-    next_n: int
-    strategy: str
-    heads: int = 64
-    head_dim: int = 128
-    cache_dtype: str = "fp8"
-    native_sizes: tuple[int, ...] = (1, 2, 4)
-
-    def __post_init__(self) -> None:
-        check_choice("strategy", self.strategy, STRATEGIES)
-        object.__setattr__(self, "next_n", check_range("next_n", self.next_n, 1, 1 << 10))
-        object.__setattr__(self, "seq_lens", check_int_sequence("seq_lens", self.seq_lens, 0, 1 << 40))
-        if not self.seq_lens or any(length < self.next_n for length in self.seq_lens):
-            raise ValueError(f"seq_lens: need lengths >= next_n={self.next_n}, got {self.seq_lens}")
-        object.__setattr__(self, "heads", check_range("heads", self.heads, 1, 1 << 10))
-        object.__setattr__(self, "head_dim", check_head_dim(self.head_dim, self.cache_dtype))
-        object.__setattr__(self, "native_sizes", check_int_sequence("native_sizes", self.native_sizes, 1, 1 << 10))
-
-    def pieces(self) -> tuple[AtomPiece, ...]:
-        """Native row ranges per launch: one piece for native, `plan_atoms` for atom."""
-        if self.strategy == "atom":
-            return plan_atoms(self.next_n, self.native_sizes)
-        return (AtomPiece(self.next_n, 0),)
+StepShape = LaunchPlan  # the cost model's input is the launch plan (kept under its old name for callers)
 
 
-@dataclass(frozen=True)
-class StepCost:
-    unique_bytes: int  # KV once + valid logits + q and weights
-    strategy_bytes: int  # KV as the strategy reads it + the same logits, q and weights
-    flops: int  # 2 * H * D * sum of every query row's context
-    kernel_rows: int
-    launches: int
-    unique_kv_bytes: int  # the KV part of unique_bytes: every request's KV once
-    strategy_kv_bytes: int  # the KV part of strategy_bytes: re-reads included
-
-
-def row_context(seq_len: int, next_n: int, row: int) -> int:
-    """Tokens native row `row` of a request sees (vLLM: L - n + 1 + j, 0 for front padding)."""
-    return max(0, seq_len - next_n + 1 + row) if row >= 0 else 0
-
-
-def step_cost(shape: StepShape) -> StepCost:
-    """Count bytes and FLOPs of one step; KV is counted in tokens, not whole blocks."""
-    n, per_token = shape.next_n, bytes_per_token(shape.head_dim, shape.cache_dtype)
-    contexts = sum(row_context(length, n, j) for length in shape.seq_lens for j in range(n))
-    tokens = n * len(shape.seq_lens)
-    side_bytes = contexts * LOGIT_BYTES + tokens * shape.heads * (shape.head_dim * Q_BYTES + WEIGHT_BYTES)
-    unique_kv = sum(shape.seq_lens) * per_token
-    if shape.strategy == "flatten":
-        read_tokens = contexts
-        kernel_rows, launches = tokens, 1
-    else:
-        pieces = shape.pieces()
-        read_tokens = sum(
-            row_context(length, n, p.offset + p.size - 1) for length in shape.seq_lens for p in pieces
-        )
-        kernel_rows = len(shape.seq_lens) * sum(p.size for p in pieces)
-        launches = len(pieces)
-    return StepCost(
-        unique_bytes=unique_kv + side_bytes,
-        strategy_bytes=read_tokens * per_token + side_bytes,
-        flops=2 * shape.heads * shape.head_dim * contexts,
-        kernel_rows=kernel_rows,
-        launches=launches,
-        unique_kv_bytes=unique_kv,
-        strategy_kv_bytes=read_tokens * per_token,
-    )
+def step_cost(plan: LaunchPlan) -> StepCost:
+    """The plan's bytes and FLOPs (computed once, when the plan was made)."""
+    if not isinstance(plan, LaunchPlan):
+        raise ValueError(f"plan: expected a LaunchPlan, got {type(plan).__name__}")
+    return plan.cost
 
 
 def floor_ms(cost: StepCost, gpu: GpuSpec, strategy_bytes: bool = False) -> tuple[float, str]:
@@ -156,7 +125,9 @@ def gpu_for_device(device_name: str, ceilings: dict[str, float] | None = None) -
     return None
 
 
-def roofline_columns(cost: StepCost, median_ms: float | None, gpu: GpuSpec | None) -> dict[str, float | int | str | None]:
+def roofline_columns(
+    cost: StepCost, median_ms: float | None, gpu: GpuSpec | None
+) -> dict[str, float | int | str | None]:
     """The per-row roofline columns of a point: rates None when untimed, floor None without a GPU row."""
     floor, bound = floor_ms(cost, gpu) if gpu is not None else (None, None)
     timed = median_ms is not None and median_ms > 0

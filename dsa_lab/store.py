@@ -3,24 +3,33 @@
 A sweep appends one JSON line per finished point to `points.jsonl` (flushed and
 fsynced), so an interrupted run loses at most the point in flight and resumes where it
 stopped; `write_results` turns the lines into `results.parquet` (atomic: tmp file +
-os.replace). A run folder is never overwritten. `load_run` checks both files and names
-the file at fault (every read failure becomes a `RunFormatError` naming it); `list_runs`
-lists a damaged run with its problem instead of failing; `compare_runs` matches points by
-their axes and flags changes larger than the measured spread. Every row carries `source`
-(measured or modeled), and two runs of different sources are never compared silently.
-Run ids are plain folder names (`check_run_id`), so a run folder never lands outside its root.
+os.replace). A run folder is never overwritten, and only one process writes it at a time
+(`run_lock`: an exclusive lock for the whole sweep; a second writer is refused with
+`RunLocked`). Resuming (`check_resume`) refuses a folder whose rows disagree with its log,
+that was started with another spec, or on another device or environment. `load_run`
+checks both files and names the file (and rows) at fault: every read failure, and any
+timed row with a non-finite or non-positive time or quartiles out of order, becomes a
+`RunFormatError`; `list_runs` lists a damaged run with its problem instead of failing.
+Writes that the OS refuses (no space, read-only, permission) raise `RunWriteError`, one
+line naming the path. Every row carries `source` (measured or modeled). Run ids are plain
+folder names (`check_run_id`), so a run folder never lands outside its root.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
+import errno
+import fcntl
 import hashlib
 import json
+import math
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,9 +40,24 @@ SCHEMA_VERSION = 1
 RESULTS_FILE = "results.parquet"
 PROVENANCE_FILE = "provenance.json"
 POINTS_FILE = "points.jsonl"
+LOCK_FILE = ".lock"
+AXES = ("backend", "strategy", "batch", "context", "next_n", "cache_dtype", "heads", "head_dim")
+TIME_COLUMNS = ("p25_ms", "median_ms", "p75_ms")  # in this order for every timed (status ok) row
+RESUME_ENVIRONMENT = ("gpu_name", "gpu_capability", "driver", "cuda", "torch", "triton", "deep_gemm", "python")
 SOURCES = ("measured", "modeled")
 STATUSES = ("ok", "failed", "error", "skipped")
-PROVENANCE_KEYS = ("schema_version", "run_id", "source", "device", "created", "command", "timing_method", "seed", "environment", "git")
+PROVENANCE_KEYS = (
+    "schema_version",
+    "run_id",
+    "source",
+    "device",
+    "created",
+    "command",
+    "timing_method",
+    "seed",
+    "environment",
+    "git",
+)
 RESULT_COLUMNS = (
     "point_key", "status", "message", "source", "backend", "strategy", "batch", "context",
     "next_n", "cache_dtype", "heads", "head_dim", "median_ms", "p25_ms", "p75_ms", "iqr_ms",
@@ -44,6 +68,28 @@ RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 class RunFormatError(ValueError):
     """A run file is missing, corrupt or not one of ours; the message names the file."""
+
+
+class RunLocked(RuntimeError):
+    """Another process is writing this run folder."""
+
+
+class RunWriteError(OSError):
+    """The OS refused a write (no space, read-only, permission...); one line naming the path."""
+
+
+@contextlib.contextmanager
+def writing(path: Path, action: str = "write") -> Iterator[None]:
+    """Turn an OSError while writing `path` into one `RunWriteError` line that names the path."""
+    try:
+        yield
+    except RunWriteError:
+        raise
+    except OSError as err:
+        reason = err.strerror or str(err) or type(err).__name__
+        failure = RunWriteError(f"cannot {action} {path}: {reason}")
+        failure.errno = err.errno or errno.EIO
+        raise failure from None
 
 
 def check_run_id(run_id: str) -> str:
@@ -69,7 +115,7 @@ def device_label(device_name: str) -> str:
 
 
 def new_run_id(prefix: str) -> str:
-    return f"{prefix}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
+    return f"{prefix}-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}"
 
 
 # ---------------------------------------------------------------- provenance
@@ -85,7 +131,9 @@ def git_state() -> dict[str, Any]:
         try:
             root = PACKAGE_ROOT.parent
             sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-            porcelain = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=10)
+            porcelain = subprocess.run(
+                ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=10
+            )
         except (OSError, subprocess.SubprocessError) as err:
             state["error"] = f"git not usable: {err}"
             return state
@@ -125,7 +173,7 @@ def build_provenance(
         "source": source,
         "device": device,
         "device_name": device_name,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": list(sys.argv),
         "timing_method": timing_method,
         "seed": seed,
@@ -142,10 +190,11 @@ def build_provenance(
 def _atomic_write(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        write(tmp)
-        os.replace(tmp, path)
+        with writing(path):
+            write(tmp)
+            os.replace(tmp, path)
     finally:
-        if tmp.exists():
+        with contextlib.suppress(OSError):
             tmp.unlink()
 
 
@@ -153,23 +202,77 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n"))
 
 
-def create_run(run_dir: str | Path, provenance: dict[str, Any]) -> Path:
-    """Make a fresh run folder holding provenance.json; refuse if the folder already holds anything."""
-    run_dir = Path(run_dir)
+def _check_new_folder(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"run folder {run_dir} is an existing file, not a folder; choose another --run-id/--out")
-    if run_dir.exists() and any(run_dir.iterdir()):
+    if run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
         raise FileExistsError(
             f"run folder {run_dir} already exists and is never overwritten: "
             "resume it (--resume) or choose another --run-id/--out"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def create_run(run_dir: str | Path, provenance: dict[str, Any]) -> Path:
+    """Make a fresh run folder holding provenance.json; refuse if the folder already holds anything."""
+    run_dir = Path(run_dir)
+    _check_new_folder(run_dir)
+    with writing(run_dir, "create the run folder"):
+        run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / PROVENANCE_FILE, provenance)
     return run_dir
 
 
-def resume_run(run_dir: str | Path, spec: dict[str, Any]) -> dict[str, Any]:
-    """Reopen a run to continue it; its sweep spec must equal `spec`. Returns its provenance."""
+@contextlib.contextmanager
+def run_lock(run_dir: str | Path) -> Iterator[Path]:
+    """Hold an exclusive lock on a run folder (created if absent) until the block ends.
+
+    A second process asking for the same folder gets `RunLocked` at once, naming the
+    holder; the lock dies with its process, so a killed sweep never leaves it stuck.
+    """
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise FileExistsError(f"run folder {run_dir} is an existing file, not a folder; choose another --run-id/--out")
+    path = run_dir / LOCK_FILE
+    with writing(run_dir, "create the run folder"):
+        run_dir.mkdir(parents=True, exist_ok=True)
+    while True:
+        with writing(path, "lock"):
+            handle = open(path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise RunLocked(
+                f"run folder {run_dir} is being written by {holder}; wait for it to finish, or choose another "
+                "--run-id/--out"
+            ) from None
+        if path.exists() and os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+            break  # still the file at `path` (not one a finishing holder just removed)
+        handle.close()
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} since {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}\n")
+        handle.flush()
+        yield run_dir
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        handle.close()
+
+
+def check_resume(
+    run_dir: str | Path, spec: dict[str, Any], device: str, device_name: str, environment: dict[str, Any]
+) -> dict[str, Any]:
+    """Reopen a run to continue it, or refuse with the reason; returns its provenance.
+
+    Refused when: the run was started with another spec; its rows disagree with its log
+    (results.parquet holds a point points.jsonl lacks, or another status or time for it:
+    rebuilding from the log would lose or change rows); or it was measured on another
+    device or environment (`RESUME_ENVIRONMENT`), whose times must not be mixed in.
+    """
     run_dir = Path(run_dir)
     provenance = read_provenance(run_dir / PROVENANCE_FILE)
     if provenance.get("spec") != json.loads(json.dumps(spec, default=str)):
@@ -177,8 +280,55 @@ def resume_run(run_dir: str | Path, spec: dict[str, Any]) -> dict[str, Any]:
             f"{run_dir / PROVENANCE_FILE}: the run was started with another sweep spec; "
             "resume only with the same axes, or start a new run"
         )
+    _check_log_against_results(run_dir)
+    here = {"device": device, "device_name": device_name}
+    there = {"device": provenance.get("device"), "device_name": provenance.get("device_name", device_name)}
+    recorded = provenance.get("environment") or {}
+    differ = [f"{key} {there[key]!r} -> {here[key]!r}" for key in here if there[key] != here[key]]
+    differ += [
+        f"{key} {recorded.get(key)!r} -> {environment.get(key)!r}"
+        for key in RESUME_ENVIRONMENT
+        if key in recorded and recorded.get(key) != environment.get(key)
+    ]
+    if differ:
+        raise ValueError(
+            f"{run_dir / PROVENANCE_FILE}: the run was measured on another device or environment "
+            f"({'; '.join(differ)}); its times must not be mixed with these: start a new run"
+        )
     _repair_points(run_dir / POINTS_FILE)
     return provenance
+
+
+def _check_log_against_results(run_dir: Path) -> None:
+    results_path = run_dir / RESULTS_FILE
+    if not results_path.is_file():
+        return
+    try:
+        results = pd.read_parquet(results_path, columns=None)
+    except Exception as err:  # pyarrow raises several types for corrupt files
+        raise RunFormatError(f"{results_path}: not a readable parquet file ({type(err).__name__}: {err})") from None
+    if results.empty:
+        return
+    if "point_key" not in results:
+        raise RunFormatError(f"{results_path}: not a dsa_lab results file (no point_key column)")
+    logged = {row["point_key"]: row for row in read_points(run_dir)}
+    missing = [key for key in results["point_key"] if key not in logged]
+    if missing:
+        raise RunFormatError(
+            f"{run_dir}: {RESULTS_FILE} holds {len(results)} points, {len(missing)} of them not in {POINTS_FILE} "
+            f"({len(logged)} logged; e.g. {missing[0]}): resuming rebuilds the results from the log and would "
+            "lose them; refusing. Restore the log, or start a new run"
+        )
+    for row in results.itertuples(index=False):
+        log = logged[row.point_key]
+        same_status = str(log.get("status")) == str(getattr(row, "status", None))
+        a, b = log.get("median_ms"), getattr(row, "median_ms", None)
+        same_time = (a is None and (b is None or b != b)) or (a is not None and b is not None and math.isclose(a, b))
+        if not (same_status and same_time):
+            raise RunFormatError(
+                f"{run_dir}: point {row.point_key} is {getattr(row, 'status', '?')} {b} in {RESULTS_FILE} but "
+                f"{log.get('status')} {a} in {POINTS_FILE}: the files disagree; refusing to resume"
+            )
 
 
 def update_provenance(run_dir: str | Path, **fields: Any) -> None:
@@ -190,8 +340,10 @@ def update_provenance(run_dir: str | Path, **fields: Any) -> None:
 
 def append_point(run_dir: str | Path, row: dict[str, Any]) -> None:
     """Append one finished point as a JSON line and force it to disk."""
-    with open(Path(run_dir) / POINTS_FILE, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(row, default=_json_default, allow_nan=True) + "\n")
+    path = Path(run_dir) / POINTS_FILE
+    line = json.dumps(row, default=_json_default, allow_nan=True) + "\n"
+    with writing(path, "append to"), open(path, "a", encoding="utf-8") as handle:
+        handle.write(line)
         handle.flush()
         os.fsync(handle.fileno())
 
@@ -211,7 +363,7 @@ def _repair_points(path: Path) -> None:
     data = path.read_bytes()
     cut = data.rfind(b"\n") + 1
     if cut != len(data):
-        with open(path, "r+b") as handle:
+        with writing(path, "repair"), open(path, "r+b") as handle:
             handle.truncate(cut)
 
 
@@ -240,6 +392,11 @@ def read_points(run_dir: str | Path) -> list[dict[str, Any]]:
 
 def done_keys(run_dir: str | Path) -> set[str]:
     return {row["point_key"] for row in read_points(run_dir)}
+
+
+def latest_rows(run_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """The last logged row of every point (a retried point is logged again; the last one counts)."""
+    return {row["point_key"]: row for row in read_points(run_dir)}
 
 
 def write_results(run_dir: str | Path) -> Path:
@@ -282,7 +439,9 @@ def read_provenance(path: Path) -> dict[str, Any]:
     if missing:
         raise RunFormatError(f"{path}: not a dsa_lab provenance file (missing keys {missing})")
     if provenance["schema_version"] != SCHEMA_VERSION:
-        raise RunFormatError(f"{path}: schema_version {provenance['schema_version']!r}, this dsa_lab reads {SCHEMA_VERSION}")
+        raise RunFormatError(
+            f"{path}: schema_version {provenance['schema_version']!r}, this dsa_lab reads {SCHEMA_VERSION}"
+        )
     if provenance["source"] not in SOURCES:
         raise RunFormatError(f"{path}: source {provenance['source']!r}, allowed {SOURCES}")
     if not isinstance(provenance["run_id"], str) or not isinstance(provenance["created"], str):
@@ -297,7 +456,9 @@ def load_run(path: str | Path) -> Run:
     provenance = read_provenance(run_dir / PROVENANCE_FILE)
     results_path = run_dir / RESULTS_FILE
     if not results_path.is_file():
-        raise RunFormatError(f"{results_path}: missing (an unfinished run? `write_results` builds it from {POINTS_FILE})")
+        raise RunFormatError(
+            f"{results_path}: missing (an unfinished run? `write_results` builds it from {POINTS_FILE})"
+        )
     try:
         results = pd.read_parquet(results_path)
     except Exception as err:  # pyarrow raises several types for corrupt files
@@ -315,13 +476,36 @@ def load_run(path: str | Path) -> Run:
         )
     if results["point_key"].map(lambda key: not isinstance(key, str)).any() or results["point_key"].duplicated().any():
         raise RunFormatError(f"{results_path}: point_key must be unique strings")
+    _check_times(results, results_path)
     return Run(run_dir, provenance, results)
+
+
+def _check_times(results: pd.DataFrame, path: Path) -> None:
+    """Every timed row: finite, positive times, p25 <= median <= p75; else name the file and the rows."""
+    timed = results[results["status"] == "ok"]
+    if timed.empty:
+        return
+    times = timed[list(TIME_COLUMNS)].apply(pd.to_numeric, errors="coerce").astype(float)
+    values = times.to_numpy()
+    bad_value = ~(pd.DataFrame(values).map(math.isfinite).to_numpy() & (values > 0)).all(axis=1)
+    ordered = (values[:, 0] <= values[:, 1]) & (values[:, 1] <= values[:, 2])
+    for mask, what in (
+        (bad_value, "non-finite or non-positive times (p25_ms, median_ms, p75_ms)"),
+        (~ordered & ~bad_value, "quartiles out of order (need p25_ms <= median_ms <= p75_ms)"),
+    ):
+        if mask.any():
+            rows = timed.index[mask]
+            shown = ", ".join(f"row {i} ({timed.at[i, 'point_key']})" for i in rows[:3])
+            more = f" and {len(rows) - 3} more" if len(rows) > 3 else ""
+            raise RunFormatError(f"{path}: {len(rows)} timed row(s) with {what}: {shown}{more}")
 
 
 def _run_folders(root: Path) -> list[Path]:
     """Folders `root/<device>/<run_id>/` holding any run file (a damaged run included)."""
     names = (PROVENANCE_FILE, RESULTS_FILE, POINTS_FILE)
-    return sorted(folder for folder in root.glob("*/*") if folder.is_dir() and any((folder / n).exists() for n in names))
+    return sorted(
+        folder for folder in root.glob("*/*") if folder.is_dir() and any((folder / n).exists() for n in names)
+    )
 
 
 def _result_rows(path: Path) -> int:
@@ -366,59 +550,6 @@ def list_runs(root: str | Path = "data") -> pd.DataFrame:
     return frame.sort_values("created", ascending=False, na_position="last").reset_index(drop=True)
 
 
-# ---------------------------------------------------------------- comparing
-
-AXES = ("backend", "strategy", "batch", "context", "next_n", "cache_dtype", "heads", "head_dim")
-
-
-def compare_runs(a: Run, b: Run, allow_mixed_sources: bool = False) -> pd.DataFrame:
-    """Per point timed ok in both: b/a time ratio and a verdict from the two interquartile ranges.
-
-    'slower' when b's 25th percentile lies above a's 75th, 'faster' when b's 75th lies below
-    a's 25th, else 'same' (the change is inside the measured spread).
-    """
-    if a.source != b.source and not allow_mixed_sources:
-        raise ValueError(
-            f"runs {a.path} ({a.source}) and {b.path} ({b.source}) differ in source; "
-            "measured and modeled times are not compared silently (allow_mixed_sources=True to do it anyway)"
-        )
-    keep = ["point_key", *AXES, "median_ms", "p25_ms", "p75_ms", "iqr_ms"]
-    left = a.results.loc[a.results["status"] == "ok", keep]
-    right = b.results.loc[b.results["status"] == "ok", ["point_key", "median_ms", "p25_ms", "p75_ms", "iqr_ms"]]
-    merged = left.merge(right, on="point_key", suffixes=("_a", "_b"))
-    merged["ratio"] = merged["median_ms_b"] / merged["median_ms_a"]
-    merged["verdict"] = "same"
-    merged.loc[merged["p25_ms_b"] > merged["p75_ms_a"], "verdict"] = "slower"
-    merged.loc[merged["p75_ms_b"] < merged["p25_ms_a"], "verdict"] = "faster"
-    return merged.sort_values("ratio", ascending=False).reset_index(drop=True)
-
-
-def _cmd_compare(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    a, b = load_run(args.run_a), load_run(args.run_b)
-    table_data = compare_runs(a, b, allow_mixed_sources=args.allow_mixed_sources)
-    console = Console()
-    if table_data.empty:
-        console.print(f"no point timed ok in both {a.path} and {b.path}")
-        return 0
-    table = Table(title=f"{b.path.name} vs {a.path.name} (ratio = B/A median; verdict from the IQRs)")
-    for column in ("backend", "strategy", "batch", "context", "next_n", "A ms", "B ms", "ratio", "verdict"):
-        table.add_column(column, justify="right" if column not in ("backend", "strategy", "verdict") else "left")
-    colours = {"slower": "red", "faster": "green", "same": "white"}
-    for row in table_data.itertuples():
-        table.add_row(
-            row.backend, row.strategy, str(row.batch), str(row.context), str(row.next_n),
-            f"{row.median_ms_a:.4f}", f"{row.median_ms_b:.4f}", f"{row.ratio:.3f}",
-            f"[{colours[row.verdict]}]{row.verdict}[/]",
-        )  # fmt: skip
-    console.print(table)
-    counts = table_data["verdict"].value_counts().to_dict()
-    console.print(f"{len(table_data)} matching points: {counts}")
-    return 0
-
-
 def _cmd_runs(args: argparse.Namespace) -> int:
     frame = list_runs(args.root)
     if frame.empty:
@@ -432,11 +563,6 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
-    compare = subparsers.add_parser("compare", help="compare two runs point by point (ratios, regressions)")
-    compare.add_argument("run_a", help="baseline run folder (or its results.parquet)")
-    compare.add_argument("run_b", help="run folder compared with the baseline")
-    compare.add_argument("--allow-mixed-sources", action="store_true", help="compare a measured with a modeled run")
-    compare.set_defaults(func=_cmd_compare)
     runs = subparsers.add_parser("runs", help="list the runs stored under a data folder")
     runs.add_argument("--root", default="data", help="folder holding <device>/<run_id>/ runs (default: data)")
     runs.set_defaults(func=_cmd_runs)

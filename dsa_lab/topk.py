@@ -95,7 +95,9 @@ def compare_selections(
             raise ValueError(f"{name}={tol!r}: must be a finite number >= 0")
     for name, sel in (("a", a), ("b", b)):
         if sel.numel() and not -1 <= int(sel.min()) <= int(sel.max()) < scores.shape[1]:
-            raise ValueError(f"{name}: indices must be -1 (none) or in [0, {scores.shape[1] - 1}], got [{int(sel.min())}, {int(sel.max())}]")
+            raise ValueError(
+                f"{name}: indices must be -1 (none) or in [0, {scores.shape[1] - 1}], got [{int(sel.min())}, {int(sel.max())}]"
+            )
 
     def picked(sel: torch.Tensor) -> torch.Tensor:
         vals = torch.gather(scores.double(), 1, sel.clamp(min=0).long())

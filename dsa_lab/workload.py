@@ -51,11 +51,14 @@ class DecodeBatch:
             raise ValueError("seq_lens: need at least one request, got an empty tuple")
         if len(self.seq_lens) != len(self.decode_lens):
             raise ValueError(
-                f"decode_lens: length {len(self.decode_lens)} must equal "
-                f"len(seq_lens)={len(self.seq_lens)}"
+                f"decode_lens: length {len(self.decode_lens)} must equal len(seq_lens)={len(self.seq_lens)}"
             )
         object.__setattr__(self, "next_n", check_range("next_n", self.next_n, 1, MAX_NEXT_N))
-        for name, allowed in (("num_heads", SUPPORTED_HEADS), ("head_dim", SUPPORTED_HEAD_DIMS), ("block_size", SUPPORTED_BLOCK_SIZES)):
+        for name, allowed in (
+            ("num_heads", SUPPORTED_HEADS),
+            ("head_dim", SUPPORTED_HEAD_DIMS),
+            ("block_size", SUPPORTED_BLOCK_SIZES),
+        ):
             check_choice(name, getattr(self, name), allowed)
             object.__setattr__(self, name, as_int(name, getattr(self, name)))
         check_choice("cache_dtype", self.cache_dtype, CACHE_DTYPES)
@@ -71,8 +74,7 @@ class DecodeBatch:
         object.__setattr__(self, "num_decode_tokens", as_int("num_decode_tokens", self.num_decode_tokens))
         if self.num_decode_tokens < sum(self.decode_lens):
             raise ValueError(
-                f"num_decode_tokens={self.num_decode_tokens}: must be >= "
-                f"sum(decode_lens)={sum(self.decode_lens)}"
+                f"num_decode_tokens={self.num_decode_tokens}: must be >= sum(decode_lens)={sum(self.decode_lens)}"
             )
 
     @property
@@ -192,6 +194,61 @@ def with_padding(batch: DecodeBatch, padding_requests: int, padding_tokens: int 
 
 
 @dataclass(frozen=True)
+class ContextSpec:
+    """Cached length(s) per request of a sweep point: one length, or 'mixed:MIN-MAX' (log-uniform, seeded).
+
+    Labels are canonical ('8K' -> '8192', 'mixed:1K-64K' -> 'mixed:1024-65536'), so a point is
+    named, stored and compared by one string whatever spelling a user typed.
+    """
+
+    low: int
+    high: int
+
+    @property
+    def mixed(self) -> bool:
+        return self.low != self.high
+
+    @property
+    def label(self) -> str:
+        return f"mixed:{self.low}-{self.high}" if self.mixed else str(self.low)
+
+    @classmethod
+    def parse(cls, value: str | int) -> ContextSpec:
+        text = str(value).strip().lower()
+        try:
+            if text.startswith("mixed:"):
+                low, high = (parse_tokens(part) for part in text[len("mixed:") :].split("-"))
+                if not 1 <= low < high <= MAX_SEQ_LEN:
+                    raise ValueError
+                return cls(low, high)
+            length = parse_tokens(text)
+            if not 1 <= length <= MAX_SEQ_LEN:
+                raise ValueError
+            return cls(length, length)
+        except ValueError:
+            raise ValueError(
+                f"context={value!r}: allowed values are a length (e.g. 8192 or 8K) "
+                "or 'mixed:MIN-MAX' with 1 <= MIN < MAX (e.g. mixed:1K-64K)"
+            ) from None
+
+    def seq_lens(self, batch: int, seed: int) -> tuple[int, ...]:
+        """Per-request cached lengths for `batch` requests (drawn with `seed` when mixed)."""
+        if not self.mixed:
+            return (self.low,) * check_range("batch", batch, 1, MAX_REQUESTS)
+        return mixed_length_batch(batch, self.low, self.high, 1, seed).seq_lens
+
+
+def parse_tokens(text: str) -> int:
+    """'8192' -> 8192, '8K' -> 8192 (a K is 1024 tokens); anything else raises ValueError."""
+    text = text.strip().lower()
+    scale = 1024 if text.endswith("k") else 1
+    digits = text[:-1] if scale > 1 else text
+    if not (digits.isascii() and digits.isdigit()):
+        raise ValueError(f"{text!r} is not a token count")
+    return int(digits) * scale
+
+
+@dataclass(frozen=True)
 class DecodeInputs:
     """Tensors of one decode step: FP8 queries and weights per token, and the paged cache."""
 
@@ -230,7 +287,5 @@ def random_inputs(batch: DecodeBatch, seed: int = 0, device: str | torch.device 
     q = torch.randn(tokens, heads, dim, generator=gen).clamp(-448, 448).to(torch.float8_e4m3fn)
     weights = torch.randn(tokens, heads, generator=gen) * heads**-0.5
     keys = [torch.randn(length, dim, generator=gen) for length in batch.seq_lens]
-    cache = build_paged_cache(
-        [k.to(device) for k in keys], batch.block_size, batch.cache_dtype, seed=seed + 1
-    )
+    cache = build_paged_cache([k.to(device) for k in keys], batch.block_size, batch.cache_dtype, seed=seed + 1)
     return DecodeInputs(batch, q.to(device), weights.to(device), cache)

@@ -6,9 +6,11 @@
 #
 # Expected: about 6 minutes (torch.profiler <= 2 min, ncu <= 100 s per backend, start-up), more
 # if DeepGEMM's JIT cache is cold. Configurations cut by a budget are recorded as skipped.
-# Grid: backends deepgemm and triton (a backend that is missing or unavailable is recorded with
-# its reason and skipped), B in {128, 64}, L = 64K, next_n in {4, 2, 8, 1, 3} (most telling
-# first, so a time limit cuts the least useful points), strategies native, flatten, atom.
+# Grid (the harness's grammar, as `dsa-lab bench` takes it): backends deepgemm and triton (a
+# backend that is missing or unavailable is recorded with its reason and skipped), B in {128, 64},
+# L = 64K, next_n in {4, 2, 8, 1, 3} (most telling first, so a time limit cuts the least useful
+# points), strategies native, flatten, atom (an atom plan of one native piece is skipped).
+# Every point is checked against the reference before it is profiled.
 # Writes (8 files, flat enough for the device's copy-back):
 #   $OUT/log.txt                          everything printed, ncu's choice of path included
 #   $OUT/profile/provenance.json          store-format provenance + every config's status/reason
@@ -17,6 +19,8 @@
 #   $OUT/profile/ncu_kernels.parquet      ncu: one row per logits kernel, config attached
 #   $OUT/profile/ncu_raw.txt.gz           ncu's own output, to re-parse
 #   $OUT/profile/trace_<backend>.json.gz  B=128, n=4: a native step then a flatten step
+#   $OUT/profile/ncu_<backend>.ncu-rep    the Nsight Compute reports, for the GUI (two more files: bring
+#                                          them back in a second copy, or set BACKENDS to one backend)
 # Afterwards copy $OUT/profile to data/h200/profiles/<run_id>/ (run_id is in provenance.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +28,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 export PYTHONPATH="$PWD/.dg:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-BACKENDS="${BACKENDS:-deepgemm triton}"
+BACKENDS="${BACKENDS:-deepgemm,triton}"
 TORCH_BUDGET="${TORCH_BUDGET:-120}"  # seconds: torch.profiler starts no configuration after this
 NCU_TIMEOUT="${NCU_TIMEOUT:-100}"    # seconds per backend's ncu run (its target stops 45 s earlier)
 TOTAL_TIMEOUT="${TOTAL_TIMEOUT:-420}"  # last-resort guard; tables are written after each stage
@@ -32,9 +36,8 @@ mkdir -p "$OUT"
 {
   echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1)"
   "$PY" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-  # shellcheck disable=SC2086  # BACKENDS is a list
-  timeout --signal=INT "$TOTAL_TIMEOUT" "$PY" -m dsa_lab.profile --both \
-    --backend $BACKENDS --strategy all --batch 128 64 --context-len 65536 --next-n 4 2 8 1 3 \
+  timeout --signal=INT "$TOTAL_TIMEOUT" "$PY" -m dsa_lab.profile --tool torch,ncu --preset h200-full \
+    --backend "$BACKENDS" --strategy all --batch 128,64 --context 64K --next-n 4,2,8,1,3 \
     --repeats 1 --torch-budget "$TORCH_BUDGET" --ncu-timeout "$NCU_TIMEOUT" --out "$OUT/profile"
   echo "== dsa_lab.profile exit $?"
 } 2>&1 | tee "$OUT/log.txt"

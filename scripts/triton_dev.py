@@ -70,16 +70,28 @@ def compile_sm90(next_n: int, heads: int, head_dim: int, config: tn.KernelConfig
     from triton.compiler import ASTSource
 
     ints = ("table_stride", "out_stride", "max_context_len", "col_blocks", "blocks_per_prog")
-    pointers = {"q_ptr": "*fp8e4nv", "kv_ptr": "*fp8e4nv", "w_ptr": "*fp32", "ctx_ptr": "*i32",
-                "table_ptr": "*i32", "out_ptr": "*fp32"}
+    pointers = {
+        "q_ptr": "*fp8e4nv",
+        "kv_ptr": "*fp8e4nv",
+        "w_ptr": "*fp32",
+        "ctx_ptr": "*i32",
+        "table_ptr": "*i32",
+        "out_ptr": "*fp32",
+    }
     constexprs = dict(
-        NEXT_N=next_n, N_POW2=triton.next_power_of_2(next_n), H=heads, D=head_dim,
-        BLOCK=tn.BLOCK_SIZE, PLAN=tn.chunk_plan(next_n, heads, config.dot_rows),
+        NEXT_N=next_n,
+        N_POW2=triton.next_power_of_2(next_n),
+        H=heads,
+        D=head_dim,
+        BLOCK=tn.BLOCK_SIZE,
+        PLAN=tn.chunk_plan(next_n, heads, config.dot_rows),
         RESIDENT_WEIGHTS=config.resident_weights,
     )
     signature = pointers | dict.fromkeys(ints, "i32") | dict.fromkeys(constexprs, "constexpr")
     aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(pointers) + 3)}  # as the JIT sees B=128, L=64K
-    src = ASTSource(fn=triton.jit(tn._paged_mqa_logits_kernel), signature=signature, attrs=aligned, constexprs=constexprs)
+    src = ASTSource(
+        fn=triton.jit(tn._paged_mqa_logits_kernel), signature=signature, attrs=aligned, constexprs=constexprs
+    )
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     if dump:  # keep the IR and assembly for reading
@@ -127,8 +139,17 @@ def candidate_configs(next_n: int, heads: int) -> list[tn.KernelConfig]:
     space = {
         1: [K(256, 5), K(256, 7), K(256, 9), K(256, 7, bpp=16), K(256, 7, bpp=64)],
         2: [K(256, 5), K(256, 7), K(256, 7, False), K(256, 9, False), K(64, 5, False), K(64, 7, False)],
-        3: [K(256, 7), K(256, 9), K(256, 7, False), K(256, 9, False), K(64, 5, False), K(64, 7, False),
-            K(64, 9, False), K(64, 5, False, bpp=16), K(64, 5, False, bpp=64)],
+        3: [
+            K(256, 7),
+            K(256, 9),
+            K(256, 7, False),
+            K(256, 9, False),
+            K(64, 5, False),
+            K(64, 7, False),
+            K(64, 9, False),
+            K(64, 5, False, bpp=16),
+            K(64, 5, False, bpp=64),
+        ],
         4: [K(256, 5), K(256, 7), K(128, 5, False), K(128, 7, False), K(64, 5, False), K(64, 7, False)],
         8: [K(256, 5, False), K(256, 7, False), K(64, 5, False), K(64, 7, False)],
     }
@@ -156,8 +177,11 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
     """Relative error on valid positions; -inf exactly where the reference has it; no NaN."""
     valid = torch.isfinite(ref)
     err = ((out[valid] - ref[valid]).norm() / ref[valid].norm()).item()
-    return {"rel_err": err, "inf_ok": bool(torch.equal(torch.isfinite(out), valid)),
-            "nan": bool(torch.isnan(out).any())}
+    return {
+        "rel_err": err,
+        "inf_ok": bool(torch.equal(torch.isfinite(out), valid)),
+        "nan": bool(torch.isnan(out).any()),
+    }
 
 
 def run_config(args_tuple, config: tn.KernelConfig):
@@ -169,8 +193,11 @@ def run_config(args_tuple, config: tn.KernelConfig):
 
 
 def resources(kernel) -> dict:
-    info = {"regs": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None),
-            "shared": kernel.metadata.shared}
+    info = {
+        "regs": getattr(kernel, "n_regs", None),
+        "spills": getattr(kernel, "n_spills", None),
+        "shared": kernel.metadata.shared,
+    }
     counts = sass_counts(cuobjdump(kernel.asm["cubin"], "-sass"))
     info["wgmma_e4m3_ptx"] = len(re.findall(r"wgmma\.mma_async\S*e4m3\.e4m3", kernel.asm["ptx"]))
     return info | counts
@@ -212,20 +239,31 @@ def time_graph(calls: list, reps: int = 20) -> float:
 def check_realistic(log, smoke: bool) -> None:
     from dsa_lab.decode import pack_launch, run_decode
     from dsa_lab.metadata import build_native_metadata
-    from dsa_lab.workload import mixed_length_batch, random_inputs, ragged_decode_batch, uniform_batch, with_padding
+    from dsa_lab.workload import mixed_length_batch, ragged_decode_batch, random_inputs, uniform_batch, with_padding
 
     device = "cpu" if smoke else "cuda"
     scale = 64 if smoke else 1
-    for batch in (uniform_batch(4, 65536 // scale, 3), mixed_length_batch(8, 64, 16384 // scale, 8, seed=2),
-                  uniform_batch(2, 4096 // scale, 16, num_heads=32, head_dim=64)):
+    for batch in (
+        uniform_batch(4, 65536 // scale, 3),
+        mixed_length_batch(8, 64, 16384 // scale, 8, seed=2),
+        uniform_batch(2, 4096 // scale, 16, num_heads=32, head_dim=64),
+    ):
         inputs = random_inputs(batch, seed=5, device=device)
         launch = pack_launch(build_native_metadata(batch, inputs.cache.block_table).launches[0], inputs)
-        args_tuple = (launch.q, inputs.cache.data, launch.weights, launch.context_lens, launch.block_table,
-                      batch.max_seq_len)
+        args_tuple = (
+            launch.q,
+            inputs.cache.data,
+            launch.weights,
+            launch.context_lens,
+            launch.block_table,
+            batch.max_seq_len,
+        )
         ref = paged_mqa_logits(*args_tuple, cache_dtype="fp8")
         out = tn.paged_mqa_logits_triton(*args_tuple, out=torch.full_like(ref, float("nan")), cache_dtype="fp8")
         log("check", shape=batch.describe(), config="rule", **compare(out, ref))
-    ragged = ragged_decode_batch(8 if smoke else 32, 1000 // scale, 20000 // scale, 5, seed=4, num_heads=32, head_dim=64)
+    ragged = ragged_decode_batch(
+        8 if smoke else 32, 1000 // scale, 20000 // scale, 5, seed=4, num_heads=32, head_dim=64
+    )
     batch = with_padding(ragged, 2, 3)
     inputs = random_inputs(batch, seed=6, device=device)
     ref = run_decode(inputs, "native", "reference").logits
@@ -252,13 +290,27 @@ def sweep_large(log, next_ns, deadline: float, out_dir: Path, smoke: bool) -> di
                 quality = compare(out, ref)
                 del out
                 res = {} if smoke else resources(kernel)
-                call = lambda: tn._launch(*args_tuple, config, None)  # noqa: E731
-                us = wall_us(call) if smoke else triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median") * 1e3
+                call = lambda args=args_tuple, cfg=config: tn._launch(*args, cfg, None)
+                us = (
+                    wall_us(call)
+                    if smoke
+                    else triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median") * 1e3
+                )
             except Exception as exc:  # one failing config must not hide the others
                 log("error", next_n=next_n, config=config.describe(), error=f"{type(exc).__name__}: {exc}"[:300])
                 continue
-            log("time", B=batch, L=length, next_n=next_n, config=config.describe(), us=us,
-                floor_bytes_us=bytes_us, floor_flops_us=flops_us, **quality, **res)
+            log(
+                "time",
+                B=batch,
+                L=length,
+                next_n=next_n,
+                config=config.describe(),
+                us=us,
+                floor_bytes_us=bytes_us,
+                floor_flops_us=flops_us,
+                **quality,
+                **res,
+            )
             good = quality["rel_err"] <= 1e-3 and quality["inf_ok"] and not quality["nan"]
             if good and (next_n not in best or us < best[next_n][1]):
                 best[next_n] = (config, us)
@@ -287,10 +339,19 @@ def sweep_small(log, best: dict[int, tuple[tn.KernelConfig, float]], deadline: f
                 break
             out, _ = run_config(sets[0], cfg)
             quality = compare(out, ref)
-            calls = [lambda s=s: tn._launch(*s, cfg, None) for s in sets]
+            calls = [lambda s=s, cfg=cfg: tn._launch(*s, cfg, None) for s in sets]
             us = wall_us(calls[0]) if smoke else time_graph(calls)
-            log("time", B=batch, L=length, next_n=next_n, config=cfg.describe(), us=us,
-                floor_bytes_us=bytes_us, floor_flops_us=flops_us, **quality)
+            log(
+                "time",
+                B=batch,
+                L=length,
+                next_n=next_n,
+                config=cfg.describe(),
+                us=us,
+                floor_bytes_us=bytes_us,
+                floor_flops_us=flops_us,
+                **quality,
+            )
         del sets
 
 
@@ -309,8 +370,14 @@ def device_main(args: argparse.Namespace) -> None:
         log_file.write(line + "\n")
 
     gpu = "cpu (interpreter smoke run)" if args.smoke else torch.cuda.get_device_name()
-    log("env", gpu=gpu, torch=torch.__version__, triton=triton.__version__,
-        date=time.strftime("%Y-%m-%d %H:%M:%S"), argv=sys.argv)
+    log(
+        "env",
+        gpu=gpu,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        date=time.strftime("%Y-%m-%d %H:%M:%S"),
+        argv=sys.argv,
+    )
     try:
         check_realistic(log, args.smoke)
     except Exception as exc:  # report it, and still time the sweep (each config is checked there too)
@@ -323,10 +390,12 @@ def device_main(args: argparse.Namespace) -> None:
     for r in records:
         if r["kind"] == "time":
             floor = max(r["floor_bytes_us"], r["floor_flops_us"])
-            print(f"| B={r['B']} L={r['L']} | {r['next_n']} | {r['config']} | {r['us']:.1f} | "
-                  f"{r['floor_bytes_us']:.0f}/{r['floor_flops_us']:.0f} | {r['us'] / floor:.2f} | "
-                  f"{r['rel_err']:.1e} | {r.get('regs', '')} | {r.get('spills', '')} | {r.get('shared', '')} | "
-                  f"{r.get('QGMMA', '')} |")
+            print(
+                f"| B={r['B']} L={r['L']} | {r['next_n']} | {r['config']} | {r['us']:.1f} | "
+                f"{r['floor_bytes_us']:.0f}/{r['floor_flops_us']:.0f} | {r['us'] / floor:.2f} | "
+                f"{r['rel_err']:.1e} | {r.get('regs', '')} | {r.get('spills', '')} | {r.get('shared', '')} | "
+                f"{r.get('QGMMA', '')} |"
+            )
     for r in records:
         if r["kind"] in ("check", "error", "skip"):
             print(json.dumps(r, default=str))

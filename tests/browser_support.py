@@ -346,7 +346,9 @@ class NotebookPage:
             }"""
         )  # fmt: skip
         if extra > 0:
-            self.page.set_viewport_size({"width": size["width"], "height": min(size["height"] + extra + 40, max_height)})
+            self.page.set_viewport_size(
+                {"width": size["width"], "height": min(size["height"] + extra + 40, max_height)}
+            )
         try:
             self.page.evaluate(  # Run All left the last cell scrolled into view: back to the top
                 "() => document.querySelectorAll('.jp-NotebookPanel .jp-WindowedPanel-outer')"

@@ -17,7 +17,7 @@ from dsa_lab.cli import main
 
 FAST_BENCH = ["bench", "--preset", "ci", "--backend", "reference", "--batch", "1", "--context", "64", "--next-n", "1",
               "--strategy", "native", "--no-progress", "--device", "cpu"]  # fmt: skip
-PROFILE = ["profile", "--torch", "--device", "cpu", "--batch", "1", "--context-len", "64", "--next-n", "1"]
+PROFILE = ["profile", "--tool", "torch", "--device", "cpu", "--batch", "1", "--context", "64", "--next-n", "1"]
 
 CASES = {  # argv after the command, what stderr must name
     "bench run-id escapes": (FAST_BENCH + ["--run-id", "../.."], r"--run-id: run_id='\.\./\.\.'"),
@@ -37,15 +37,21 @@ CASES = {  # argv after the command, what stderr must name
     "bench heads": (FAST_BENCH + ["--heads", "48"], r"heads=48"),
     "bench empty axis": (FAST_BENCH + ["--next-n", ","], r"--next-n: give at least one value"),
     "bench resume nothing": (FAST_BENCH + ["--resume", "--run-id", "none-here"], r"--resume: .* holds no run"),
-    "profile backend": (PROFILE + ["--backend", "nope"], r"--backend='nope'"),
-    "profile batch zero": (PROFILE + ["--batch", "0"], r"batches\[0\]=0"),
-    "profile next-n 17": (PROFILE + ["--next-n", "17"], r"next_ns\[0\]=17"),
-    "profile context below next_n": (PROFILE + ["--context-len", "1", "--next-n", "2"], r"context_len=1"),
+    "bench device": (FAST_BENCH + ["--device", "tpu"], r"--device='tpu': allowed values are .* \(or 'auto'\)"),
+    "bench point timeout zero": (FAST_BENCH + ["--point-timeout", "0"], r"--point-timeout=0"),
+    "bench resume without a folder": (FAST_BENCH[:-2] + ["--resume"], r"--resume: name the run to continue with --out"),
+    "profile backend": (PROFILE + ["--backend", "nope"], r"backend='nope'"),
+    "profile batch zero": (PROFILE + ["--batch", "0"], r"batch=0"),
+    "profile next-n 17": (PROFILE + ["--next-n", "17"], r"next_n=17"),
+    "profile next-n spaces": (PROFILE + ["--next-n", "1 2"], r"--next-n='1 2': values must be integers, comma-separated"),
+    "profile context below next_n": (PROFILE + ["--context", "1", "--next-n", "2"], r"context: shortest length 1"),
     "profile repeats zero": (PROFILE + ["--repeats", "0"], r"repeats=0"),
     "profile topk zero": (PROFILE + ["--topk", "0"], r"topk=0"),
     "profile budget negative": (PROFILE + ["--torch-budget", "-5"], r"--torch-budget=-5"),
     "profile ncu timeout zero": (PROFILE + ["--ncu-timeout", "0"], r"--ncu-timeout=0"),
     "profile device": (PROFILE + ["--device", "tpu"], r"device='tpu'"),
+    "profile tool": (PROFILE[:1] + ["--tool", "perf"] + PROFILE[3:], r"--tool='perf': allowed values are"),
+    "profile run-id escapes": (PROFILE + ["--run-id", "../.."], r"--run-id: run_id='\.\./\.\.'"),
     "compare missing runs": (["compare", "no-run-a", "no-run-b"], r"no-run-a/provenance.json: no provenance file"),
 }  # fmt: skip
 
@@ -54,7 +60,7 @@ CASES = {  # argv after the command, what stderr must name
 def test_cli_refuses_bad_input_with_one_named_line(tmp_path: Path, monkeypatch, capsys, case: str) -> None:
     argv, name = CASES[case]
     monkeypatch.chdir(tmp_path)  # a run folder a bug let through would land here, not in the repo
-    if argv[0] == "bench":
+    if argv[0] in ("bench", "profile"):
         argv = [*argv, "--root", str(tmp_path / "root")]
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -71,7 +77,8 @@ def test_cuda_device_without_a_gpu_is_named(capsys) -> None:
 
 
 def test_unknown_flags_and_choices_are_argparse_errors(capsys) -> None:
-    for argv, flag in ((["bench", "--preset", "huge"], "--preset"), (["runs", "--bogus"], "--bogus"), (["profile", "--batch", "x"], "--batch")):
+    for argv, flag in ((["bench", "--preset", "huge"], "--preset"), (["runs", "--bogus"], "--bogus"),
+                       (["profile", "--context-len", "64"], "--context-len"), (["profile", "--torch"], "--torch")):  # fmt: skip
         with pytest.raises(SystemExit) as exit_:
             main(argv)
         assert exit_.value.code == 2 and flag in capsys.readouterr().err
@@ -91,7 +98,11 @@ def test_runs_lists_a_corrupt_run_with_its_file_and_still_shows_the_good_one(tmp
     (bad / store.RESULTS_FILE).write_bytes(b"PAR1 torn")
     assert main(["runs", "--root", str(tmp_path)]) == 0
     captured = capsys.readouterr()
-    assert "good-run" in captured.out and "bad-run" in captured.out and "results.parquet: not a readable parquet" in captured.out
+    assert (
+        "good-run" in captured.out
+        and "bad-run" in captured.out
+        and "results.parquet: not a readable parquet" in captured.out
+    )
     assert "1 damaged run" in captured.err
 
 
@@ -131,7 +142,18 @@ def test_bench_never_writes_outside_its_root(run_id: str) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "root"
-        code = main([*FAST_BENCH, "--root", str(root), f"--run-id={run_id}", "--max-points", "1", "--max-seconds-per-point", "0.01"])
+        code = main(
+            [
+                *FAST_BENCH,
+                "--root",
+                str(root),
+                f"--run-id={run_id}",
+                "--max-points",
+                "1",
+                "--max-seconds-per-point",
+                "0.01",
+            ]
+        )
         written = [p for p in Path(tmp).rglob(store.PROVENANCE_FILE)]
         assert all(root in p.parents for p in written)
         if code == 0:

@@ -30,7 +30,9 @@ def with_table(table: torch.Tensor):
 
 OUT_OF_RANGE = INPUTS.cache.block_table.clone()
 OUT_OF_RANGE[1, 0] = 10**6
-OTHER = build_metadata("native", uniform_batch(3, 100, 3, num_heads=32, head_dim=64), torch.zeros(3, 2, dtype=torch.int32))
+OTHER = build_metadata(
+    "native", uniform_batch(3, 100, 3, num_heads=32, head_dim=64), torch.zeros(3, 2, dtype=torch.int32)
+)
 
 CASES = {
     "scatter drops a launch": (lambda: scatter_logits(SPLIT, OUTPUTS[:1], torch.device("cpu")), r"outputs: 1 tensors for 2 launches"),

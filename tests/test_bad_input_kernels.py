@@ -23,7 +23,9 @@ BACKENDS = ("reference", "triton", "deepgemm")
 CPU_SCANNED = ("reference", "triton")  # backends whose CPU calls scan context lens and block ids
 
 
-def args(batch: int = 2, next_n: int = 2, heads: int = 32, dim: int = 128, width: int | None = None, blocks: int = 4) -> dict:
+def args(
+    batch: int = 2, next_n: int = 2, heads: int = 32, dim: int = 128, width: int | None = None, blocks: int = 4
+) -> dict:
     return dict(
         q=torch.zeros(batch, next_n, heads, dim).to(torch.float8_e4m3fn),
         kv_cache=torch.zeros(blocks, 64, 1, dim + 4 if width is None else width, dtype=torch.uint8),
@@ -153,7 +155,9 @@ def test_unknown_backend_is_named(name: object) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(bad=st.one_of(st.integers(4, 2**31 - 1), st.integers(-(2**31), -1)), row=st.integers(0, 1), slot=st.integers(0, 1))
+@given(
+    bad=st.one_of(st.integers(4, 2**31 - 1), st.integers(-(2**31), -1)), row=st.integers(0, 1), slot=st.integers(0, 1)
+)
 def test_any_block_id_outside_the_cache_is_refused_before_a_kernel_reads_it(bad: int, row: int, slot: int) -> None:
     table = GOOD["block_table"].clone()
     table[row, slot] = bad

@@ -73,7 +73,9 @@ def test_metadata_refuses_bad_input_by_name(case: str) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(next_n=st.one_of(st.integers(max_value=0), st.integers(min_value=17, max_value=10**6), st.floats(), st.booleans()))
+@given(
+    next_n=st.one_of(st.integers(max_value=0), st.integers(min_value=17, max_value=10**6), st.floats(), st.booleans())
+)
 def test_plan_atoms_refuses_any_next_n_outside_1_to_16(next_n: object) -> None:
     """next_n=0 used to return an empty plan: a step with no launch at all."""
     with pytest.raises(ValueError, match=r"next_n="):

@@ -52,7 +52,11 @@ CORRUPT = {  # file, bytes written over it, what the error says
     "provenance foreign": (PROV, b'{"hello": 1}', "missing keys"),
     "provenance schema": (PROV, json.dumps(provenance("a") | {"schema_version": 99}).encode(), "schema_version 99"),
     "provenance source": (PROV, json.dumps(provenance("a") | {"source": "guessed"}).encode(), "source 'guessed'"),
-    "provenance run_id type": (PROV, json.dumps(provenance("a") | {"run_id": 5}).encode(), "run_id and created must be strings"),
+    "provenance run_id type": (
+        PROV,
+        json.dumps(provenance("a") | {"run_id": 5}).encode(),
+        "run_id and created must be strings",
+    ),
     "provenance deep nesting": (PROV, b"[" * 100_000, "not valid JSON"),
     "provenance missing": (PROV, "delete", "no provenance file"),
     "results missing": (PARQUET, "delete", "missing"),
@@ -97,7 +101,24 @@ BAD_ROWS = {
     "results duplicate keys": (lambda f: pd.concat([f, f]), "point_key must be unique"),
     "results key type": (lambda f: f.assign(point_key=5), "point_key must be unique strings"),
     "results source": (lambda f: f.assign(source="modeled"), "source"),
+    "median NaN": (
+        lambda f: f.assign(median_ms=float("nan")),
+        r"1 timed row\(s\) with non-finite or non-positive times .*: row 0 \(k\)",
+    ),
+    "median inf": (lambda f: f.assign(median_ms=float("inf"), p75_ms=float("inf")), "non-finite or non-positive"),
+    "median zero": (lambda f: f.assign(median_ms=0.0, p25_ms=0.0), "non-finite or non-positive"),
+    "p25 negative": (lambda f: f.assign(p25_ms=-1.0), "non-finite or non-positive"),
+    "quartiles swapped": (lambda f: f.assign(p25_ms=1.1, p75_ms=0.9), r"quartiles out of order .*: row 0 \(k\)"),
+    "median above p75": (lambda f: f.assign(median_ms=2.0), "quartiles out of order"),
 }
+
+
+def test_untimed_rows_may_hold_no_times(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "a")
+    store.append_point(run_dir, {**ROW, "point_key": "k2", "status": "skipped", "median_ms": None, "p25_ms": None,
+                                 "p75_ms": None, "iqr_ms": None})  # fmt: skip
+    store.write_results(run_dir)
+    assert list(store.load_run(run_dir).results["status"]) == ["ok", "skipped"]
 
 
 @pytest.mark.parametrize("case", list(BAD_ROWS))

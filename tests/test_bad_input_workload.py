@@ -14,8 +14,8 @@ from dsa_lab.workload import (
     DecodeBatch,
     DecodeInputs,
     mixed_length_batch,
-    random_inputs,
     ragged_decode_batch,
+    random_inputs,
     uniform_batch,
     with_padding,
 )

@@ -1,29 +1,49 @@
-"""The harness on CPU: timing records, sweeps (check, skip, fail, error, resume), the bench command."""
+"""The harness on CPU: timing records, points and plans, the grid loop, sweeps (check, skip, fail, error,
+resume), every way a run could be corrupted (locks, resume checks, failed workloads, interrupts, hung
+points, OS errors), the bench command and the sm100 preset."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 import torch
 
 from dsa_lab import store
 from dsa_lab.bench import cli as bench_cli
-from dsa_lab.bench import sweep, timing
-from dsa_lab.bench.sweep import ContextSpec, SweepSpec, expand, run_sweep
+from dsa_lab.bench import inputs as bench_inputs
+from dsa_lab.bench import point as bench_point
+from dsa_lab.bench import sweep, timing, walk
+from dsa_lab.bench.point import SweepSpec, expand, parse_values
+from dsa_lab.bench.sweep import run_sweep
 from dsa_lab.bench.timing import StoppingRule, TimingConfig, summarize, time_callable
 from dsa_lab.cache import build_paged_cache, gather_request_keys, random_paged_cache
+from dsa_lab.cli import main
 from dsa_lab.kernels import registry
 from dsa_lab.kernels.reference import ReferenceBackend, paged_mqa_logits
+from dsa_lab.workload import ContextSpec
+
+REPO = Path(__file__).resolve().parents[1]
 
 FAST = TimingConfig(warmup=1, min_samples=2, max_samples=3, max_seconds=0.01, window=2)
 
 
 def tiny(**axes) -> SweepSpec:
-    base = SweepSpec(backend=("reference",), batch=(2,), context=("96",), next_n=(1, 3), heads=(32,), head_dim=(64,), timing=FAST)
+    base = SweepSpec(
+        backend=("reference",), batch=(2,), context=("96",), next_n=(1, 3), heads=(32,), head_dim=(64,), timing=FAST
+    )
     return base.with_axes(**axes)
 
 
@@ -67,10 +87,32 @@ class _NarrowBackend(_Injected):
         return frozenset({1, 2})
 
 
+class _SleepyBackend(_Injected):
+    """Right, but each call takes 10 s at next_n = 3 (a kernel that hangs, as Python sees it)."""
+
+    name = "test-sleepy"
+
+    def logits(self, q, *args, **kwargs):
+        if q.shape[1] == 3:
+            time.sleep(10.0)
+        return super().logits(q, *args, **kwargs)
+
+
+class _InterruptedBackend(_Injected):
+    """Ctrl-C arrives while a next_n = 3 point runs."""
+
+    name = "test-interrupted"
+
+    def logits(self, q, *args, **kwargs):
+        if q.shape[1] == 3:
+            raise KeyboardInterrupt
+        return super().logits(q, *args, **kwargs)
+
+
 @pytest.fixture
 def injected(monkeypatch):
     """Register the test backends for one test only, so no other test module ever sees them."""
-    for cls in (_WrongBackend, _HoleBackend, _BrokenBackend, _NarrowBackend):
+    for cls in (_WrongBackend, _HoleBackend, _BrokenBackend, _NarrowBackend, _SleepyBackend, _InterruptedBackend):
         monkeypatch.setitem(registry._BACKENDS, cls.name, cls())
 
 
@@ -168,12 +210,66 @@ def test_context_parsing_and_point_order():
 
 
 def test_presets_exist_and_h200_full_covers_the_study():
-    full = sweep.preset("h200-full")
+    full = bench_point.preset("h200-full")
     assert full.batch == (1, 16, 64, 128) and full.next_n == (1, 2, 3, 4, 5, 6, 8)
     assert "mixed:1024-65536" in full.context and "131072" in full.context
-    assert sweep.preset("ci").backend == ("reference",)
+    assert bench_point.preset("ci").backend == ("reference",)
+    sm100 = bench_point.preset("sm100")
+    assert (sm100.batch, sm100.context, sm100.next_n) == (full.batch, full.context, full.next_n)
+    assert bench_point.PRESETS == bench_cli.PRESET_NAMES and bench_point.AXES == bench_cli.GRID_AXES
     with pytest.raises(ValueError, match="preset"):
-        sweep.preset("huge")
+        bench_point.preset("huge")
+
+
+def test_one_list_syntax_for_every_axis():
+    assert parse_values("next_n", "1, 2,4") == (1, 2, 4)
+    assert parse_values("strategy", "all") == ("native", "flatten", "atom")
+    assert parse_values("context", "8K,mixed:1K-64K") == ("8K", "mixed:1K-64K")
+    with pytest.raises(ValueError, match="--next-n='1 2': values must be integers, comma-separated"):
+        parse_values("next_n", "1 2")
+    with pytest.raises(ValueError, match="--batch: give at least one value"):
+        parse_values("batch", " , ")
+
+
+def test_a_spec_round_trips_through_its_provenance_form():
+    spec = tiny(next_n=(3, 1), context=("mixed:64-200",), seed=7)
+    again = SweepSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
+    assert again == spec and [p.key for p in again.points()] == [p.key for p in spec.points()]
+    with pytest.raises(ValueError, match="unknown fields \\['batches'\\]"):
+        SweepSpec.from_dict({"batches": [1]})
+
+
+# ---------------------------------------------------------------- plans and the grid loop
+
+
+def test_atom_pieces_come_from_the_backends_own_native_set(injected):
+    """The reference and Triton run any next_n natively: their atom plan is native itself (skipped);
+    a backend native for {1, 2} splits 3 into 2 + 1."""
+    cpu = torch.device("cpu")
+    points = {p.backend: p for p in tiny(backend=("reference", "triton", "test-narrow"), strategy=("atom",),
+                                          next_n=(3,)).points()}  # fmt: skip
+    for name in ("reference", "triton"):
+        assert "same launch as native" in walk.skip_reason(points[name], cpu)
+    visit = next(walk.walk([points["test-narrow"]], tiny(next_n=(3,)), cpu))
+    assert visit.ready and visit.plan.label == "2+1" and visit.plan.native_sizes == (1, 2)
+    assert visit.plan.launch_shapes == ((2, 2), (2, 1)) and visit.plan.launches == 2
+
+
+def test_the_grid_loop_builds_each_workload_once(monkeypatch):
+    built = []
+    real = bench_inputs.Workload
+
+    class Counting(real):
+        def __init__(self, point, *args, **kwargs):
+            built.append(point.workload_key)
+            super().__init__(point, *args, **kwargs)
+
+    monkeypatch.setattr(walk, "Workload", Counting)
+    spec = tiny(batch=(1, 2), next_n=(1, 2, 3))
+    visits = list(walk.walk(spec.points(), spec, torch.device("cpu")))
+    assert len(visits) == len(spec.points()) and built == [(1, "96", "fp8", 32, 64), (2, "96", "fp8", 32, 64)]
+    ready = [v for v in visits if v.ready]
+    assert all(v.inputs.batch.next_n == v.point.next_n for v in ready)
 
 
 # ---------------------------------------------------------------- sweeps
@@ -190,16 +286,15 @@ def test_sweep_checks_times_and_skips_with_reasons(tmp_path, injected):
     assert ok["status"] == "ok" and ok["rel_err"] <= 1e-3 and ok["median_ms"] > 0
     assert ok["timing_method"] == "wall_clock" and ok["device"] == "cpu" and ok["source"] == "measured"
     assert ok["launches"] == 1 and ok["kernel_rows"] == 6 and ok["strategy_bytes"] > 0
-    atom = by[("reference", "atom", 3)]
-    assert atom["status"] == "ok" and atom["pieces"] == "4[pad 1]" and atom["kernel_rows"] == 8
     assert by[("reference", "flatten", 3)]["pieces"] == "6x1"
-    assert "same launch as native" in by[("reference", "atom", 1)]["message"]
+    assert "same launch as native" in by[("reference", "atom", 3)]["message"]  # any next_n is native
+    assert ok["pieces"] == "3" and ok["native_sizes"] == ",".join(map(str, range(1, 17)))
     dg = by[("deepgemm", "native", 1)]
     assert dg["status"] == "skipped" and "needs a CUDA GPU" in dg["message"]
     narrow = by[("test-narrow", "native", 3)]
     assert narrow["status"] == "skipped" and "natively only next_n in [1, 2]" in narrow["message"]
     assert by[("test-narrow", "atom", 3)]["status"] == "ok"  # 3 = 2 + 1 natively
-    assert by[("test-narrow", "atom", 3)]["pieces"] == "2+1"
+    assert by[("test-narrow", "atom", 3)]["pieces"] == "2+1" and by[("test-narrow", "atom", 3)]["launches"] == 2
     run = store.load_run(tmp_path / "run")
     assert set(run.results["status"]) == {"ok", "skipped"}
     assert run.provenance["progress"]["stop_reason"] == "complete"
@@ -225,6 +320,7 @@ def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
         run_sweep(spec, tmp_path / "run", "cpu", progress=False)  # no silent overwrite
     with pytest.raises(ValueError, match="another sweep spec"):
         run_sweep(tiny(next_n=(1,)), tmp_path / "run", "cpu", resume=True, progress=False)
+    assert not (tmp_path / "run" / store.LOCK_FILE).exists()  # the lock goes with its sweep
     second = run_sweep(spec, tmp_path / "run", "cpu", resume=True, progress=False)
     assert second.recorded_before == 2 and second.recorded_now == total - 2 and second.remaining == 0
     keys = [row["point_key"] for row in store.read_points(tmp_path / "run")]
@@ -235,7 +331,7 @@ def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
 def test_max_minutes_stops_cleanly_and_points_too_big_are_skipped(tmp_path, monkeypatch):
     stopped = run_sweep(tiny(), tmp_path / "a", "cpu", max_minutes=0, progress=False)
     assert stopped.stop_reason == "max_minutes" and stopped.recorded_now == 0
-    monkeypatch.setattr(sweep, "free_device_bytes", lambda device: 1000)
+    monkeypatch.setattr(walk, "free_device_bytes", lambda device: 1000)
     run_sweep(tiny(strategy=("native",), next_n=(1,)), tmp_path / "b", "cpu", progress=False)
     (row,) = store.read_points(tmp_path / "b")
     assert row["status"] == "skipped" and "GiB free" in row["message"] and row["estimated_bytes"] > 1000
@@ -250,7 +346,8 @@ def test_bench_command_runs_resumes_and_rejects_bad_values(tmp_path, capsys):
     assert args.func(args) == 0
     args = parser.parse_args([*common, "--resume"])
     assert args.func(args) == 0
-    assert "0 left of 4" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "0 left of 4" in out and "median kernel time per decode step (µs)" in out and "n=2" in out
     assert len(store.load_run(tmp_path / "run").results) == 4
     args = parser.parse_args([*common[:-2], "--strategy", "diagonal"])
     with pytest.raises(ValueError, match="strategy='diagonal': allowed values are"):
@@ -306,3 +403,251 @@ def test_cuda_event_path_spins_the_gpu_past_the_host_issue_time(monkeypatch):
     timed = queue[queue.index("flush") :]
     assert timed[:5] == ["flush", timed[1], "event", "call", "event"] and timed[1].startswith("spin ")
     assert int(timed[1].split()[1]) >= m.spin_us * 2000  # cycles at no less than the rated 2 GHz
+
+
+# ---------------------------------------------------------------- runs that cannot be corrupted
+
+
+def _bench_argv(run_dir: Path, *extra: str) -> list[str]:
+    return ["bench", "--preset", "ci", "--device", "cpu", "--out", str(run_dir), "--no-progress", "--batch", "1",
+            "--context", "80", "--next-n", "1,2", "--strategy", "native", *extra]  # fmt: skip
+
+
+def _one_line(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_run(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(_bench_argv(run_dir, "--max-points", "1")) == 0
+    with store.run_lock(run_dir):  # another sweep is writing this folder
+        before = (run_dir / store.POINTS_FILE).read_bytes()
+        with pytest.raises(store.RunLocked, match=f"run folder {run_dir} is being written by pid {os.getpid()}"):
+            run_sweep(tiny(), run_dir, "cpu", resume=True, progress=False)
+        capsys.readouterr()
+        assert main(_bench_argv(run_dir, "--resume")) == 2
+        line = _one_line(capsys.readouterr().err)
+        assert line.startswith("dsa-lab bench: error: run folder") and "is being written by pid" in line
+        assert (run_dir / store.POINTS_FILE).read_bytes() == before
+    assert main(_bench_argv(run_dir, "--resume")) == 0  # the lock died with its holder
+
+
+def test_resume_refuses_a_folder_whose_rows_disagree_with_its_log(tmp_path):
+    """A copy of the shipped 840-point run without points.jsonl: resuming would rebuild 3 rows from the log."""
+    shipped = REPO / "data" / "h200" / "h200-full-20261129"
+    run_dir = tmp_path / "h200" / "copy"
+    run_dir.mkdir(parents=True)
+    for name in (store.PROVENANCE_FILE, store.RESULTS_FILE):
+        shutil.copy(shipped / name, run_dir / name)
+    before = (run_dir / store.RESULTS_FILE).read_bytes()
+    spec = SweepSpec.from_dict(store.read_provenance(run_dir / store.PROVENANCE_FILE)["spec"])
+    with pytest.raises(store.RunFormatError, match="results.parquet holds 840 points, 840 of them not in points.jsonl"):
+        run_sweep(spec, run_dir, "cpu", resume=True, progress=False)
+    assert (run_dir / store.RESULTS_FILE).read_bytes() == before and not (run_dir / store.POINTS_FILE).exists()
+
+    small = tmp_path / "small"
+    run_sweep(tiny(), small, "cpu", progress=False)
+    frame = pd.read_parquet(small / store.RESULTS_FILE)
+    frame.loc[frame["status"] == "ok", "median_ms"] *= 2  # results edited behind the log's back
+    frame.to_parquet(small / store.RESULTS_FILE, index=False)
+    with pytest.raises(store.RunFormatError, match="the files disagree; refusing to resume"):
+        run_sweep(tiny(), small, "cpu", resume=True, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [({"device": "cuda", "device_name": "NVIDIA H200"}, "device 'cuda' -> 'cpu'; device_name 'NVIDIA H200' -> 'cpu'"),
+     ({"environment": {"torch": "1.0.0"}}, "torch '1.0.0' -> ")],
+)  # fmt: skip
+def test_resume_refuses_another_device_or_environment(tmp_path, change, says):
+    run_dir = tmp_path / "run"
+    run_sweep(tiny(), run_dir, "cpu", max_points=1, progress=False)
+    provenance = store.read_provenance(run_dir / store.PROVENANCE_FILE)
+    if "environment" in change:
+        change = {"environment": {**provenance["environment"], **change["environment"]}}
+    store.update_provenance(run_dir, **change)
+    rows = (run_dir / store.POINTS_FILE).read_bytes()
+    with pytest.raises(ValueError, match=f"measured on another device or environment \\({says}"):
+        run_sweep(tiny(), run_dir, "cpu", resume=True, progress=False)
+    assert (run_dir / store.POINTS_FILE).read_bytes() == rows
+
+
+def test_a_failed_workload_errors_its_own_points_only_and_retry_errors_reruns_them(tmp_path, monkeypatch):
+    real = bench_inputs.Workload
+
+    class Flaky(real):
+        def __init__(self, point, *args, **kwargs):
+            if point.batch == 1:
+                raise RuntimeError("CUDA out of memory (simulated)")
+            super().__init__(point, *args, **kwargs)
+
+    monkeypatch.setattr(walk, "Workload", Flaky)
+    spec = tiny(batch=(1, 2, 3), strategy=("native",))
+    run_sweep(spec, tmp_path / "run", "cpu", progress=False)
+    status = {(r["batch"], r["next_n"]): (r["status"], r["message"]) for r in store.read_points(tmp_path / "run")}
+    assert {k for k, (s, _) in status.items() if s == "error"} == {(1, 1), (1, 3)}
+    assert "workload not built: RuntimeError: CUDA out of memory" in status[(1, 3)][1]
+    assert all(s == "ok" for (b, _), (s, _) in status.items() if b != 1)  # later workloads built afresh
+
+    monkeypatch.setattr(walk, "Workload", real)
+    again = run_sweep(spec, tmp_path / "run", "cpu", resume=True, progress=False)
+    assert again.recorded_now == 0 and again.remaining == 0  # a plain resume leaves error rows alone
+    retried = run_sweep(spec, tmp_path / "run", "cpu", resume=True, retry_errors=True, progress=False)
+    assert retried.recorded_now == 2 and retried.counts == {"ok": 2}
+    results = store.load_run(tmp_path / "run").results
+    assert len(results) == 6 and set(results["status"]) == {"ok"}
+    assert len(store.read_points(tmp_path / "run")) == 8  # the log keeps the error rows too
+
+
+def test_an_interrupt_is_recorded_exits_130_and_says_how_to_resume(tmp_path, injected, capsys):
+    run_dir = tmp_path / "run"
+    argv = [*_bench_argv(run_dir), "--backend", "test-interrupted", "--next-n", "1,3"]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert f"Resume with: dsa-lab bench --resume --out {run_dir}" in err
+    provenance = store.read_provenance(run_dir / store.PROVENANCE_FILE)
+    assert provenance["progress"]["stop_reason"] == "interrupted"
+    assert [r["next_n"] for r in store.read_points(run_dir)] == [1]  # the point in flight re-runs on resume
+    assert store.load_run(run_dir).results["status"].tolist() == ["ok"]
+
+
+def test_a_hung_point_times_out_and_the_sweep_goes_on(tmp_path, injected):
+    spec = tiny(backend=("test-sleepy",), strategy=("native",), next_n=(1, 3), batch=(1, 2))
+    started = time.perf_counter()
+    summary = run_sweep(spec, tmp_path / "run", "cpu", point_timeout_s=0.5, progress=False)
+    assert time.perf_counter() - started < 8  # two sleepy points of 10 s+ each, cut at 0.5 s
+    by = {(r["batch"], r["next_n"]): r for r in store.read_points(tmp_path / "run")}
+    assert by[(1, 3)]["status"] == "error" and "timed out after 0.5 s (--point-timeout)" in by[(1, 3)]["message"]
+    assert by[(2, 1)]["status"] == "ok" and summary.stop_reason == "complete"
+
+
+def test_max_minutes_holds_against_a_hung_point(tmp_path, injected):
+    spec = tiny(backend=("test-sleepy",), strategy=("native",), next_n=(3,), batch=(1, 2, 3))
+    started = time.perf_counter()
+    summary = run_sweep(spec, tmp_path / "run", "cpu", max_minutes=0.01, progress=False)  # 0.6 s
+    assert time.perf_counter() - started < 6  # a point of 10 s+, cut when the 0.6 s budget ends
+    assert summary.stop_reason == "max_minutes" and summary.recorded_now == 0  # cut by the budget: re-runs later
+    assert store.read_provenance(tmp_path / "run" / store.PROVENANCE_FILE)["progress"]["stop_reason"] == "max_minutes"
+
+
+HUNG_SCRIPT = textwrap.dedent(
+    """
+    import signal, sys, time
+    from dsa_lab.bench import guard
+    from dsa_lab.bench.point import SweepSpec
+    from dsa_lab.bench.sweep import run_sweep
+    from dsa_lab.bench.timing import TimingConfig
+    from dsa_lab.kernels import registry
+    from dsa_lab.kernels.reference import ReferenceBackend
+
+    class Hung(ReferenceBackend):
+        name, baseline = "test-hung", False
+        def logits(self, q, *args, **kwargs):
+            if q.shape[1] == 3:  # a call stuck in C: no Python signal handler can run
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+                time.sleep(60)
+            return super().logits(q, *args, **kwargs)
+
+    registry._BACKENDS["test-hung"] = Hung()
+    guard.HANG_GRACE_S = 1.0
+    spec = SweepSpec(backend=("test-hung",), strategy=("native",), batch=(2,), context=("96",), next_n=(1, 3),
+                     heads=(32,), head_dim=(64,), timing=TimingConfig(warmup=1, min_samples=2, max_samples=3,
+                     max_seconds=0.01, window=2))
+    run_sweep(spec, sys.argv[1], "cpu", point_timeout_s=1.0, progress=False)
+    """
+)
+
+
+def test_a_point_hung_in_c_is_recorded_and_the_process_ends(tmp_path):
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", HUNG_SCRIPT, str(run_dir)], capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+    assert proc.returncode == sweep.HUNG_EXIT_CODE, proc.stderr
+    assert time.perf_counter() - started < 60
+    assert f"Resume with: dsa-lab bench --resume --out {run_dir}" in proc.stderr
+    rows = store.read_points(run_dir)
+    assert [(r["next_n"], r["status"]) for r in rows] == [(1, "ok"), (3, "error")] and "hung" in rows[1]["message"]
+    assert store.read_provenance(run_dir / store.PROVENANCE_FILE)["progress"]["stop_reason"] == "point_hung"
+    assert len(store.load_run(run_dir).results) == 2 and not (run_dir / store.LOCK_FILE).exists()
+
+
+def test_os_errors_print_one_line_naming_the_path(tmp_path, monkeypatch, capsys):
+    existing = tmp_path / "existing"
+    assert main(_bench_argv(existing, "--max-points", "1")) == 0
+    capsys.readouterr()
+    assert main(_bench_argv(existing)) == 2  # exists
+    assert f"run folder {existing} already exists" in _one_line(capsys.readouterr().err)
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    assert main(_bench_argv(a_file / "run")) == 2  # a parent that is a file: read-only as far as we are concerned
+    assert str(a_file) in _one_line(capsys.readouterr().err)
+
+    real_mkdir = Path.mkdir
+
+    def refuse(self, *args, **kwargs):
+        if "denied" in str(self):
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    assert main(_bench_argv(tmp_path / "denied" / "run")) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "Permission denied" in line and str(tmp_path / "denied") in line
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store.os, "fsync", full)
+    assert main(_bench_argv(tmp_path / "full")) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert (
+        line
+        == f"dsa-lab bench: error: cannot append to {tmp_path / 'full' / store.POINTS_FILE}: No space left on device"
+    )
+
+
+# ---------------------------------------------------------------- the sm100 preset
+
+
+def test_sm100_preset_with_a_faked_sm100_gpu(monkeypatch, capsys):
+    """On an SM100 GPU DeepGEMM runs any next_n natively (as Triton does): native runs at next_n = 3,
+    and every atom plan is the native launch itself."""
+    from dsa_lab.kernels.deepgemm import DeepGemmBackend
+    from dsa_lab.kernels.registry import Availability
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
+    monkeypatch.setattr(DeepGemmBackend, "availability", lambda self, device: Availability(True, ""))
+    cuda = torch.device("cuda")
+    spec = bench_point.preset("sm100")
+    assert len(spec.points()) == 840 and spec.backend == ("deepgemm", "triton")
+    reasons = {(p.backend, p.strategy, p.next_n): walk.skip_reason(p, cuda) for p in spec.points()
+               if p.batch == 128 and p.context == "65536"}  # fmt: skip
+    assert reasons[("deepgemm", "native", 3)] is None and reasons[("deepgemm", "native", 8)] is None
+    assert all("same launch as native" in reasons[(b, "atom", n)] for b in spec.backend for n in spec.next_n)
+    assert all(reasons[(b, "flatten", n)] is None for b in spec.backend for n in spec.next_n)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # the same grid on SM90
+    point = next(p for p in spec.points() if (p.backend, p.strategy, p.next_n) == ("deepgemm", "native", 3))
+    assert "natively only next_n in [1, 2, 4]" in walk.skip_reason(point, cuda)
+    assert main(["bench", "--preset", "sm100", "--device", "cpu", "--dry-run"]) == 0
+    assert "840 points" in capsys.readouterr().out
+    assert (REPO / "scripts" / "sm100_sweep.sh").read_text().count("PRESET=sm100") == 1
+
+
+def test_cli_help_imports_no_torch_and_version_prints():
+    code = "import sys, time; t = time.perf_counter()\n" \
+           "from dsa_lab.cli import build_parser\n" \
+           "try:\n    build_parser(['--help']).parse_args(['--help'])\nexcept SystemExit:\n    pass\n" \
+           "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', time.perf_counter() - t)"  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+    assert "NO-TORCH" in proc.stdout and "compare" in proc.stdout and "profile" in proc.stdout, proc.stdout
+    assert float(proc.stdout.split()[-1]) < 1.0
+    version = subprocess.run([sys.executable, "-m", "dsa_lab.cli", "--version"], capture_output=True, text=True,
+                             timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+    assert version.returncode == 0 and version.stdout.startswith("dsa-lab ")

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from browser_support import (
     EXPLORER_ERROR,
     OUTPUT,
@@ -177,7 +176,9 @@ def test_notebook_runs_in_jupyterlab_and_its_explorers_respond(
             page.screenshot_explorer(explorer, screenshots / f"{path.stem}-explorer{number}.png")
             where = f"{path.name}, explorer {number}, probe moved from {old!r} to {new!r}"
             assert charts_before > 0, f"{path.name}, explorer {number}: drew no chart before the move"
-            assert charts.count() == charts_before, f"{where}: {charts.count()} charts after the move, {charts_before} before"
+            assert charts.count() == charts_before, (
+                f"{where}: {charts.count()} charts after the move, {charts_before} before"
+            )
             errors = explorer.locator(EXPLORER_ERROR).all_inner_texts()
             assert not errors, f"{where}: the explorer shows its error: {errors}"
             assert TRACEBACK_MARK not in explorer.inner_text(), f"{where}: a traceback in the explorer's output"

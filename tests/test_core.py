@@ -14,8 +14,8 @@ from dsa_lab.topk import compare_selections, topk_per_row
 from dsa_lab.workload import (
     DecodeBatch,
     mixed_length_batch,
-    random_inputs,
     ragged_decode_batch,
+    random_inputs,
     uniform_batch,
     with_padding,
 )
@@ -42,7 +42,13 @@ def test_reference_matches_float64_definition(seed: int) -> None:
     launch = build_native_metadata(batch, inputs.cache.block_table).launches[0]
     packed = pack_launch(launch, inputs)
     out = paged_mqa_logits(
-        packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, batch.max_seq_len, cache_dtype="fp8"
+        packed.q,
+        inputs.cache.data,
+        packed.weights,
+        packed.context_lens,
+        packed.block_table,
+        batch.max_seq_len,
+        cache_dtype="fp8",
     )
     expected = brute_force_logits(inputs, batch)
     rows = launch.token_rows.reshape(-1)
@@ -127,8 +133,13 @@ def test_reference_rejects_bad_arguments() -> None:
     inputs = random_inputs(batch, seed=0)
     packed = pack_launch(build_native_metadata(batch, inputs.cache.block_table).launches[0], inputs)
     good = dict(
-        q=packed.q, kv_cache=inputs.cache.data, weights=packed.weights,
-        context_lens=packed.context_lens, block_table=packed.block_table, max_context_len=64, cache_dtype="fp8",
+        q=packed.q,
+        kv_cache=inputs.cache.data,
+        weights=packed.weights,
+        context_lens=packed.context_lens,
+        block_table=packed.block_table,
+        max_context_len=64,
+        cache_dtype="fp8",
     )
     cases = [
         (dict(q=packed.q.float()), "q"),

@@ -44,7 +44,9 @@ def decode_batches(draw, max_requests: int = 5, max_len: int = 300, max_next_n: 
 
 def block_table_for(batch: DecodeBatch, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 5000, (batch.batch_size, batch.max_blocks_per_request + 1), generator=gen, dtype=torch.int32)
+    return torch.randint(
+        0, 5000, (batch.batch_size, batch.max_blocks_per_request + 1), generator=gen, dtype=torch.int32
+    )
 
 
 def all_metadata(batch: DecodeBatch, table: torch.Tensor, sizes: tuple[int, ...]) -> dict[str, DecodeMetadata]:
@@ -110,7 +112,12 @@ def test_decode_is_independent_of_strategy(batch: DecodeBatch, seed: int) -> Non
     """The central invariant, with the reference backend: same logits (bit for bit: the
     reference is batch-invariant by construction), same top-k."""
     small = DecodeBatch(
-        batch.seq_lens, batch.decode_lens, batch.next_n, num_heads=32, head_dim=64, num_decode_tokens=batch.num_decode_tokens
+        batch.seq_lens,
+        batch.decode_lens,
+        batch.next_n,
+        num_heads=32,
+        head_dim=64,
+        num_decode_tokens=batch.num_decode_tokens,
     )
     inputs = random_inputs(small, seed=seed)
     results = {s: run_decode(inputs, s, "reference", topk=16) for s in ("native", "flatten", "atom")}

@@ -54,7 +54,9 @@ def test_notebooks_are_committed_without_outputs_and_take_parameters() -> None:
         nb = nbformat.read(path, as_version=4)
         nbformat.validate(nb)
         code = [c for c in nb.cells if c.cell_type == "code"]
-        assert "parameters" in code[0].metadata.get("tags", []), f"{path.name}: first code cell is not tagged 'parameters'"
+        assert "parameters" in code[0].metadata.get("tags", []), (
+            f"{path.name}: first code cell is not tagged 'parameters'"
+        )
         assert "device" in code[0].source, f"{path.name}: parameters cell has no 'device'"
         assert "interactive" in code[0].source, f"{path.name}: parameters cell has no 'interactive'"
         assert all(not c.outputs and c.execution_count is None for c in code), f"{path.name}: committed with outputs"
@@ -87,7 +89,9 @@ def test_notebook_executes_and_draws(path: Path, workdir: str, tmp_path: Path) -
 
 
 def test_explorers_render_as_widgets_when_interactive(tmp_path: Path) -> None:
-    nb = execute(REPO / "notebooks" / "01_decode_paths.ipynb", tmp_path / "out.ipynb", REPO / "notebooks", interactive=True)
+    nb = execute(
+        REPO / "notebooks" / "01_decode_paths.ipynb", tmp_path / "out.ipynb", REPO / "notebooks", interactive=True
+    )
     assert not outputs(nb, "error")
     assert outputs(nb, WIDGET_MIME), "the explorer displayed no widget"
 
@@ -136,7 +140,9 @@ def test_02_reads_the_newest_measured_run(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_03_without_a_shipped_triton_run_shows_a_banner_and_falls_back(empty_data: Path, tmp_path: Path) -> None:
-    nb = execute(REPO / "notebooks" / "03_kernel_deep_dive.ipynb", tmp_path / "out.ipynb", REPO / "notebooks", run_path="")
+    nb = execute(
+        REPO / "notebooks" / "03_kernel_deep_dive.ipynb", tmp_path / "out.ipynb", REPO / "notebooks", run_path=""
+    )
     assert not outputs(nb, "error")
     banner = outputs(nb, FALLBACK_MIME)
     assert len(banner) == 1 and "with the 'triton' backend" in banner[0]["missing"]

@@ -12,10 +12,13 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from dsa_lab.bench.axes import ContextSpec, SweepPoint  # noqa: E402
+from dsa_lab.analysis.modeled import modeled_native_rows  # noqa: E402
+from dsa_lab.bench.point import Point  # noqa: E402
+from dsa_lab.plan import LaunchPlan  # noqa: E402
 from dsa_lab.plots import kernel  # noqa: E402
 from dsa_lab.policy import Platform  # noqa: E402
-from dsa_lab.roofline import StepShape, get_gpu, modeled_time, roofline_columns, step_cost  # noqa: E402
+from dsa_lab.roofline import get_gpu, modeled_time, roofline_columns  # noqa: E402
+from dsa_lab.workload import ContextSpec  # noqa: E402
 
 H200 = get_gpu("H200-measured")
 SEED = 0
@@ -33,7 +36,7 @@ CONTEXT_SCALE = {"1024": 1.0, "4096": 3.0}  # the second context: the same times
 
 
 def _row(backend: str, strategy: str, batch: int, context: str, next_n: int, us: float | None) -> dict:
-    point = SweepPoint(backend, strategy, batch, context, next_n, "fp8", 64, 128)
+    point = Point(backend, strategy, batch, context, next_n, "fp8", 64, 128)
     row = {"point_key": point.key, **point.__dict__, "source": "measured", "device": "cuda",
            "device_name": "NVIDIA H200", "message": ""}  # fmt: skip
     if us is None:
@@ -41,7 +44,7 @@ def _row(backend: str, strategy: str, batch: int, context: str, next_n: int, us:
                 "p75_ms": None, "iqr_ms": None}  # fmt: skip
     ms = us / 1e3
     seq_lens = ContextSpec.parse(context).seq_lens(batch, SEED)
-    cost = step_cost(StepShape(seq_lens, next_n, strategy, 64, 128, "fp8", (1, 2, 4)))
+    cost = LaunchPlan(seq_lens, next_n, strategy, 64, 128, "fp8", (1, 2, 4)).cost
     return {**row, "status": "ok", "median_ms": ms, "p25_ms": ms * 0.99, "p75_ms": ms * 1.01, "iqr_ms": ms * 0.02,
             **roofline_columns(cost, ms, H200)}  # fmt: skip
 
@@ -63,7 +66,7 @@ def results() -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def with_modeled(results: pd.DataFrame) -> pd.DataFrame:
-    return pd.concat([results, kernel.modeled_native_rows(results, ["B200", "GB200"], SEED)], ignore_index=True)
+    return pd.concat([results, modeled_native_rows(results, ["B200", "GB200"], SEED)], ignore_index=True)
 
 
 @pytest.fixture(autouse=True)
@@ -129,7 +132,7 @@ def test_modeled_sm100_times_are_the_roofline(with_modeled: pd.DataFrame) -> Non
     assert b200 in table.columns and f"GB200 native: {kernel.MODELED_LABEL}" in table.columns
     seq_lens = ContextSpec.parse("1024").seq_lens(2, SEED)
     for n in range(1, 6):
-        expected = modeled_time(StepShape(seq_lens, n, "native"), "B200").time_ms * 1e3
+        expected = modeled_time(LaunchPlan(seq_lens, n, "native"), "B200").time_ms * 1e3
         assert np.isclose(table.loc[n, b200], expected)
     assert np.allclose(table["native (triton), measured"], [8.0, 10.0, 12.5, 20.0, 30.0])
     assert np.allclose(table["best deepgemm option, measured"], [10.0, 14.0, 25.0, 40.0, 45.0])
@@ -187,12 +190,22 @@ def test_plot_modeled_sm100(with_modeled: pd.DataFrame) -> None:
 
 def test_reading_and_caption(results: pd.DataFrame) -> None:
     text = kernel.reading(kernel.kernel_comparison(results), 2, "1024", "NVIDIA H200")
-    assert "next_n=3: 12.5 µs; 2.00x vs vLLM's path (flatten, 25.0 µs); 2.00x vs the best deepgemm option (flatten" in text
+    assert (
+        "next_n=3: 12.5 µs; 2.00x vs vLLM's path (flatten, 25.0 µs); 2.00x vs the best deepgemm option (flatten" in text
+    )
     assert "next_n=5: 30.0 µs; 2.33x vs vLLM's path (flatten, 70.0 µs); 1.50x vs the best deepgemm option (atom" in text
     assert "faster than the best deepgemm option in 10 (10 beyond the measured spread)" in text
     provenance = {"source": "measured", "device_name": "NVIDIA H200", "run_id": "h200-full-1",
                   "created": "2026-11-29T10:00:00", "git": {"sha": "abcdef123456", "dirty": False},
                   "environment": {"torch": "2.11.0", "triton": "3.6.0", "vllm": "0.33.0", "deep_gemm": "2.8.1"}}  # fmt: skip
     caption = kernel.caption(provenance)
-    for part in ("NVIDIA H200", "h200-full-1", "2026-11-29", "abcdef1", "torch 2.11.0", "triton 3.6.0", "deep_gemm 2.8.1"):
+    for part in (
+        "NVIDIA H200",
+        "h200-full-1",
+        "2026-11-29",
+        "abcdef1",
+        "torch 2.11.0",
+        "triton 3.6.0",
+        "deep_gemm 2.8.1",
+    ):
         assert part in caption

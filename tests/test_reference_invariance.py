@@ -34,8 +34,8 @@ from dsa_lab.workload import (
     DecodeBatch,
     DecodeInputs,
     mixed_length_batch,
-    random_inputs,
     ragged_decode_batch,
+    random_inputs,
     uniform_batch,
     with_padding,
 )
@@ -50,7 +50,8 @@ BATCHES = {
     "mixed lengths, next_n=4": (mixed_length_batch(4, 4, 700, 4, seed=3, **SMALL), 3),
     "uniform H=64 D=128, next_n=5": (uniform_batch(2, 150, 5), 4),
     "mxfp4 ragged + padding": (
-        with_padding(ragged_decode_batch(3, 4, 300, 4, seed=5, num_heads=32, head_dim=128, cache_dtype="mxfp4"), 1, 1), 5
+        with_padding(ragged_decode_batch(3, 4, 300, 4, seed=5, num_heads=32, head_dim=128, cache_dtype="mxfp4"), 1, 1),
+        5,
     ),
 }
 
@@ -104,7 +105,9 @@ def sub_inputs(inputs: DecodeInputs, requests: list[int]) -> DecodeInputs:
 @pytest.mark.parametrize("cache_dtype", ["fp8", "mxfp4"])
 def test_a_row_is_the_same_alone_in_a_batch_and_permuted(cache_dtype: str) -> None:
     head_dim = 64 if cache_dtype == "fp8" else 128
-    batch = with_padding(ragged_decode_batch(5, 4, 500, 4, seed=11, num_heads=32, head_dim=head_dim, cache_dtype=cache_dtype), 1)
+    batch = with_padding(
+        ragged_decode_batch(5, 4, 500, 4, seed=11, num_heads=32, head_dim=head_dim, cache_dtype=cache_dtype), 1
+    )
     inputs = random_inputs(batch, seed=11)
     full = {s: r.logits for s, r in decode_all(inputs, topk=8).items()}
     first = [sum(batch.decode_lens[:b]) for b in range(batch.batch_size)]
@@ -120,7 +123,12 @@ def test_a_row_is_the_same_alone_in_a_batch_and_permuted(cache_dtype: str) -> No
             for strategy in STRATEGIES:
                 assert torch.equal(bits(full[strategy][first[b] + i, :context]), want), (strategy, b, i)
                 assert torch.equal(bits(alone[strategy].logits[i, :context]), want), ("alone", strategy, b, i)
-                assert torch.equal(bits(permuted[strategy].logits[offset + i, :context]), want), ("permuted", strategy, b, i)
+                assert torch.equal(bits(permuted[strategy].logits[offset + i, :context]), want), (
+                    "permuted",
+                    strategy,
+                    b,
+                    i,
+                )
         offset += batch.decode_lens[b]
 
 
@@ -179,7 +187,9 @@ def assert_matches_float64(inputs: DecodeInputs, logits: torch.Tensor, valid: to
     assert ((got - want).abs() <= 2.0**-24 * want.abs() + 1e-12 * scale).all(), float((got - want).abs().max())
 
 
-@pytest.mark.parametrize("name", ["ragged + padding, next_n=3", "uniform H=64 D=128, next_n=5", "mxfp4 ragged + padding"])
+@pytest.mark.parametrize(
+    "name", ["ragged + padding, next_n=3", "uniform H=64 D=128, next_n=5", "mxfp4 ragged + padding"]
+)
 def test_reference_is_the_float64_definition_rounded_once(name: str) -> None:
     batch, seed = BATCHES[name]
     inputs = random_inputs(batch, seed=seed)
@@ -191,13 +201,21 @@ def test_reference_is_the_float64_definition_rounded_once(name: str) -> None:
 def test_positions_past_context_are_minus_inf_and_nothing_is_nan(cache_dtype: str) -> None:
     """Unused cache slots hold random bytes (NaN e4m3 codes, huge MXFP4 scales); the kernel's own
     output must still be -inf past every row's context, also in columns no block covers."""
-    batch = with_padding(ragged_decode_batch(3, 4, 150, 4, seed=9, num_heads=32, head_dim=128, cache_dtype=cache_dtype), 1)
+    batch = with_padding(
+        ragged_decode_batch(3, 4, 150, 4, seed=9, num_heads=32, head_dim=128, cache_dtype=cache_dtype), 1
+    )
     inputs = random_inputs(batch, seed=9)
     launch = build_native_metadata(batch, inputs.cache.block_table).launches[0]
     packed = pack_launch(launch, inputs)
     width = batch.max_seq_len + 100
     out = paged_mqa_logits(
-        packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, width, cache_dtype=cache_dtype
+        packed.q,
+        inputs.cache.data,
+        packed.weights,
+        packed.context_lens,
+        packed.block_table,
+        width,
+        cache_dtype=cache_dtype,
     )
     context = launch.context_lens.reshape(-1, 1)
     past = torch.arange(width)[None, :] >= context
@@ -223,13 +241,19 @@ WORKER_BATCHES = ("issue example (B=1, L=2, next_n=2)", "ragged + padding, next_
 
 def save_inputs(path: Path) -> dict[str, DecodeInputs]:
     inputs = {name: random_inputs(BATCHES[name][0], seed=BATCHES[name][1]) for name in WORKER_BATCHES}
-    torch.save({
-        name: {
-            "batch": json.dumps(dataclasses.asdict(i.batch)), "q": i.q.view(torch.uint8), "weights": i.weights,
-            "data": i.cache.data, "block_table": i.cache.block_table,
-        }
-        for name, i in inputs.items()
-    }, path)
+    torch.save(
+        {
+            name: {
+                "batch": json.dumps(dataclasses.asdict(i.batch)),
+                "q": i.q.view(torch.uint8),
+                "weights": i.weights,
+                "data": i.cache.data,
+                "block_table": i.cache.block_table,
+            }
+            for name, i in inputs.items()
+        },
+        path,
+    )
     return inputs
 
 
@@ -263,10 +287,15 @@ def setting_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict[s
     for name, (threads, extra) in SETTINGS.items():
         folder = tmp_path_factory.mktemp(name.replace("=", "_"))
         env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")])
+        )
         done = subprocess.run(
-            [sys.executable, __file__, str(inputs_path), str(folder), str(threads)], env={**env, **extra},
-            capture_output=True, text=True, timeout=300,
+            [sys.executable, __file__, str(inputs_path), str(folder), str(threads)],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert done.returncode == 0, f"{name}: worker failed\n{done.stderr[-3000:]}"
         facts = json.loads((folder / "facts.json").read_text())
@@ -301,7 +330,6 @@ def test_logits_are_bitwise_equal_across_settings_and_strategies(setting_runs: t
 def test_check_agreement_names_what_differs() -> None:
     batch, seed = BATCHES["ragged + padding, next_n=3"]
     results = decode_all(random_inputs(batch, seed=seed))
-    valid = valid_mask(results["native"])
     row = int(results["native"].context_lens.argmax())  # longer than the top-16
     col = 5
 

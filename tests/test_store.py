@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pandas as pd
@@ -12,10 +11,14 @@ from dsa_lab import store
 
 
 def provenance(run_id: str, source: str = "measured") -> dict:
-    return store.build_provenance(run_id, "cpu", "cpu", source, seed=0, timing_method="wall_clock", spec={"axes": [1, 2]})
+    return store.build_provenance(
+        run_id, "cpu", "cpu", source, seed=0, timing_method="wall_clock", spec={"axes": [1, 2]}
+    )
 
 
-def row(backend: str, next_n: int, median: float, p25: float, p75: float, source: str = "measured", status: str = "ok") -> dict:
+def row(
+    backend: str, next_n: int, median: float, p25: float, p75: float, source: str = "measured", status: str = "ok"
+) -> dict:
     point = {"backend": backend, "strategy": "native", "batch": 1, "context": "64", "next_n": next_n,
              "cache_dtype": "fp8", "heads": 32, "head_dim": 64}  # fmt: skip
     key = "|".join(f"{k}={v}" for k, v in point.items())
@@ -100,44 +103,25 @@ def test_a_torn_last_line_is_ignored_then_repaired_on_resume(tmp_path):
     with open(run_dir / store.POINTS_FILE, "a") as handle:
         handle.write('{"point_key": "cut off mid-wr')
     assert len(store.read_points(run_dir)) == 1
-    store.resume_run(run_dir, {"axes": [1, 2]})
+    environment = store.read_provenance(run_dir / store.PROVENANCE_FILE)["environment"]
+    store.check_resume(run_dir, {"axes": [1, 2]}, "cpu", "cpu", environment)
     store.append_point(run_dir, row("reference", 2, 2.0, 1.9, 2.1))
     assert [r["next_n"] for r in store.read_points(run_dir)] == [1, 2]
     with pytest.raises(ValueError, match="another sweep spec"):
-        store.resume_run(run_dir, {"axes": [3]})
+        store.check_resume(run_dir, {"axes": [3]}, "cpu", "cpu", environment)
 
 
-def test_compare_gives_ratios_and_flags_changes_beyond_the_spread(tmp_path):
-    a = make_run(tmp_path, "a", [row("k", 1, 1.0, 0.95, 1.05), row("k", 2, 1.0, 0.95, 1.05), row("k", 3, 1.0, 0.95, 1.05)])
-    b = make_run(tmp_path, "b", [row("k", 1, 1.5, 1.45, 1.55), row("k", 2, 1.02, 0.97, 1.07), row("k", 3, 0.5, 0.45, 0.55),
-                                 row("k", 4, 9.0, 8.0, 10.0)])  # fmt: skip
-    table = store.compare_runs(store.load_run(a), store.load_run(b)).set_index("next_n")
-    assert sorted(table.index) == [1, 2, 3]  # next_n=4 exists only in b
-    assert table.loc[1, "ratio"] == pytest.approx(1.5) and table.loc[1, "verdict"] == "slower"
-    assert table.loc[2, "verdict"] == "same"
-    assert table.loc[3, "ratio"] == pytest.approx(0.5) and table.loc[3, "verdict"] == "faster"
-
-
-def test_compare_refuses_measured_against_modeled(tmp_path):
-    a = make_run(tmp_path, "a", [row("k", 1, 1.0, 0.9, 1.1)])
-    b = make_run(tmp_path, "b", [row("k", 1, 1.0, 0.9, 1.1, source="modeled")], source="modeled")
-    with pytest.raises(ValueError, match="differ in source"):
-        store.compare_runs(store.load_run(a), store.load_run(b))
-    assert len(store.compare_runs(store.load_run(a), store.load_run(b), allow_mixed_sources=True)) == 1
-
-
-def test_compare_and_runs_commands(tmp_path, capsys):
-    a = make_run(tmp_path, "a", [row("k", 1, 1.0, 0.95, 1.05)])
-    b = make_run(tmp_path, "b", [row("k", 1, 2.0, 1.95, 2.05)])
-    parser = argparse.ArgumentParser()
-    store.register_cli(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["compare", str(a), str(b)])
-    assert args.func(args) == 0
-    out = capsys.readouterr().out
-    assert "slower" in out and "2.000" in out
-    args = parser.parse_args(["runs", "--root", str(tmp_path)])
-    assert args.func(args) == 0
-    assert "a" in capsys.readouterr().out
+def test_the_lock_is_exclusive_names_its_holder_and_goes_with_it(tmp_path):
+    run_dir = tmp_path / "run"
+    with store.run_lock(run_dir):
+        assert "pid" in (run_dir / store.LOCK_FILE).read_text()
+        with pytest.raises(store.RunLocked, match="being written by pid"):
+            with store.run_lock(run_dir):
+                pass
+        store.create_run(run_dir, provenance("run"))  # the lock file does not make the folder "existing"
+    assert not (run_dir / store.LOCK_FILE).exists()
+    with store.run_lock(run_dir):
+        pass
 
 
 def test_device_label():

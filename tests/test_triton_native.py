@@ -35,8 +35,8 @@ from dsa_lab.topk import compare_selections  # noqa: E402
 from dsa_lab.workload import (  # noqa: E402
     DecodeBatch,
     mixed_length_batch,
-    random_inputs,
     ragged_decode_batch,
+    random_inputs,
     uniform_batch,
     with_padding,
 )
@@ -67,12 +67,25 @@ def child_outcomes() -> dict[str, str] | None:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
         env = {**os.environ, "TRITON_INTERPRET": "1", CHILD_FLAG: "1"}
-        command = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider",
-                   "-k", "test_kernel_", f"--junitxml={report}"]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900,
-                              cwd=Path(__file__).resolve().parents[1])
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            __file__,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "test_kernel_",
+            f"--junitxml={report}",
+        ]
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[1]
+        )
         if not report.exists():
-            pytest.fail(f"child pytest wrote no report (rc={done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+            pytest.fail(
+                f"child pytest wrote no report (rc={done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            )
         outcomes = {}
         for case in ElementTree.parse(report).iter("testcase"):
             problems = [el.get("message", "") + "\n" + (el.text or "") for el in case if el.tag in ("failure", "error")]
@@ -100,8 +113,14 @@ def launch_args(batch: DecodeBatch, seed: int, device: torch.device, extra_colum
     """DeepGEMM-convention arguments of the native launch of a random batch."""
     inputs = random_inputs(batch, seed=seed, device=device)
     launch = pack_launch(build_native_metadata(batch, inputs.cache.block_table).launches[0], inputs)
-    return (launch.q, inputs.cache.data, launch.weights, launch.context_lens, launch.block_table,
-            batch.max_seq_len + extra_columns)
+    return (
+        launch.q,
+        inputs.cache.data,
+        launch.weights,
+        launch.context_lens,
+        launch.block_table,
+        batch.max_seq_len + extra_columns,
+    )
 
 
 def assert_matches(out: torch.Tensor, ref: torch.Tensor, context_lens: torch.Tensor) -> None:
@@ -195,8 +214,15 @@ def test_kernel_run_decode(strategy: str, kernel_device) -> None:
 # --- bad input, availability, the rules (no kernel launch) ----------------------------------
 
 
-def small_args(batch: int = 2, next_n: int = 2, heads: int = 64, dim: int = 128, per_token: int | None = None,
-               block_size: int = 64, cache_dtype: str = "fp8") -> dict:
+def small_args(
+    batch: int = 2,
+    next_n: int = 2,
+    heads: int = 64,
+    dim: int = 128,
+    per_token: int | None = None,
+    block_size: int = 64,
+    cache_dtype: str = "fp8",
+) -> dict:
     per_token = dim + 4 if per_token is None else per_token
     return dict(
         q=torch.zeros(batch, next_n, heads, dim).to(torch.float8_e4m3fn),
@@ -261,8 +287,13 @@ def test_package_imports_without_triton() -> None:
         "state = get_backend('triton').availability(torch.device('cpu'))\n"
         "assert not state.ok and 'triton is not importable' in state.reason, state\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 

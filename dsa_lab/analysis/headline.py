@@ -6,11 +6,11 @@ written again here:
 - *How often is each KV tile read?* `tile_reads` builds one request's native, atom or
   flatten metadata (`dsa_lab.metadata`) and counts, per query row and tile, which read
   of that tile serves the row.
-- *How many bytes does a step move?* `modeled_bytes` asks the cost model
-  (`dsa_lab.roofline.step_cost`) per strategy and next_n; every row says `modeled`.
+- *How many bytes does a step move?* `modeled_bytes` asks the launch plan
+  (`dsa_lab.plan.LaunchPlan.cost`) per strategy and next_n; every row says `modeled`.
 - *What did the H200 measure?* `headline_table` reads a run's results at one (batch,
-  context): what vLLM 0.33 takes on SM90 + DeepGEMM (`plots.kernel.vllm_path`) beside
-  the fastest option timed (`plots.kernel.best_option`, over every backend).
+  context): what vLLM 0.33 takes on SM90 + DeepGEMM (`analysis.frames.vllm_path`) beside
+  the fastest option timed (`analysis.frames.best_option`, over every backend).
 
 Drawing lives in `dsa_lab.plots.tour`.
 """
@@ -24,15 +24,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dsa_lab.bench.axes import ContextSpec
+from dsa_lab.analysis.frames import POINT, SM90_DEEPGEMM, best_option, measured_ok, vllm_choice, vllm_path
+from dsa_lab.analysis.modeled import SM90_NATIVE_SIZES
 from dsa_lab.cache import bytes_per_token
 from dsa_lab.errors import check_choice, check_range
 from dsa_lab.metadata import STRATEGIES, build_metadata, plan_atoms
-from dsa_lab.plots.kernel import POINT, best_option, measured_ok, vllm_path
-from dsa_lab.plots.latency import SM90_DEEPGEMM, SM90_NATIVE_SIZES, vllm_choice
+from dsa_lab.plan import LaunchPlan
 from dsa_lab.policy import Platform
-from dsa_lab.roofline import StepShape, step_cost
-from dsa_lab.workload import MAX_NEXT_N, DecodeBatch
+from dsa_lab.workload import MAX_NEXT_N, ContextSpec, DecodeBatch
 
 BLOCK_TOKENS = 64  # tokens per KV block (tile) of the paged cache
 TOUR_STRATEGIES = ("native", "atom", "flatten")
@@ -123,7 +122,7 @@ def modeled_bytes(
     batch: int = 128, context: str | int = 65536, next_ns: Sequence[int] = range(1, 9), seed: int = 0,
     native_sizes: Sequence[int] = SM90_NATIVE_SIZES, heads: int = 64, head_dim: int = 128, cache_dtype: str = "fp8",
 ) -> pd.DataFrame:  # fmt: skip
-    """Bytes one decode step moves per strategy and next_n, from `roofline.step_cost` (source 'modeled').
+    """Bytes one decode step moves per strategy and next_n, from the launch plan (`plan.LaunchPlan.cost`; source 'modeled').
 
     `context` is a length (65536, '64K') or 'mixed:MIN-MAX' (lengths drawn with `seed`, as a
     sweep draws them). native: a kernel native for every next_n (our Triton kernel; DeepGEMM
@@ -137,7 +136,7 @@ def modeled_bytes(
         n = check_range("next_n", n, 1, MAX_NEXT_N)
         shapes = {"native": f"[B, {n}]", "flatten": f"[B·{n}, 1]"}  # the rows a launch sees
         for strategy in TOUR_STRATEGIES:
-            cost = step_cost(StepShape(seq_lens, n, strategy, heads, head_dim, cache_dtype, tuple(native_sizes)))
+            cost = LaunchPlan(seq_lens, n, strategy, heads, head_dim, cache_dtype, tuple(native_sizes)).cost
             rows.append({
                 "next_n": n, "strategy": strategy,
                 "pieces": pieces_label(n, native_sizes) if strategy == "atom" else shapes[strategy],

@@ -74,7 +74,9 @@ def _measured(run: store.Run, ignored: list[tuple[str, str]]) -> ChosenRun:
     return ChosenRun(run, True, label, gpu_for_device(label, run.provenance.get("ceilings")), ignored=ignored)
 
 
-def _cpu_stand_in(spec_factory: Callable[[], object], prefix: str, missing: str, ignored: list[tuple[str, str]]) -> ChosenRun:
+def _cpu_stand_in(
+    spec_factory: Callable[[], object], prefix: str, missing: str, ignored: list[tuple[str, str]]
+) -> ChosenRun:
     from dsa_lab.bench.sweep import run_sweep
 
     folder = Path(tempfile.mkdtemp(prefix=f"dsa_lab_{prefix}_")) / "cpu" / "cpu-reference"
@@ -94,7 +96,7 @@ def latency_run(run_path: str = "", device: str = "h200", seed: int = 0) -> Chos
     ignored = _absent(run_path) + ignored
     if run is not None:
         return _measured(run, ignored)
-    from dsa_lab.bench.sweep import preset
+    from dsa_lab.bench.point import preset
 
     missing = (
         f"No measured {device.upper()} run under {shown_path(resolve_data_path(device))}; the charts show a CPU "
@@ -118,7 +120,7 @@ def kernel_run(run_path: str = "", device: str = "h200", backend: str = "triton"
     ignored = _absent(run_path) + ignored
     if run is not None:
         return _measured(run, ignored)
-    from dsa_lab.bench.sweep import preset
+    from dsa_lab.bench.point import preset
 
     missing = (
         f"No measured {device.upper()} run with the {backend!r} backend under {shown_path(resolve_data_path(device))};"
@@ -136,7 +138,7 @@ def kernel_run(run_path: str = "", device: str = "h200", backend: str = "triton"
 class ChosenProfile:
     """A profile run picked for notebook 04 (see `ChosenRun`)."""
 
-    run: object  # dsa_lab.profiling.sweep.ProfileRun
+    run: object  # dsa_lab.profiling.sweep.ProfileRun (columns under the harness's names)
     measured: bool
     missing: str | None = None
 
@@ -156,12 +158,14 @@ class ChosenProfile:
                 **{key: env.get(key) for key in ("torch", "triton", "vllm", "deep_gemm") if env.get(key)}}  # fmt: skip
 
 
-def profile_run(path: str = "h200/profiles", batch_size: int = 2, context_len: int = 256, next_ns: tuple[int, ...] = (1, 2, 4)) -> ChosenProfile:
+def profile_run(
+    path: str = "h200/profiles", batch: int = 2, context: str | int = 256, next_ns: tuple[int, ...] = (1, 2, 4)
+) -> ChosenProfile:
     """The newest readable profile run under data/`path`, else a CPU reference profile made now."""
     from dsa_lab.profiling.runs import shipped_or_cpu_reference
 
     root = resolve_data_path(path)
-    run = shipped_or_cpu_reference(root, batch_size=batch_size, context_len=context_len, next_ns=tuple(next_ns))
+    run = shipped_or_cpu_reference(root, batch=batch, context=context, next_ns=tuple(next_ns))
     if run.folder is not None:
         return ChosenProfile(run, True)
     missing = (
@@ -175,7 +179,8 @@ def fresh_latency_run(preset_name: str, seed: int, device: str = "cuda") -> Chos
     """Run a sweep preset on this GPU now, store it under data/<gpu>/, and choose it."""
     import torch
 
-    from dsa_lab.bench.sweep import preset, run_sweep
+    from dsa_lab.bench.point import preset
+    from dsa_lab.bench.sweep import run_sweep
 
     if device != "cuda" or not torch.cuda.is_available():
         raise ValueError(f"run_fresh=True needs a GPU (device='cuda'); this kernel has device={device!r}, "

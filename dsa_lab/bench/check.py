@@ -1,4 +1,7 @@
-"""Checking one point before it is timed: poisoned outputs, compared with the reference.
+"""The harness's one correctness measure: poisoned outputs compared with the reference, before any measurement.
+
+Every mode checks a point this way before measuring it (timing, torch.profiler, Nsight
+Compute), so a configuration that computes the wrong numbers is never timed or profiled.
 
 On CUDA a first run tells the byte size of each output allocation; NaN-filled blocks of
 exactly those sizes are then handed back to the caching allocator, which gives them to
@@ -6,6 +9,9 @@ the checked run's outputs, so an element the kernel never writes stays NaN (the 
 whether every output really landed in poisoned memory). The reference scores a sample of
 requests (all of them when that is cheap) and the error is ||out - ref|| / ||ref|| over
 the valid positions only, since some kernels leave the tail past each context unspecified.
+A point passes when that error is at most the spec's `check_tolerance` (1e-3) and no valid
+position is NaN. (The profiler once had a measure of its own, max |out - ref| / max |ref|;
+one measure now serves every mode, so a point passes or fails the same way in each.)
 """
 
 from __future__ import annotations
@@ -77,7 +83,9 @@ def check_point(
     batch, max_len = inputs.batch, metadata.max_context_len
     poisoned = False
     if device.type == "cuda":  # a first run (JIT compiles) tells the byte size of each output's allocation
-        sizes = [out.untyped_storage().nbytes() for out in run_launches(backend, packed, inputs.cache, max_len, schedules)]
+        sizes = [
+            out.untyped_storage().nbytes() for out in run_launches(backend, packed, inputs.cache, max_len, schedules)
+        ]
         addresses = _poison(sizes, device)
     outputs = run_launches(backend, packed, inputs.cache, max_len, schedules)
     if device.type == "cuda":
@@ -106,7 +114,9 @@ def check_point(
     rel_err = float((got_valid - ref_valid).norm() / ref_valid.norm().clamp(min=1e-30))
     common = {"checked_requests": len(requests), "checked_tokens": len(tokens), "poisoned": poisoned}
     if nans:
-        return CheckResult(False, rel_err, message=f"{nans} NaN among {got_valid.numel()} valid positions (unwritten?)", **common)
+        return CheckResult(
+            False, rel_err, message=f"{nans} NaN among {got_valid.numel()} valid positions (unwritten?)", **common
+        )
     if not rel_err <= tolerance:
         return CheckResult(False, rel_err, message=f"relative error {rel_err:.3e} > {tolerance:g}", **common)
     return CheckResult(True, rel_err, **common)

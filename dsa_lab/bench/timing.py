@@ -51,7 +51,11 @@ class TimingConfig:
         check_range("sync_every", self.sync_every, 1, 10_000)
         check_range("graph_launches", self.graph_launches, 1, 10_000)
         check_positive("max_seconds", self.max_seconds)
-        if isinstance(self.rel_tolerance, bool) or not isinstance(self.rel_tolerance, (int, float)) or not 0 < self.rel_tolerance < 1:
+        if (
+            isinstance(self.rel_tolerance, bool)
+            or not isinstance(self.rel_tolerance, (int, float))
+            or not 0 < self.rel_tolerance < 1
+        ):
             raise ValueError(f"rel_tolerance={self.rel_tolerance!r}: must lie in (0, 1)")
         for name in ("cold_l2", "use_graph"):
             check_choice(name, getattr(self, name), (False, True))
@@ -86,7 +90,13 @@ class Measurement:
 
 
 def summarize(
-    samples_ms: list[float], host_us: list[float], device: str, method: str, stop: str, warmup: int, spin_us: float = 0.0
+    samples_ms: list[float],
+    host_us: list[float],
+    device: str,
+    method: str,
+    stop: str,
+    warmup: int,
+    spin_us: float = 0.0,
 ) -> Measurement:
     values = np.asarray(samples_ms, dtype=np.float64)
     p10, p25, median, p75, p90 = np.percentile(values, [10, 25, 50, 75, 90])
@@ -200,7 +210,9 @@ def timing_method(device: torch.device, config: TimingConfig) -> str:
     return "cuda_events_cold_l2" if config.cold_l2 else "cuda_events_warm_l2"
 
 
-def time_callable(fn: Callable[[], object], device: torch.device | str, config: TimingConfig = TimingConfig()) -> Measurement:
+def time_callable(
+    fn: Callable[[], object], device: torch.device | str, config: TimingConfig = TimingConfig()
+) -> Measurement:
     """Time `fn` on `device`: CUDA events (per call) or graph replays on CUDA, wall clock elsewhere."""
     device = torch.device(device)
     if device.type != "cuda":
@@ -310,7 +322,9 @@ def _median_ms_of_fp8_gemm(device: torch.device, n: int) -> float:
     )  # fmt: skip
 
 
-def measure_ceilings(device: torch.device | str = "cuda", read_gib: int = 4, gemm_size: int = 8192) -> dict[str, object]:
+def measure_ceilings(
+    device: torch.device | str = "cuda", read_gib: int = 4, gemm_size: int = 8192
+) -> dict[str, object]:
     """Measured memory-read bandwidth and FP8 tensor throughput of `device` (medians, triton do_bench).
 
     Read: a float32 sum over `read_gib` GiB (bytes read / time). FP8: `torch._scaled_mm`

@@ -25,7 +25,9 @@ Draw = Callable[..., None]
 
 def show_error(err: Exception) -> None:
     """The project's one-line error, in red, where the explorer's output would be."""
-    display(HTML(f'<div class="{ERROR_CLASS}" style="color:#cf222e"><b>{type(err).__name__}:</b> {escape(str(err))}</div>'))
+    display(
+        HTML(f'<div class="{ERROR_CLASS}" style="color:#cf222e"><b>{type(err).__name__}:</b> {escape(str(err))}</div>')
+    )
 
 
 def _draw_safely(draw: Draw, values: Mapping[str, Any]) -> None:
@@ -71,7 +73,11 @@ def explore(
         control.observe(redraw, names="value")
     lines = rows or [list(controls)]
     box = widgets.VBox(
-        [widgets.HTML(f"<b>{escape(title)}</b>"), *(widgets.HBox([controls[n] for n in line]) for line in lines), output]
+        [
+            widgets.HTML(f"<b>{escape(title)}</b>"),
+            *(widgets.HBox([controls[n] for n in line]) for line in lines),
+            output,
+        ]
     )
     box.add_class(EXPLORER_CLASS)
     display(box)  # displayed here, not returned: a returned widget would show twice as the cell's value

@@ -7,9 +7,8 @@ from __future__ import annotations
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import pandas as pd
-from IPython.display import Markdown, display
-
 import torch
+from IPython.display import Markdown, display
 
 from dsa_lab.cache import bytes_per_token
 from dsa_lab.explorers.base import dropdown, explore
@@ -47,7 +46,9 @@ def native_sizes(platform: Platform) -> tuple[int, ...]:
     return tuple(n for n in range(1, MAX_NEXT_N + 1) if supports_native_decode(platform, n)) or (1,)
 
 
-def editor_batch(context_text: str, decode_text: str, next_n: int, padding_requests: int, padding_tokens: int) -> DecodeBatch:
+def editor_batch(
+    context_text: str, decode_text: str, next_n: int, padding_requests: int, padding_tokens: int
+) -> DecodeBatch:
     """The batch the editor describes; decode lengths 'all' means next_n rows for every request."""
     seq_lens = parse_lengths("context lengths", context_text)
     if len(seq_lens) > MAX_REQUESTS or max(seq_lens) > MAX_DRAWN_CONTEXT:
@@ -94,18 +95,24 @@ def describe_decision(release: str, platform: Platform, batch: DecodeBatch) -> s
 def decode_path_explorer(interactive: bool = True) -> None:
     """Release × platform × next_n × a small batch → decision, metadata drawings, bytes per strategy."""
     controls = {
-        "release": dropdown("vLLM release", [(version, name) for name, (version, _) in RELEASES.items()], "vllm_0_33_0"),
+        "release": dropdown(
+            "vLLM release", [(version, name) for name, (version, _) in RELEASES.items()], "vllm_0_33_0"
+        ),
         "family": dropdown("platform", [(label, family) for family, label in FAMILY_LABELS.items()], "sm90", "300px"),
         "deep_gemm": widgets.Checkbox(value=True, description="DeepGEMM present"),
         "next_n": dropdown("next_n", list(range(1, 9)), 3, "130px"),
-        "context_text": widgets.Text(value="150, 70, 260", description="context lengths",
-                                     style={"description_width": "initial"}),  # fmt: skip
-        "decode_text": widgets.Text(value="all", description="decode lengths ('all' = next_n each)",
-                                    style={"description_width": "initial"}),  # fmt: skip
-        "padding_requests": widgets.IntSlider(value=1, min=0, max=3, description="padding requests",
-                                              style={"description_width": "initial"}),  # fmt: skip
-        "padding_tokens": widgets.IntSlider(value=0, min=0, max=4, description="padding tokens",
-                                            style={"description_width": "initial"}),  # fmt: skip
+        "context_text": widgets.Text(
+            value="150, 70, 260", description="context lengths", style={"description_width": "initial"}
+        ),  # fmt: skip
+        "decode_text": widgets.Text(
+            value="all", description="decode lengths ('all' = next_n each)", style={"description_width": "initial"}
+        ),  # fmt: skip
+        "padding_requests": widgets.IntSlider(
+            value=1, min=0, max=3, description="padding requests", style={"description_width": "initial"}
+        ),  # fmt: skip
+        "padding_tokens": widgets.IntSlider(
+            value=0, min=0, max=4, description="padding tokens", style={"description_width": "initial"}
+        ),  # fmt: skip
     }
 
     def draw(release: str, family: str, deep_gemm: bool, next_n: int, context_text: str, decode_text: str,

@@ -34,18 +34,26 @@ def plot_point(point: pd.DataFrame, title: str) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")
     vllm = point[(point["backend"] == VLLM_BACKEND) & (point["strategy"] == point["next_n"].map(vllm_choice))]
     vllm_us = vllm.set_index("next_n")["kernel_us"]
-    for (strategy, backend), part in sorted(point.groupby(["strategy", "backend"]), key=lambda kv: STRATEGY_ORDER.index(kv[0][0])):
+    for (strategy, backend), part in sorted(
+        point.groupby(["strategy", "backend"]), key=lambda kv: STRATEGY_ORDER.index(kv[0][0])
+    ):
         part = part.sort_values("next_n")
         style = series_style(strategy, backend)
         spread = [part["kernel_us"] - part["p25_ms"] * 1e3, part["p75_ms"] * 1e3 - part["kernel_us"]]
-        left.errorbar(part["next_n"], part["kernel_us"], yerr=spread, capsize=3, label=f"{strategy} ({backend})", **style)
-        right.plot(part["next_n"], part["next_n"].map(vllm_us) / part["kernel_us"], label=f"{strategy} ({backend})", **style)
+        left.errorbar(
+            part["next_n"], part["kernel_us"], yerr=spread, capsize=3, label=f"{strategy} ({backend})", **style
+        )
+        right.plot(
+            part["next_n"], part["next_n"].map(vllm_us) / part["kernel_us"], label=f"{strategy} ({backend})", **style
+        )
     if not vllm.empty:
         left.scatter(vllm["next_n"], vllm["kernel_us"], facecolors="none", edgecolors=VLLM_MARKER["color"], s=160,
                      linewidths=1.5, label="what vLLM 0.33 runs", zorder=5)  # fmt: skip
     right.axhline(1.0, color="grey", lw=1)
     left.set(xlabel="next_n", ylabel="kernel time, µs (median, IQR bars)", title="latency")
-    right.set(xlabel="next_n", ylabel="vLLM 0.33's time / this time", title="speedup over vLLM 0.33's choice (> 1: faster)")
+    right.set(
+        xlabel="next_n", ylabel="vLLM 0.33's time / this time", title="speedup over vLLM 0.33's choice (> 1: faster)"
+    )
     handles, labels = left.get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
     fig.suptitle(title)
@@ -65,9 +73,12 @@ def latency_explorer(results: pd.DataFrame, device_label: str, interactive: bool
     controls = {
         "batch": dropdown("batch", batches, batches[-1], "150px"),
         "context": dropdown("context", contexts, contexts[-2] if len(contexts) > 1 else contexts[0], "220px"),
-        "backends": widgets.SelectMultiple(options=backends, value=tuple(backends), description="backends", rows=len(backends)),
-        "strategies": widgets.SelectMultiple(options=strategies, value=tuple(strategies), description="strategies",
-                                             rows=len(strategies)),  # fmt: skip
+        "backends": widgets.SelectMultiple(
+            options=backends, value=tuple(backends), description="backends", rows=len(backends)
+        ),
+        "strategies": widgets.SelectMultiple(
+            options=strategies, value=tuple(strategies), description="strategies", rows=len(strategies)
+        ),  # fmt: skip
     }
 
     def draw(batch: int, context: str, backends: tuple[str, ...], strategies: tuple[str, ...]) -> None:
@@ -76,10 +87,18 @@ def latency_explorer(results: pd.DataFrame, device_label: str, interactive: bool
         point = data[(data["batch"] == batch) & (data["context"] == context)
                      & data["backend"].isin(backends) & data["strategy"].isin(strategies)]  # fmt: skip
         if point.empty:
-            raise ValueError(f"batch={batch}, context={context!r}: nothing timed for {list(backends)} × {list(strategies)}")
+            raise ValueError(
+                f"batch={batch}, context={context!r}: nothing timed for {list(backends)} × {list(strategies)}"
+            )
         plot_point(point, f"B = {batch}, context {context} on {device_label} (measured)")
         table = recommendations(point)
-        display(Markdown("Recommended strategy per next_n among the series shown, against vLLM 0.33 on SM90 + DeepGEMM:"))
-        display(table.style.format({"recommended µs": "{:.1f}", "vLLM µs": "{:.1f}", "speedup over vLLM": "{:.2f}×"}, na_rep="—"))
+        display(
+            Markdown("Recommended strategy per next_n among the series shown, against vLLM 0.33 on SM90 + DeepGEMM:")
+        )
+        display(
+            table.style.format(
+                {"recommended µs": "{:.1f}", "vLLM µs": "{:.1f}", "speedup over vLLM": "{:.2f}×"}, na_rep="—"
+            )
+        )
 
     explore("Latency explorer", controls, draw, probe="batch", interactive=interactive)

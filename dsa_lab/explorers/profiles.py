@@ -17,7 +17,7 @@ def profile_explorer(run: object, caption: str, interactive: bool = True) -> Non
     if kernels.empty:
         raise ValueError(f"profile run {getattr(run, 'path', '')}: no torch.profiler tables to explore")
     backends = sorted(kernels["backend"].unique())
-    batches = sorted(int(b) for b in kernels["batch_size"].unique())
+    batches = sorted(int(b) for b in kernels["batch"].unique())
     next_ns = sorted(int(n) for n in kernels["next_n"].unique())
     controls = {
         "backend": dropdown("backend", ["all", *backends], "all", "200px"),
@@ -33,7 +33,7 @@ def profile_explorer(run: object, caption: str, interactive: bool = True) -> Non
         if summary.empty:
             display(Markdown("*No Nsight Compute counters in this run.*"))
             return
-        rows = summary[(summary["batch_size"] == batch) & (summary["next_n"] == next_n)]
+        rows = summary[(summary["batch"] == batch) & (summary["next_n"] == next_n)]
         if backend != "all":
             rows = rows[rows["backend"] == backend]
         shown = [c for c in ("backend", "strategy", *COUNTERS, tensor_column(summary)) if c in rows]

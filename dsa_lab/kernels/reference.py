@@ -81,7 +81,9 @@ def _mxfp4_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def _mxfp4_keys(packed: torch.Tensor, scale_bytes: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def _mxfp4_keys(
+    packed: torch.Tensor, scale_bytes: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
     """float64 `[S, D/32, 32]`, exact: e2m1 values x 2^(byte - 127) (e2m1 has 2 significant bits)."""
     pairs, powers = tables
     groups = scale_bytes.shape[-1]
@@ -184,5 +186,18 @@ class ReferenceBackend(LogitsBackend):
     baseline = True
     cache_dtypes: ClassVar[tuple[str, ...]] = CACHE_DTYPES
 
-    def logits(self, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule: Any = None, *, cache_dtype: str):
-        return paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype)
+    def logits(
+        self,
+        q,
+        kv_cache,
+        weights,
+        context_lens,
+        block_table,
+        max_context_len,
+        schedule: Any = None,
+        *,
+        cache_dtype: str,
+    ):
+        return paged_mqa_logits(
+            q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype
+        )

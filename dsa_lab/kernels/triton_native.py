@@ -379,7 +379,18 @@ class TritonNativeBackend(LogitsBackend):
     def native_next_n(self, device: torch.device) -> frozenset[int] | None:
         return None
 
-    def logits(self, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule: Any = None, *, cache_dtype: str):
+    def logits(
+        self,
+        q,
+        kv_cache,
+        weights,
+        context_lens,
+        block_table,
+        max_context_len,
+        schedule: Any = None,
+        *,
+        cache_dtype: str,
+    ):
         # No device sync on a GPU: this call is timed and graph-captured, and its launch was
         # checked once where it was prepared. On the CPU (the interpreter) the scan is a host
         # read, and an id outside the cache would read outside its memory (SIGSEGV).

@@ -5,7 +5,7 @@ head_dim, cache dtype) at a time; only rows with status 'ok' count. The comparis
 *candidate* (backend, strategy), by default Triton native, against a *baseline* backend,
 by default DeepGEMM, in two ways per point: vLLM 0.33's path on SM90 + DeepGEMM
 (`dsa_lab.policy`, via `latency.vllm_choice`) and the best baseline option (the fastest
-of its strategies that ran). Modeled rows (roofline times, `modeled_native_rows`) are
+of its strategies that ran). Modeled rows (roofline times, `analysis.modeled.modeled_native_rows`) are
 never part of a comparison; charts draw them grey, dashed or hatched and say
 'modeled (roofline, not measured)'. Nothing here times anything.
 """
@@ -22,24 +22,25 @@ import seaborn as sns
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
-from dsa_lab.bench.axes import ContextSpec
-from dsa_lab.plots.latency import (
+from dsa_lab.analysis.frames import (
+    BASELINE,
+    POINT,
     SM90_DEEPGEMM,
-    STRATEGY_ORDER,
-    _context_order,
-    _sources_label,
-    modeled_rows_like,
+    best_option,
+    by_point,
+    measured_ok,
     ok_rows,
-    vllm_choice,
+    vllm_path,
 )
+from dsa_lab.analysis.frames import context_order as _context_order
+from dsa_lab.plots.latency import STRATEGY_ORDER, _sources_label
 from dsa_lab.plots.profiles import provenance_caption
 from dsa_lab.policy import Platform
-from dsa_lab.roofline import GpuSpec, get_gpu
+from dsa_lab.roofline import GpuSpec
+from dsa_lab.workload import ContextSpec
 
 MODELED_LABEL = "modeled (roofline, not measured)"
 CANDIDATE = ("triton", "native")
-BASELINE = "deepgemm"
-POINT = ["batch", "context", "next_n"]
 BACKEND_PALETTES = {"triton": "Blues_r", "deepgemm": "Oranges_r", "reference": "Greens_r"}
 VERSION_KEYS = ("torch", "triton", "vllm", "deep_gemm", "cuda")
 
@@ -52,40 +53,6 @@ def caption(provenance: Mapping[str, Any]) -> str:
     env = provenance.get("environment") or {}
     versions = ", ".join(f"{k} {env[k]}" for k in VERSION_KEYS if env.get(k))
     return provenance_caption(provenance) + (f" | {versions}" if versions else "")
-
-
-def _by_point(table: pd.DataFrame) -> pd.DataFrame:
-    """Rows in (batch, context, next_n) order, uniform contexts by length before mixed ones."""
-    order = {c: i for i, c in enumerate(_context_order(table["context"]))}
-    return table.sort_values(POINT, key=lambda s: s.map(order) if s.name == "context" else s).reset_index(drop=True)
-
-
-def measured_ok(frame: pd.DataFrame) -> pd.DataFrame:
-    """Timed measured rows (`latency.ok_rows`: `kernel_us`, `series`); modeled ones dropped."""
-    data = ok_rows(frame)
-    return data[data["source"] == "measured"].reset_index(drop=True)
-
-
-def best_option(frame: pd.DataFrame, backend: str = BASELINE) -> pd.DataFrame:
-    """Per (batch, context, next_n): `backend`'s fastest timed strategy (`best_strategy`, `best_ms`, its IQR)."""
-    data = measured_ok(frame)
-    data = data[data["backend"] == backend]
-    if data.empty:
-        return pd.DataFrame(columns=[*POINT, "best_strategy", "best_ms", "best_p25_ms", "best_p75_ms"])
-    best = data.loc[data.groupby(POINT)["median_ms"].idxmin()]
-    renamed = {"strategy": "best_strategy", "median_ms": "best_ms", "p25_ms": "best_p25_ms", "p75_ms": "best_p75_ms"}
-    return _by_point(best[[*POINT, *renamed]].rename(columns=renamed))
-
-
-def vllm_path(frame: pd.DataFrame, backend: str = BASELINE, platform: Platform = SM90_DEEPGEMM) -> pd.DataFrame:
-    """Per (batch, context, next_n): vLLM 0.33's strategy on `platform` and `backend`'s time for it (NaN if untimed)."""
-    data = measured_ok(frame)
-    points = data[POINT].drop_duplicates()
-    points = points.assign(vllm_strategy=[vllm_choice(int(n), platform) for n in points["next_n"]])
-    timed = data.loc[data["backend"] == backend, [*POINT, "strategy", "median_ms", "p25_ms", "p75_ms"]]
-    renamed = {"strategy": "vllm_strategy", "median_ms": "vllm_ms", "p25_ms": "vllm_p25_ms", "p75_ms": "vllm_p75_ms"}
-    timed = timed.rename(columns=renamed)
-    return _by_point(points.merge(timed, on=[*POINT, "vllm_strategy"], how="left"))
 
 
 def kernel_comparison(
@@ -117,7 +84,7 @@ def kernel_comparison(
     table["speedup_vs_best"] = table["best_ms"] / table["candidate_ms"]
     table["beyond_spread_vs_vllm"] = table["candidate_p75_ms"] < table["vllm_p25_ms"]
     table["beyond_spread_vs_best"] = table["candidate_p75_ms"] < table["best_p25_ms"]
-    return _by_point(table)
+    return by_point(table)
 
 
 def pick_point(frame: pd.DataFrame, batch: int, context: str | int) -> tuple[int, str, str]:
@@ -143,15 +110,6 @@ def modeled_gpu(backend: str) -> str:
     """'model (B200)' -> 'B200'; the table's measured-ceilings row reads 'H200 (measured ceilings)'."""
     name = backend.removeprefix("model (").removesuffix(")")
     return name.replace("-measured", " (measured ceilings)")
-
-
-def modeled_native_rows(frame: pd.DataFrame, gpus: Sequence[GpuSpec | str], seed: int) -> pd.DataFrame:
-    """Roofline rows (source 'modeled', backend 'model (<gpu>)') for a native kernel at every
-    measured (batch, context, next_n): KV read once, as SM100 DeepGEMM runs any next_n natively.
-    `seed` must be the run's, so mixed contexts get the same lengths."""
-    shapes = measured_ok(frame).assign(strategy="native")
-    parts = [modeled_rows_like(shapes, get_gpu(g) if isinstance(g, str) else g, seed) for g in gpus]
-    return pd.concat(parts, ignore_index=True)
 
 
 def modeled_vs_measured(
@@ -282,7 +240,9 @@ def plot_speedup_heatmaps(
     return _finish(fig, title, provenance_line)
 
 
-def plot_roofline_intensity(frame: pd.DataFrame, gpu: GpuSpec, device: str, provenance_line: str | None = None) -> Figure:
+def plot_roofline_intensity(
+    frame: pd.DataFrame, gpu: GpuSpec, device: str, provenance_line: str | None = None
+) -> Figure:
     """Achieved TFLOP/s against useful FLOPs per unique byte (log-log) under `gpu`'s ceilings:
     the HBM slope and the FP8 roof. Intensity depends on next_n alone (top axis), so a kernel
     that reads KV once moves right with next_n until the FP8 MMA, not HBM, bounds it."""
@@ -302,7 +262,9 @@ def plot_roofline_intensity(frame: pd.DataFrame, gpu: GpuSpec, device: str, prov
                label=f"FP8 roof {gpu.fp8_tflops:g} TFLOP/s ({gpu.name})")  # fmt: skip
     ax.plot(span, np.minimum(gpu.fp8_tflops, span * gpu.hbm_tbps), color="black", linewidth=2)
     ax.axvline(ridge, color="0.6", linewidth=0.8)
-    ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, gpu.fp8_tflops), xytext=(4, 6), textcoords="offset points", fontsize=8)
+    ax.annotate(
+        f"ridge {ridge:.0f} FLOP/B", (ridge, gpu.fp8_tflops), xytext=(4, 6), textcoords="offset points", fontsize=8
+    )
     labels = sorted(data["label"].unique(), key=lambda label: _series_key(label.split(": ")[0]))
     colours = _palette(list(data["series"].unique()))
     sns.scatterplot(data=data, x="intensity", y="tflops", hue="label", hue_order=labels,
@@ -411,8 +373,17 @@ def style_comparison(table: pd.DataFrame) -> Any:
                    "best_strategy", "best_us", "speedup_vs_best"]]  # fmt: skip
     speedups = ["speedup_vs_vllm", "speedup_vs_best"]
     return (
-        shown.style.format({"candidate_us": "{:.1f}", "vllm_us": "{:.1f}", "best_us": "{:.1f}", "floor_pct": "{:.0f}%",
-                            "speedup_vs_vllm": "{:.2f}x", "speedup_vs_best": "{:.2f}x"}, na_rep="—")  # fmt: skip
+        shown.style.format(
+            {
+                "candidate_us": "{:.1f}",
+                "vllm_us": "{:.1f}",
+                "best_us": "{:.1f}",
+                "floor_pct": "{:.0f}%",
+                "speedup_vs_vllm": "{:.2f}x",
+                "speedup_vs_best": "{:.2f}x",
+            },
+            na_rep="—",
+        )  # fmt: skip
         .background_gradient(subset=speedups, cmap="RdBu", vmin=0.5, vmax=1.5)
         .hide(axis="index")
     )

@@ -3,13 +3,12 @@
 Input is a run's results frame (`dsa_lab.store.load_run(...).results`); only rows with
 status 'ok' are drawn, and one shape (heads, head_dim, cache dtype) at a time. Rows carry
 `source`: measured rows are solid with round markers, modeled rows (roofline times at a
-GPU's ceilings, `modeled_rows_like` / `modeled_grid`) are dashed with X markers, and both
-legend and title say which is which. Nothing here times anything.
+GPU's ceilings, built by `dsa_lab.analysis.modeled`) are dashed with X markers, and both
+legend and title say which is which. The frames come from `dsa_lab.analysis.frames`;
+nothing here times or models anything.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -19,42 +18,14 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from pandas.io.formats.style import Styler
 
-from dsa_lab.bench.sweep import ContextSpec
-from dsa_lab.decode import SM90_DEEPGEMM_NATIVE
-from dsa_lab.policy import Platform, PolicyQuery, step_path
-from dsa_lab.roofline import GpuSpec, StepShape, floor_ms, modeled_time, step_cost
+from dsa_lab.analysis.frames import SM90_DEEPGEMM, context_order, ok_rows, vllm_choice
+from dsa_lab.policy import Platform
+from dsa_lab.roofline import GpuSpec
 
 STRATEGY_ORDER = ("native", "atom", "flatten")
 SOURCE_DASHES = {"measured": "", "modeled": (4, 2)}
-SM90_DEEPGEMM = Platform("sm90", True)
-SM90_NATIVE_SIZES = SM90_DEEPGEMM_NATIVE
-
-
-def _context_order(labels: Iterable[str]) -> list[str]:
-    """Uniform contexts by length, then mixed ones."""
-    return sorted(set(labels), key=lambda c: (c.startswith("mixed"), ContextSpec.parse(c).high, c))
-
-
-REQUIRED_COLUMNS = ("backend", "strategy", "batch", "context", "next_n", "status", "median_ms", "source")
-SHAPE_COLUMNS = ("heads", "head_dim", "cache_dtype")
-
-
-def ok_rows(results: pd.DataFrame) -> pd.DataFrame:
-    """Timed rows with `kernel_us` (median, µs) and a `series` label `strategy (backend)`."""
-    missing = [c for c in REQUIRED_COLUMNS if c not in results.columns]
-    if missing:
-        raise ValueError(f"results: missing columns {missing}")
-    ok = results[results["status"] == "ok"].copy()
-    shape_columns = [c for c in SHAPE_COLUMNS if c in ok.columns]
-    shapes = ok[shape_columns].drop_duplicates() if shape_columns else ok.iloc[:1, :0]
-    if len(shapes) > 1:
-        raise ValueError(
-            f"results: {len(shapes)} shapes ({', '.join(shape_columns)}) in one frame; "
-            f"filter to one, e.g. results[results.cache_dtype == 'fp8']: {shapes.to_dict('records')}"
-        )
-    ok["kernel_us"] = ok["median_ms"] * 1e3
-    ok["series"] = ok["strategy"] + " (" + ok["backend"] + ")"
-    return ok.reset_index(drop=True)
+_context_order = context_order  # the name explorers import
+__all__ = ["SM90_DEEPGEMM", "STRATEGY_ORDER", "ok_rows", "vllm_choice"]  # re-exported for the explorers
 
 
 def _series_palette(data: pd.DataFrame) -> tuple[list[str], dict[str, tuple[float, float, float]]]:
@@ -65,56 +36,6 @@ def _series_palette(data: pd.DataFrame) -> tuple[list[str], dict[str, tuple[floa
 
 def _sources_label(frame: pd.DataFrame) -> str:
     return " + ".join(s for s in ("measured", "modeled") if s in set(frame["source"]))
-
-
-def _modeled_row(
-    backend: str, batch: int, context: str, seq_lens: Sequence[int], next_n: int, strategy: str,
-    gpu: GpuSpec, heads: int, head_dim: int, cache_dtype: str,
-) -> dict[str, object]:  # fmt: skip
-    shape = StepShape(tuple(seq_lens), next_n, strategy, heads, head_dim, cache_dtype, SM90_NATIVE_SIZES)
-    point = modeled_time(shape, gpu)
-    floor, _ = floor_ms(step_cost(shape), gpu)
-    ms = point.time_ms
-    return {
-        "backend": backend, "strategy": strategy, "batch": batch, "context": context, "next_n": next_n,
-        "cache_dtype": cache_dtype, "heads": heads, "head_dim": head_dim, "status": "ok", "source": "modeled",
-        "median_ms": ms, "p25_ms": ms, "p75_ms": ms, "iqr_ms": 0.0, "roofline_gpu": gpu.name,
-        "unique_bytes": point.cost.unique_bytes, "strategy_bytes": point.cost.strategy_bytes,
-        "flops": point.cost.flops,
-        "floor_ms": floor, "achieved_tbps": point.cost.strategy_bytes / (ms * 1e9),
-        "achieved_tflops": point.cost.flops / (ms * 1e9), "fraction_of_floor": floor / ms,
-    }  # fmt: skip
-
-
-def modeled_rows_like(results: pd.DataFrame, gpu: GpuSpec, seed: int) -> pd.DataFrame:
-    """One modeled row per measured (batch, context, next_n, strategy, shape): the strategy's
-    bytes and FLOPs at `gpu`'s ceilings (atom pieces as SM90 DeepGEMM plans them), backend
-    'model (<gpu>)'. `seed` must be the run's, so mixed contexts get the same lengths."""
-    keys = ["strategy", "batch", "context", "next_n", "heads", "head_dim", "cache_dtype"]
-    rows = [
-        _modeled_row(f"model ({gpu.name})", k.batch, k.context, ContextSpec.parse(k.context).seq_lens(k.batch, seed),
-                     k.next_n, k.strategy, gpu, k.heads, k.head_dim, k.cache_dtype)
-        for k in ok_rows(results)[keys].drop_duplicates().itertuples()
-    ]  # fmt: skip
-    return pd.DataFrame(rows)
-
-
-def modeled_grid(
-    batches: Sequence[int], contexts: Sequence[str], next_ns: Sequence[int], gpu: GpuSpec, seed: int = 0,
-    native_sizes: Sequence[int] = SM90_NATIVE_SIZES, heads: int = 64, head_dim: int = 128, cache_dtype: str = "fp8",
-) -> pd.DataFrame:
-    """Modeled rows for a grid, as `modeled_rows_like`, for what a kernel native for
-    `native_sizes` (SM90 DeepGEMM's by default) can run: flatten always, native where
-    next_n is native, atom where it is not."""
-    rows = []
-    for batch in batches:
-        for context in map(ContextSpec.parse, contexts):
-            seq_lens = context.seq_lens(batch, seed)
-            for n in next_ns:
-                for strategy in ("native", "flatten") if n in native_sizes else ("atom", "flatten"):
-                    rows.append(_modeled_row(f"model ({gpu.name})", batch, context.label, seq_lens, n, strategy,
-                                             gpu, heads, head_dim, cache_dtype))  # fmt: skip
-    return pd.DataFrame(rows)
 
 
 def plot_latency(frame: pd.DataFrame, device: str) -> sns.FacetGrid:
@@ -225,11 +146,6 @@ def plot_roofline(frame: pd.DataFrame, gpu: GpuSpec, device: str) -> Figure:
               title="floor (KV read once) as % of the time: median, IQR band over batch x context")  # fmt: skip
     fig.suptitle(f"Achieved rate against the roofline on {device} ({_sources_label(data)})")
     return fig
-
-
-def vllm_choice(next_n: int, platform: Platform = SM90_DEEPGEMM) -> str:
-    """vLLM 0.33's path for a uniform step of next_n rows: 'native', 'flatten', 'varlen'."""
-    return step_path(PolicyQuery(platform, next_n), next_n)
 
 
 def decision_table(frame: pd.DataFrame, backend: str, platform: Platform = SM90_DEEPGEMM) -> pd.DataFrame:

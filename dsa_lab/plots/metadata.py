@@ -52,8 +52,19 @@ def _table_panel(
     used = np.arange(ids.shape[1])[None, :] < reads.cpu().numpy()[:, None]
     ax.set_facecolor(UNUSED_COLOR)
     sns.heatmap(
-        ids, mask=~used, annot=True, fmt="d", cmap="viridis", vmin=0, vmax=vmax, cbar=False,
-        linewidths=0.5, linecolor="white", ax=ax, yticklabels=labels, annot_kws={"fontsize": 8},
+        ids,
+        mask=~used,
+        annot=True,
+        fmt="d",
+        cmap="viridis",
+        vmin=0,
+        vmax=vmax,
+        cbar=False,
+        linewidths=0.5,
+        linecolor="white",
+        ax=ax,
+        yticklabels=labels,
+        annot_kws={"fontsize": 8},
     )
     ax.set_title(title)
     ax.set_xlabel("logical block slot")
@@ -66,22 +77,36 @@ def plot_block_tables(batch: DecodeBatch, block_table: torch.Tensor) -> Figure:
     flatten = build_flatten_metadata(batch, block_table)
     bs = batch.block_size
     vmax = int(block_table.max())
-    fig, (left, right) = plt.subplots(
-        1, 2, figsize=(12, 0.45 * batch.num_decode_tokens + 2.2), constrained_layout=True
-    )
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.45 * batch.num_decode_tokens + 2.2), constrained_layout=True)
     seq = torch.tensor(batch.seq_lens)
-    _table_panel(left, native.launches[0].block_table, (seq + bs - 1) // bs, _native_labels(batch),
-                 f"native: {batch.batch_size} rows, one per request", vmax)
+    _table_panel(
+        left,
+        native.launches[0].block_table,
+        (seq + bs - 1) // bs,
+        _native_labels(batch),
+        f"native: {batch.batch_size} rows, one per request",
+        vmax,
+    )
     launch = flatten.launches[0]
     ctx = launch.context_lens[:, 0].cpu().long()
-    _table_panel(right, launch.block_table, (ctx + bs - 1) // bs, _flatten_labels(batch),
-                 f"flatten: {batch.num_decode_tokens} rows, one per query token", vmax)
+    _table_panel(
+        right,
+        launch.block_table,
+        (ctx + bs - 1) // bs,
+        _flatten_labels(batch),
+        f"flatten: {batch.num_decode_tokens} rows, one per query token",
+        vmax,
+    )
     fig.suptitle(
         f"Block tables (physical block ids) for {batch.describe()}\n"
         f"KV blocks read: native {blocks_read(native, bs)}, flatten {blocks_read(flatten, bs)}"
     )
-    fig.legend(handles=[Patch(color=UNUSED_COLOR, label="not read (beyond context / padding)")],
-               loc="lower center", bbox_to_anchor=(0.5, -0.04), frameon=False)
+    fig.legend(
+        handles=[Patch(color=UNUSED_COLOR, label="not read (beyond context / padding)")],
+        loc="lower center",
+        bbox_to_anchor=(0.5, -0.04),
+        frameon=False,
+    )
     return fig
 
 
@@ -93,9 +118,20 @@ def _context_panel(
     mask = ~real.cpu().numpy()
     ax.set_facecolor(UNUSED_COLOR)
     sns.heatmap(
-        values, mask=mask, annot=True, fmt="d", cmap="crest", cbar=False, linewidths=0.5,
-        linecolor="white", ax=ax, yticklabels=labels, xticklabels=xlabels, annot_kws={"fontsize": 8},
-        vmin=0, vmax=max(1, int(values.max())),
+        values,
+        mask=mask,
+        annot=True,
+        fmt="d",
+        cmap="crest",
+        cbar=False,
+        linewidths=0.5,
+        linecolor="white",
+        ax=ax,
+        yticklabels=labels,
+        xticklabels=xlabels,
+        annot_kws={"fontsize": 8},
+        vmin=0,
+        vmax=max(1, int(values.max())),
     )
     for r, c in zip(*np.nonzero(mask)):  # greyed cells still show what the kernel is given
         ax.text(c + 0.5, r + 0.5, f"{values[r, c]}", ha="center", va="center",
@@ -109,18 +145,34 @@ def plot_context_lens(batch: DecodeBatch, block_table: torch.Tensor) -> Figure:
     native = build_native_metadata(batch, block_table).launches[0]
     flatten = build_flatten_metadata(batch, block_table).launches[0]
     fig, (left, right) = plt.subplots(
-        1, 2, figsize=(10, 0.45 * batch.num_decode_tokens + 2.2),
-        gridspec_kw={"width_ratios": [max(2, native.next_n), 1.2]}, constrained_layout=True,
+        1,
+        2,
+        figsize=(10, 0.45 * batch.num_decode_tokens + 2.2),
+        gridspec_kw={"width_ratios": [max(2, native.next_n), 1.2]},
+        constrained_layout=True,
     )
-    _context_panel(left, native.context_lens, native.token_rows >= 0, _native_labels(batch),
-                   f"native: context_lens [B={native.batch_size}, n={native.next_n}]",
-                   [f"row {j}" for j in range(native.next_n)])
+    _context_panel(
+        left,
+        native.context_lens,
+        native.token_rows >= 0,
+        _native_labels(batch),
+        f"native: context_lens [B={native.batch_size}, n={native.next_n}]",
+        [f"row {j}" for j in range(native.next_n)],
+    )
     real_tokens = flatten.token_rows[:, 0] < batch.num_real_tokens
-    _context_panel(right, flatten.context_lens, real_tokens[:, None], _flatten_labels(batch),
-                   f"flatten: context_lens [{flatten.batch_size}, 1]", ["row 0"])
+    _context_panel(
+        right,
+        flatten.context_lens,
+        real_tokens[:, None],
+        _flatten_labels(batch),
+        f"flatten: context_lens [{flatten.batch_size}, 1]",
+        ["row 0"],
+    )
     fig.suptitle(f"Context lengths each kernel row sees, {batch.describe()}")
     fig.legend(
         handles=[Patch(color=UNUSED_COLOR, label="filler / padding row (grey italic: value the kernel still gets)")],
-        loc="lower center", bbox_to_anchor=(0.5, -0.04), frameon=False,
+        loc="lower center",
+        bbox_to_anchor=(0.5, -0.04),
+        frameon=False,
     )
     return fig

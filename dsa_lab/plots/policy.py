@@ -35,9 +35,7 @@ def policy_grid(matrix: pd.DataFrame) -> pd.DataFrame:
     if unknown:
         raise ValueError(f"matrix: path values {unknown}; allowed values are {PATHS}")
     extra = [c for c in ("fp4", "adaptive") if c in matrix.columns and matrix[c].nunique() > 1]
-    labelled = matrix.assign(
-        row=matrix.apply(_row_label, axis=1, extra=extra), code=matrix["path"].map(PATHS.index)
-    )
+    labelled = matrix.assign(row=matrix.apply(_row_label, axis=1, extra=extra), code=matrix["path"].map(PATHS.index))
     order = list(dict.fromkeys(labelled["row"]))
     grid = labelled.pivot_table(index="row", columns="next_n", values="code", aggfunc="first")
     return grid.reindex(order).astype(float)
@@ -56,8 +54,15 @@ def plot_policy_matrix(matrix: pd.DataFrame, title: str = "DSA indexer decode pa
     codes = grid.to_numpy()
     annot = np.vectorize(lambda c: "" if np.isnan(c) else SYMBOLS[PATHS[int(c)]])(codes)
     sns.heatmap(
-        grid, annot=annot, fmt="", cmap=ListedColormap([PATH_COLORS[p] for p in PATHS]),
-        vmin=-0.5, vmax=len(PATHS) - 0.5, linewidths=0.5, linecolor="white", ax=ax,
+        grid,
+        annot=annot,
+        fmt="",
+        cmap=ListedColormap([PATH_COLORS[p] for p in PATHS]),
+        vmin=-0.5,
+        vmax=len(PATHS) - 0.5,
+        linewidths=0.5,
+        linecolor="white",
+        ax=ax,
         cbar_kws={"ticks": list(range(len(PATHS))), "label": "decode path", "shrink": 0.5},
     )
     ax.collections[0].colorbar.set_ticklabels([f"{SYMBOLS[p]}: {p}" for p in PATHS])

@@ -6,7 +6,7 @@ come from the cost model rather than a counter are drawn apart and labelled 'mod
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -18,7 +18,6 @@ from matplotlib.patches import Patch
 from dsa_lab.metadata import STRATEGIES
 from dsa_lab.profiling.step import PHASES
 from dsa_lab.profiling.torch_profile import OUTSIDE_PHASES
-from dsa_lab.roofline import StepShape, step_cost
 
 PHASE_ORDER = (*PHASES, OUTSIDE_PHASES)
 PHASE_COLORS = dict(zip(PHASE_ORDER, sns.color_palette("colorblind", len(PHASE_ORDER))))
@@ -43,30 +42,37 @@ def _caption(fig: Figure, caption: str) -> None:
     fig.text(0.0, -0.01, caption, fontsize=7, color="0.35", ha="left", va="top")
 
 
-def plot_kernel_timeline(kernels: pd.DataFrame, caption: str, batch_size: int, next_n: int) -> Figure:
+def plot_kernel_timeline(kernels: pd.DataFrame, caption: str, batch: int, next_n: int) -> Figure:
     """Each strategy's step as its kernels back to back in launch order, coloured by phase.
 
     Gaps between kernels are left out and repeated launches of one kernel are merged, so
     a bar's length is the step's device time (host-op time on a CPU run).
     """
-    chosen = kernels[(kernels["batch_size"] == batch_size) & (kernels["next_n"] == next_n)]
+    chosen = kernels[(kernels["batch"] == batch) & (kernels["next_n"] == next_n)]
     if chosen.empty:
-        raise ValueError(f"kernels: no rows for batch_size={batch_size}, next_n={next_n}")
+        raise ValueError(f"kernels: no rows for batch={batch}, next_n={next_n}")
     rows = list(chosen.groupby(["backend", "strategy"], sort=False))
     fig, ax = plt.subplots(figsize=(10, 0.9 + 0.55 * len(rows)), constrained_layout=True)
     labels = []
     for y, ((backend, strategy), frame) in enumerate(rows):
         start = 0.0
         for record in frame.sort_values("first_start_us").itertuples():
-            ax.barh(y, record.total_us, left=start, color=PHASE_COLORS.get(record.phase, "0.5"), edgecolor="white", linewidth=0.4)
+            ax.barh(
+                y,
+                record.total_us,
+                left=start,
+                color=PHASE_COLORS.get(record.phase, "0.5"),
+                edgecolor="white",
+                linewidth=0.4,
+            )
             start += record.total_us
-        calls = int(frame["logits_calls"].iloc[0]) if "logits_calls" in frame else 0
+        calls = int(frame["launches"].iloc[0]) if "launches" in frame else 0
         labels.append(f"{backend} {strategy} ({calls} logits call{'s' if calls != 1 else ''})")
     ax.set_yticks(range(len(rows)), labels)
     ax.invert_yaxis()
-    unit = "host µs (CPU ops)" if (chosen["device"] == "cpu").all() else "device µs"
+    unit = "host µs (CPU ops)" if (chosen["device_name"] == "cpu").all() else "device µs"
     ax.set_xlabel(f"{unit}, kernels in launch order, gaps removed")
-    ax.set_title(f"One decode step per strategy, B={batch_size}, next_n={next_n}")
+    ax.set_title(f"One decode step per strategy, B={batch}, next_n={next_n}")
     present = [p for p in PHASE_ORDER if p in set(chosen["phase"])]
     ax.legend(handles=[Patch(color=PHASE_COLORS[p], label=p) for p in present], loc="lower right", fontsize=8)
     _caption(fig, caption)
@@ -75,7 +81,7 @@ def plot_kernel_timeline(kernels: pd.DataFrame, caption: str, batch_size: int, n
 
 def plot_phase_time(kernels: pd.DataFrame, caption: str) -> Figure:
     """Time per phase for every strategy and next_n (one panel per backend and batch size)."""
-    per_phase = kernels.groupby(["backend", "batch_size", "next_n", "strategy", "phase"], as_index=False)["total_us"].sum()
+    per_phase = kernels.groupby(["backend", "batch", "next_n", "strategy", "phase"], as_index=False)["total_us"].sum()
     grid = sns.catplot(
         data=per_phase, kind="bar", x="next_n", y="total_us", hue="phase", hue_order=[p for p in PHASE_ORDER if p in set(per_phase["phase"])],
         col="strategy", col_order=[s for s in STRATEGIES if s in set(per_phase["strategy"])], row="backend",
@@ -88,28 +94,19 @@ def plot_phase_time(kernels: pd.DataFrame, caption: str) -> Figure:
     return grid.figure
 
 
-def modeled_reread(batch_size: int, context_len: int, next_ns: Sequence[int], native_sizes: Sequence[int] = (1, 2, 4)) -> pd.DataFrame:
-    """KV bytes each strategy reads per unique KV byte, from `roofline.step_cost` (modeled, no L2)."""
-    rows = []
-    for next_n in next_ns:
-        for strategy in STRATEGIES:
-            shape = StepShape((context_len,) * batch_size, next_n, strategy, native_sizes=tuple(native_sizes))
-            cost = step_cost(shape)
-            rows.append({"next_n": next_n, "strategy": strategy, "kv_read_per_unique": cost.strategy_kv_bytes / cost.unique_kv_bytes, "source": "modeled"})
-    return pd.DataFrame(rows)
-
-
-def plot_dram_vs_unique(summary: pd.DataFrame, caption: str, batch_size: int) -> Figure:
+def plot_dram_vs_unique(summary: pd.DataFrame, caption: str, batch: int) -> Figure:
     """Measured DRAM bytes read per unique KV byte, beside the modeled re-read factor (one row per backend).
 
     1.0 means the KV cache came from DRAM once. Where the model says flatten reads n
     times the KV but the counter shows far less, the L2 absorbed the re-reads.
     """
-    chosen = summary[summary["batch_size"] == batch_size]
+    chosen = summary[summary["batch"] == batch]
     if chosen.empty:
-        raise ValueError(f"summary: no rows for batch_size={batch_size}")
+        raise ValueError(f"summary: no rows for batch={batch}")
     measured = chosen.assign(kind="measured (ncu dram__bytes_read)")
-    modeled = chosen.assign(dram_read_per_unique=chosen["modeled_kv_bytes"] / chosen["unique_kv_bytes"], kind="modeled re-reads (no cache)")
+    modeled = chosen.assign(
+        dram_read_per_unique=chosen["strategy_kv_bytes"] / chosen["unique_kv_bytes"], kind="modeled re-reads (no cache)"
+    )
     data = pd.concat([measured, modeled], ignore_index=True)
     grid = sns.catplot(
         data=data, kind="bar", x="next_n", y="dram_read_per_unique", hue="strategy",
@@ -120,7 +117,7 @@ def plot_dram_vs_unique(summary: pd.DataFrame, caption: str, batch_size: int) ->
         ax.axhline(1.0, color="0.2", linestyle="--", linewidth=0.8)
     grid.set_titles("{row_name} | {col_name}")
     grid.set_axis_labels("next_n", "KV bytes read / unique KV bytes")
-    grid.figure.suptitle(f"DRAM reads against the unique KV bytes, B={batch_size} (dashed: each token once)", y=1.02)
+    grid.figure.suptitle(f"DRAM reads against the unique KV bytes, B={batch} (dashed: each token once)", y=1.02)
     _caption(grid.figure, caption)
     return grid.figure
 
@@ -131,7 +128,7 @@ def plot_modeled_reread(modeled: pd.DataFrame, caption: str) -> Figure:
     sns.barplot(data=modeled, x="next_n", y="kv_read_per_unique", hue="strategy", palette=STRATEGY_COLORS, ax=ax)
     ax.axhline(1.0, color="0.2", linestyle="--", linewidth=0.8)
     ax.set_ylabel("KV bytes read / unique (modeled)")
-    ax.set_title("Modeled KV reads per unique KV byte (no L2, roofline.step_cost)")
+    ax.set_title("Modeled KV reads per unique KV byte (no L2, plan.LaunchPlan)")
     _caption(fig, caption)
     return fig
 
@@ -148,7 +145,7 @@ def plot_tensor_pipe(summary: pd.DataFrame, caption: str) -> Figure:
     """Tensor-pipe utilisation (time-weighted over the logits kernels) against next_n."""
     column = tensor_column(summary)
     grid = sns.relplot(
-        data=summary, kind="line", x="next_n", y=column, hue="strategy", style="backend", col="batch_size",
+        data=summary, kind="line", x="next_n", y=column, hue="strategy", style="backend", col="batch",
         hue_order=[s for s in STRATEGIES if s in set(summary["strategy"])], palette=STRATEGY_COLORS,
         markers=True, height=3.0, aspect=1.2,
     )  # fmt: skip

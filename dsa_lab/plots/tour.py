@@ -18,8 +18,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from pandas.io.formats.style import Styler
 
+from dsa_lab.analysis.frames import measured_ok
 from dsa_lab.analysis.headline import TileReads
-from dsa_lab.plots.kernel import measured_ok
 from dsa_lab.plots.latency import STRATEGY_ORDER
 from dsa_lab.plots.style import STRATEGY_COLORS, VLLM_MARKER, series_style
 
@@ -155,9 +155,17 @@ def plot_headline(
         ax.annotate("", xy=(row.next_n, row.best_us), xytext=(row.next_n, row.vllm_us),
                     arrowprops={"arrowstyle": "-|>", "color": "black", "linewidth": 1.3, "shrinkA": 6,
                                 "shrinkB": 4})  # fmt: skip
-        ax.annotate(f"{row.speedup:.2f}×", (row.next_n, (row.vllm_us + row.best_us) / 2), xytext=(7, 0),
-                    textcoords="offset points", va="center", fontsize=10, fontweight="bold", zorder=7,
-                    bbox=LABEL_BOX)
+        ax.annotate(
+            f"{row.speedup:.2f}×",
+            (row.next_n, (row.vllm_us + row.best_us) / 2),
+            xytext=(7, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=10,
+            fontweight="bold",
+            zorder=7,
+            bbox=LABEL_BOX,
+        )
     ax.scatter([], [], marker=r"$\downarrow$", color="black", s=80, label="to the best option: vLLM's time / best (×)")
     ax.set_xticks(next_ns)
     spread = data["kernel_us"].max() / data["kernel_us"].min()
@@ -198,4 +206,3 @@ def style_headline(table: pd.DataFrame, device_label: str) -> Styler:
         .set_caption(f"Measured on {device_label}: vLLM 0.33's choice against the fastest option timed")
         .hide(axis="index")
     )
-

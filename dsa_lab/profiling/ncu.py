@@ -162,9 +162,11 @@ def usable_metrics(wanted: Sequence[str], offered: set[str]) -> tuple[list[str],
 
 
 def ncu_command(
-    ncu: str, metrics: Sequence[str], target: Sequence[str], launch_count: int
+    ncu: str, metrics: Sequence[str], target: Sequence[str], launch_count: int, export: Path | None = None
 ) -> list[str]:
-    """Kernel replay of what the target opens with cudaProfilerStart/Stop, as CSV in base units."""
+    """Kernel replay of what the target opens with cudaProfilerStart/Stop, as CSV in base units;
+    with `export`, the report is also kept there (a `.ncu-rep` the Nsight Compute GUI opens)."""
+    kept = ["--export", str(export), "--force-overwrite"] if export is not None else []
     return [
         ncu,
         "--csv",
@@ -176,8 +178,14 @@ def ncu_command(
         "--target-processes", "application-only",  # not the compilers JIT backends start
         "--launch-count", str(launch_count),
         "--metrics", ",".join(metrics),
+        *kept,
         *target,
     ]  # fmt: skip
+
+
+def ncu_import_command(ncu: str, report: Path) -> list[str]:
+    """Print a kept report's per-kernel metrics as the same CSV a live run prints."""
+    return [ncu, "--import", str(report), "--csv", "--print-units", "base", "--page", "details"]
 
 
 def missing_metrics(output: str) -> list[str]:

@@ -111,7 +111,9 @@ def attach_configs(kernels: pd.DataFrame, manifest: dict[str, Any]) -> pd.DataFr
         if current is None:
             continue
         config = configs[current["config"]]
-        rows.append({**_config_columns(config), "copied_from": None, "repeat": current["repeat"], "order": order, **record})
+        rows.append(
+            {**_config_columns(config), "copied_from": None, "repeat": current["repeat"], "order": order, **record}
+        )
         order += 1
     for config in configs.values():
         source = config.get("same_as")
@@ -128,8 +130,8 @@ def _same_config(row: dict[str, Any], config: dict[str, Any]) -> bool:
 
 
 CONFIG_KEYS = (
-    "backend", "strategy", "device", "batch_size", "context_len", "next_n", "num_heads", "head_dim",
-    "cache_dtype", "logits_calls", "kernel_rows", "unique_kv_bytes", "modeled_kv_bytes", "useful_flops",
+    "backend", "strategy", "device_name", "batch", "context", "next_n", "heads", "head_dim",
+    "cache_dtype", "launches", "kernel_rows", "unique_kv_bytes", "strategy_kv_bytes", "flops",
 )  # fmt: skip
 
 
@@ -149,9 +151,9 @@ def summarize_ncu(kernels: pd.DataFrame) -> pd.DataFrame:
     """One row per configuration: the step's logits kernels summed, percentages time-weighted.
 
     Normalised columns: `dram_read_per_unique` (DRAM bytes read per unique KV byte; 1.0
-    means KV came from DRAM exactly once), `l2_absorbed` (share of the modeled re-reads
-    that did not reach DRAM), `effective_tbps` (unique KV bytes per second) and
-    `useful_tflops` (q.k FLOPs per second). Repeats are averaged.
+    means KV came from DRAM exactly once), `l2_absorbed` (share of the plan's re-reads,
+    `strategy_kv_bytes - unique_kv_bytes`, that did not reach DRAM), `effective_tbps`
+    (unique KV bytes per second) and `useful_tflops` (q.k FLOPs per second). Repeats are averaged.
     """
     if kernels.empty:
         return pd.DataFrame()
@@ -166,11 +168,11 @@ def summarize_ncu(kernels: pd.DataFrame) -> pd.DataFrame:
     summary["repeats"] = steps.groupby(keys, dropna=False, sort=False).size().to_numpy()
     seconds = summary["duration_ns"] * 1e-9
     summary["dram_read_per_unique"] = summary["dram_read_bytes"] / summary["unique_kv_bytes"]
-    rereads = summary["modeled_kv_bytes"] - summary["unique_kv_bytes"]
+    rereads = summary["strategy_kv_bytes"] - summary["unique_kv_bytes"]
     excess = summary["dram_read_bytes"] - summary["unique_kv_bytes"]
     summary["l2_absorbed"] = (1 - excess / rereads).where(rereads > 0)
     summary["effective_tbps"] = summary["unique_kv_bytes"] / seconds / 1e12
-    summary["useful_tflops"] = summary["useful_flops"] / seconds / 1e12
+    summary["useful_tflops"] = summary["flops"] / seconds / 1e12
     return summary
 
 

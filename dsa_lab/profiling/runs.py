@@ -1,11 +1,18 @@
 """Profile runs on disk and in memory: store-format provenance, tables, loading, the CPU fallback.
 
 A profile run is a store run folder (`provenance.json` from `dsa_lab.store`, with
-`kind: profile`) holding tables instead of timings: `torch_kernels.parquet`,
-`torch_phases.parquet`, `ncu_kernels.parquet` (one row per logits kernel, configuration
-attached), `ncu_raw.txt.gz` (ncu's own output, for re-parsing) and Chrome traces
+`kind: profile` and the harness's grid as `spec`) holding tables instead of timings:
+`torch_kernels.parquet`, `torch_phases.parquet`, `ncu_kernels.parquet` (one row per logits
+kernel, its point attached), `ncu_raw.txt.gz` (ncu's own output, for re-parsing),
+`ncu_<backend>.ncu-rep` (the reports, for the Nsight Compute GUI) and Chrome traces
 `trace_<backend>.json.gz`. Profile runs live under `data/<device>/profiles/<run_id>/`, out
 of the way of `dsa-lab runs`, which lists timings.
+
+Columns carry the harness's names (`bench.point.AXES` and the plan's: batch, context,
+heads, launches, strategy_kv_bytes, flops...). Runs stored before the harness was merged
+used other names (batch_size, context_len, num_heads, logits_calls, modeled_kv_bytes,
+useful_flops, device); `load_profile_run` renames them (`LEGACY_NAMES`), so old and new
+runs read alike.
 
 Nothing damaged is passed over silently: `scan_profile_runs` returns the folders it
 ignored with the file and the problem, and a loaded run carries them (`ProfileRun.ignored`)
@@ -14,6 +21,7 @@ so a notebook can say which file it ignored and why.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import os
 import zlib
@@ -25,10 +33,10 @@ import pandas as pd
 import torch
 
 from dsa_lab import store
+from dsa_lab.bench.point import SweepSpec, preset
 from dsa_lab.env_info import device_name
-from dsa_lab.metadata import STRATEGIES
 from dsa_lab.profiling.ncu import NcuStatus
-from dsa_lab.profiling.sweep import ProfileRun, ProfileSpec, run_torch_sweep
+from dsa_lab.profiling.sweep import ProfileRun, ProfileSettings, run_torch
 
 KIND = "profile"
 TABLES = {
@@ -38,9 +46,17 @@ TABLES = {
 }
 RAW_NCU = "ncu_raw.txt.gz"
 CPU_LABEL = "CPU reference, not H200"
+LEGACY_NAMES = {  # column names of profile runs stored before the harness was merged -> the harness's
+    "batch_size": "batch", "context_len": "context", "num_heads": "heads", "logits_calls": "launches",
+    "modeled_kv_bytes": "strategy_kv_bytes", "useful_flops": "flops", "device": "device_name",
+}  # fmt: skip
+LEGACY_SPEC = {"backends": "backend", "strategies": "strategy", "batches": "batch", "context_len": "context",
+               "next_ns": "next_n"}  # fmt: skip
 
 
-def profile_provenance(run_id: str, device: torch.device, spec: ProfileSpec, status: NcuStatus | None) -> dict[str, Any]:
+def profile_provenance(
+    run_id: str, device: torch.device, spec: SweepSpec, settings: ProfileSettings, status: NcuStatus | None
+) -> dict[str, Any]:
     return store.build_provenance(
         run_id,
         device.type,
@@ -48,9 +64,39 @@ def profile_provenance(run_id: str, device: torch.device, spec: ProfileSpec, sta
         "measured",
         spec.seed,
         "torch.profiler (one step after a warm-up) + Nsight Compute CLI (kernel replay, caches flushed)",
-        spec.as_dict(),
-        extra={"kind": KIND, "ncu": status.as_dict() if status else None, "tables": TABLES},
+        spec.to_dict(),
+        extra={
+            "kind": KIND,
+            "profile": dataclasses.asdict(settings),
+            "ncu": status.as_dict() if status else None,
+            "tables": TABLES,
+        },  # fmt: skip
     )
+
+
+def _modern(frame: pd.DataFrame) -> pd.DataFrame:
+    """A profile table under the harness's column names (older runs' names renamed)."""
+    if "logits_calls" in frame.columns and "launches" in frame.columns:
+        frame = frame.rename(columns={"launches": "kernel_launches"})  # old torch tables: kernel launch counts
+    frame = frame.rename(columns={old: new for old, new in LEGACY_NAMES.items() if old in frame.columns})
+    if "context" in frame.columns:
+        frame["context"] = frame["context"].map(str)
+    return frame
+
+
+def _modern_config(config: dict[str, Any]) -> dict[str, Any]:
+    out = {LEGACY_NAMES.get(key, key): value for key, value in config.items()}
+    if "context" in out:
+        out["context"] = str(out["context"])
+    return out
+
+
+def _modern_spec(spec: Any) -> Any:
+    if not isinstance(spec, dict) or "batches" not in spec:
+        return spec
+    out = {LEGACY_SPEC.get(key, key): value for key, value in spec.items()}
+    out["context"] = [str(out["context"])]
+    return out
 
 
 def write_tables(run: ProfileRun, folder: Path) -> None:
@@ -58,10 +104,11 @@ def write_tables(run: ProfileRun, folder: Path) -> None:
     for name, frame in (("torch_kernels", run.kernels), ("torch_phases", run.phases), ("ncu_kernels", run.ncu)):
         path = folder / f"{name}.parquet"
         tmp = path.with_name(f".{path.name}.tmp")
-        frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
+        with store.writing(path):
+            frame.to_parquet(tmp, index=False)
+            os.replace(tmp, path)
     if run.raw_ncu:
-        with gzip.open(folder / RAW_NCU, "wt", encoding="utf-8") as handle:
+        with store.writing(folder / RAW_NCU), gzip.open(folder / RAW_NCU, "wt", encoding="utf-8") as handle:
             handle.write(run.raw_ncu)
     store.update_provenance(folder, configs=run.configs)
 
@@ -125,23 +172,29 @@ def load_profile_run(folder: str | Path) -> ProfileRun:
 
     def table(name: str) -> pd.DataFrame:
         path = folder / f"{name}.parquet"
-        return _read_table(path) if path.is_file() else pd.DataFrame()
+        return _modern(_read_table(path)) if path.is_file() else pd.DataFrame()
 
     raw_text = _read_raw_ncu(folder / RAW_NCU) if (folder / RAW_NCU).is_file() else ""
+    provenance = {**provenance, "spec": _modern_spec(provenance.get("spec"))}
+    configs = [_modern_config(c) for c in configs]
     return ProfileRun(
         table("torch_kernels"), table("torch_phases"), table("ncu_kernels"), configs, provenance, folder, raw_text
     )
 
 
-def cpu_reference_run(batch_size: int = 2, context_len: int = 256, next_ns: tuple[int, ...] = (1, 2, 4), topk: int = 64, seed: int = 0) -> ProfileRun:
+def cpu_reference_run(
+    batch: int = 2, context: str | int = 256, next_ns: tuple[int, ...] = (1, 2, 4), topk: int = 64, seed: int = 0
+) -> ProfileRun:
     """torch.profiler tables of the reference backend on this CPU, held in memory, labelled as such.
 
     Kineto's log level is raised (unless set) so that its per-session chatter and its
     expected complaint about the missing GPU stay out of notebooks.
     """
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    spec = ProfileSpec(("reference",), STRATEGIES, (batch_size,), context_len, tuple(next_ns), seed, topk, trace=False)
-    run = run_torch_sweep(spec, torch.device("cpu"), None, log=lambda message: None)
+    spec = preset("ci").with_axes(batch=(batch,), context=(str(context),), next_n=tuple(next_ns), heads=(64,),
+                                  head_dim=(128,), seed=seed)  # fmt: skip
+    settings = ProfileSettings(topk=topk, trace=False)
+    run = run_torch(spec, torch.device("cpu"), settings, None, log=lambda message: None)
     run.provenance = {
         "kind": KIND,
         "source": "measured",
@@ -150,7 +203,8 @@ def cpu_reference_run(batch_size: int = 2, context_len: int = 256, next_ns: tupl
         "run_id": "cpu-reference-in-memory",
         "created": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds"),
         "git": store.git_state(),
-        "spec": spec.as_dict(),
+        "spec": spec.to_dict(),
+        "profile": dataclasses.asdict(settings),
         "ncu_skipped": "no GPU here: Nsight Compute needs CUDA kernels",
     }
     return run
@@ -184,7 +238,7 @@ def ignored_note(run: ProfileRun) -> str:
 
 def versus_native(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     """Each strategy's `columns` divided by native's at the same backend, batch, context and next_n."""
-    keys = [k for k in ("backend", "batch_size", "context_len", "next_n") if k in frame]
+    keys = [k for k in ("backend", "batch", "context", "next_n") if k in frame]
     native = frame.loc[frame["strategy"] == "native", keys + columns]
     merged = frame[keys + ["strategy", *columns]].merge(native, on=keys, how="left", suffixes=("", "_native"))
     for column in columns:

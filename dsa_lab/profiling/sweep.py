@@ -1,8 +1,11 @@
-"""Profile a grid of configurations: torch.profiler in this process, Nsight Compute over the target.
+"""The profiling modes of the harness: torch.profiler in this process, Nsight Compute over the target.
 
-Configurations that fail correctness, or that a backend cannot run, are recorded with
-the reason and skipped; the grid goes on. One ncu run per backend covers the whole grid
-in one target process (`target.py`), so CUDA start-up and inputs are paid once.
+Both walk the same grid as the timing mode (`bench.walk`: one point, one plan, one input
+builder) and check each point with the same measure (`bench.check`) before profiling it.
+Points a backend cannot run here, that fail the check or that a budget cut are recorded
+in `configs` with the reason; the grid goes on. Nsight Compute profiles one backend per
+run of the target process (`target.py`), so CUDA start-up and inputs are paid once; each
+run keeps its report as `.ncu-rep` for the Nsight Compute GUI.
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ import pandas as pd
 import torch
 
 from dsa_lab import store
-from dsa_lab.errors import as_int, check_choice, check_int_sequence, check_range
-from dsa_lab.kernels import get_backend
-from dsa_lab.metadata import STRATEGIES
+from dsa_lab.bench.check import check_point
+from dsa_lab.bench.point import SweepSpec
+from dsa_lab.bench.walk import Visit, prepare, walk
+from dsa_lab.env_info import device_name
+from dsa_lab.errors import check_range
+from dsa_lab.plan import LaunchPlan
 from dsa_lab.profiling.ncu import (
     CHIPS,
     NcuStatus,
@@ -32,60 +38,31 @@ from dsa_lab.profiling.ncu import (
     missing_metrics,
     ncu_command,
     ncu_failure,
+    ncu_import_command,
     query_metric_names,
     require_ncu,
     usable_metrics,
 )
-from dsa_lab.profiling.ncu_tables import METRICS, attach_configs, parse_ncu_csv, summarize_ncu
-from dsa_lab.profiling.step import profile_inputs, random_fp8_cache, reference_logits
-from dsa_lab.profiling.torch_profile import compare_in_one_trace, profile_decode_step
+from dsa_lab.profiling.ncu_tables import CONFIG_KEYS, METRICS, attach_configs, parse_ncu_csv, summarize_ncu
+from dsa_lab.profiling.torch_profile import compare_in_one_trace, profile_step
 from dsa_lab.topk import DEFAULT_TOPK, MAX_TOPK
-from dsa_lab.workload import MAX_NEXT_N, MAX_SEQ_LEN, uniform_batch
 
-MAX_PROFILE_BATCH = 4096
 KERNELS_PER_STEP_CAP = 17  # ncu --launch-count per step: the marker + up to 16 kernels in the logits calls
 TARGET_MARGIN_S = 45.0  # of an ncu run's timeout: ncu and CUDA start-up, the config in flight, teardown
 TRACE_STRATEGIES = ("native", "flatten")
 
 
 @dataclass(frozen=True)
-class ProfileSpec:
-    """The grid: backends x batch sizes x next_n x strategies, at one context length."""
+class ProfileSettings:
+    """What a profile adds to the grid: top-k of the step, ncu steps per point, the comparison trace."""
 
-    backends: tuple[str, ...]
-    strategies: tuple[str, ...]
-    batches: tuple[int, ...]
-    context_len: int
-    next_ns: tuple[int, ...]
-    seed: int = 0
     topk: int = DEFAULT_TOPK
-    repeats: int = 1  # ncu steps per configuration
+    repeats: int = 1  # ncu steps per point
     trace: bool = True
 
     def __post_init__(self) -> None:
-        """Every value checked (ints are never truncated); backend names are checked where they
-        are looked up, so an unknown one is recorded as skipped with the allowed names."""
-        for strategy in self.strategies:
-            check_choice("strategy", strategy, STRATEGIES)
-        if not (self.backends and self.strategies and self.batches and self.next_ns):
-            raise ValueError("backends, strategies, batches and next_ns: each needs at least one value")
-        if isinstance(self.backends, str) or not all(isinstance(name, str) for name in self.backends):
-            raise ValueError(f"backends={self.backends!r}: need a tuple of backend names")
-        object.__setattr__(self, "batches", check_int_sequence("batches", self.batches, 1, MAX_PROFILE_BATCH))
-        object.__setattr__(self, "next_ns", check_int_sequence("next_ns", self.next_ns, 1, MAX_NEXT_N))
-        object.__setattr__(self, "context_len", check_range("context_len", self.context_len, max(self.next_ns), MAX_SEQ_LEN))
-        object.__setattr__(self, "seed", as_int("seed", self.seed))
-        object.__setattr__(self, "topk", check_range("topk", self.topk, 1, MAX_TOPK))
-        object.__setattr__(self, "repeats", check_range("repeats", self.repeats, 1, 1000))
-        check_choice("trace", self.trace, (False, True))
-
-    @property
-    def trace_point(self) -> tuple[int, int]:
-        """(batch, next_n) of the comparison trace: the largest batch, next_n 4 if swept."""
-        return max(self.batches), 4 if 4 in self.next_ns else max(self.next_ns)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+        check_range("topk", self.topk, 1, MAX_TOPK)
+        check_range("repeats", self.repeats, 1, 1000)
 
 
 @dataclass
@@ -106,88 +83,89 @@ class ProfileRun:
         return summarize_ncu(self.ncu)
 
 
-def _skip(backend: str, strategy: str, batch: int, context_len: int, next_n: int, tool: str, reason: str) -> dict[str, Any]:
-    return {
-        "tool": tool, "backend": backend, "strategy": strategy, "batch_size": batch, "context_len": context_len,
-        "next_n": next_n, "status": "skipped", "reason": reason,
-    }  # fmt: skip
+def point_config(visit: Visit, device: torch.device, tool: str) -> dict[str, Any]:
+    """A point as the profile tables name it: the harness's axes, the device and the plan's columns."""
+    plan = visit.plan.columns() if visit.plan is not None else {}
+    return {"tool": tool, **visit.point.axes(), "device_name": device_name(device), **plan, "status": "pending",
+            "reason": "", "rel_err": None}  # fmt: skip
 
 
-def backend_problem(name: str, device: torch.device) -> str | None:
-    """Why a backend cannot run on `device` (unknown name, or unavailable), or None."""
-    try:
-        backend = get_backend(name)
-    except ValueError as err:
-        return str(err)
-    state = backend.availability(device)
-    return None if state.ok else f"backend {name!r} unavailable on {device}: {state.reason}"
+def check_visit(visit: Visit, spec: SweepSpec, device: torch.device) -> tuple[float | None, str | None]:
+    """(relative error, None) when the point passes the harness's check, else (error, why not)."""
+    prepared = prepare(visit, device)
+    result = check_point(
+        visit.inputs, prepared.metadata, visit.backend, prepared.packed, prepared.schedules, spec.check_tolerance,
+        spec.full_check_limit, spec.check_requests,
+    )  # fmt: skip
+    if result.ok:
+        return result.rel_err, None
+    return result.rel_err, f"{result.message}; refusing to profile an incorrect configuration"
 
 
-def run_torch_sweep(
-    spec: ProfileSpec,
+def _trace_point(spec: SweepSpec) -> tuple[int, str, int]:
+    """(batch, context, next_n) of the comparison trace: the largest batch, first context, next_n 4 if swept."""
+    return max(spec.batch), spec.context[0], 4 if 4 in spec.next_n else max(spec.next_n)
+
+
+def run_torch(
+    spec: SweepSpec,
     device: torch.device,
+    settings: ProfileSettings = ProfileSettings(),
     trace_dir: Path | None = None,
     log: Callable[[str], None] = print,
     budget_s: float | None = None,
 ) -> ProfileRun:
-    """torch.profiler over the grid, in grid order; refused, unsupported or failing configurations
-    are recorded with the reason, not fatal. Configurations not started within `budget_s` are
+    """torch.profiler over the grid, in grid order. Points not started within `budget_s` are
     recorded as skipped, so a slow compile cannot eat the time of what follows."""
     started = time.perf_counter()
     kernels, phases, configs = [], [], []
-    usable = []
-    for name in spec.backends:
-        problem = backend_problem(name, device)
-        if problem:
-            log(f"skip backend {name}: {problem}")
-            configs += [_skip(name, s, b, spec.context_len, n, "torch", problem) for b in spec.batches for n in spec.next_ns for s in spec.strategies]
-        else:
-            usable.append(name)
-    for batch_size in spec.batches if usable else ():
-        cache = random_fp8_cache(uniform_batch(batch_size, spec.context_len, 1), spec.seed, device)
-        for next_n in spec.next_ns:
-            inputs = profile_inputs(uniform_batch(batch_size, spec.context_len, next_n), spec.seed, device, cache)
-            reference = reference_logits(inputs)
-            for name in usable:
-                ok = []
-                for strategy in spec.strategies:
-                    if budget_s is not None and time.perf_counter() - started > budget_s:
-                        configs.append(_skip(name, strategy, batch_size, spec.context_len, next_n, "torch", f"time budget of {budget_s:g} s spent"))
-                        continue
-                    try:
-                        result = profile_decode_step(inputs, strategy, name, topk=spec.topk, reference=reference)
-                    except (ValueError, RuntimeError) as err:  # refused, unsupported, unavailable, or a failing kernel
-                        reason = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
-                        log(f"skip {name} {strategy} B={batch_size} n={next_n}: {reason}")
-                        configs.append(_skip(name, strategy, batch_size, spec.context_len, next_n, "torch", reason))
-                        continue
-                    ok.append(strategy)
-                    kernels.append(result.kernels)
-                    phases.append(result.phases)
-                    configs.append({"tool": "torch", **result.config, "status": "profiled", "reason": ""})
-                    step_us = float(result.phases["device_us"].sum())
-                    log(f"torch {name} {strategy} B={batch_size} n={next_n}: {result.config['logits_calls']} logits call(s), step {step_us:.1f} us")
-                wanted = [s for s in TRACE_STRATEGIES if s in ok]
-                if spec.trace and trace_dir is not None and (batch_size, next_n) == spec.trace_point and wanted:
-                    compare_in_one_trace(inputs, wanted, name, trace_dir / f"trace_{name}.json.gz", spec.topk)
-            del inputs, reference
-        del cache
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    traced: dict[str, list[LaunchPlan]] = {}
+    trace_key = _trace_point(spec)
+    for visit in walk(spec.points(), spec, device):
+        point = visit.point
+        config = point_config(visit, device, "torch")
+        configs.append(config)
+        label = f"{point.backend} {point.strategy} B={point.batch} L={point.context} n={point.next_n}"
+        if visit.skip or visit.error:
+            config.update(status="skipped" if visit.skip else "error", reason=visit.skip or visit.error)
+            continue
+        if budget_s is not None and time.perf_counter() - started > budget_s:
+            config.update(status="skipped", reason=f"time budget of {budget_s:g} s spent")
+            continue
+        try:
+            config["rel_err"], refused = check_visit(visit, spec, device)
+            if refused:
+                config.update(status="failed", reason=refused)
+                log(f"refused {label}: {refused}")
+                continue
+            result = profile_step(visit.inputs, visit.plan, visit.backend, _table_config(config), topk=settings.topk)
+        except (ValueError, RuntimeError) as err:  # unsupported, unavailable, or a failing kernel
+            config.update(status="error", reason=f"{type(err).__name__}: {err}")
+            log(f"error {label}: {config['reason']}")
+            continue
+        config["status"] = "profiled"
+        kernels.append(result.kernels)
+        phases.append(result.phases)
+        step_us = float(result.phases["device_us"].sum())
+        log(f"torch {label}: {len(result.launch_shapes)} logits call(s), step {step_us:.1f} us")
+        if (point.batch, point.context, point.next_n) == trace_key and point.strategy in TRACE_STRATEGIES:
+            traced.setdefault(point.backend, []).append(visit.plan)
+            if settings.trace and trace_dir is not None and len(traced[point.backend]) == len(TRACE_STRATEGIES):
+                path = trace_dir / f"trace_{point.backend}.json.gz"
+                compare_in_one_trace(visit.inputs, traced[point.backend], visit.backend, path, settings.topk)
     return ProfileRun(_concat(kernels), _concat(phases), pd.DataFrame(), configs)
+
+
+TABLE_KEYS = CONFIG_KEYS  # the columns naming a point in every profile table (axes, device, plan)
+
+
+def _table_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The columns every row of a profile table carries (the point's name and its plan)."""
+    return {key: config.get(key) for key in TABLE_KEYS}
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def _target_args(spec: ProfileSpec, backend: str, manifest: Path, budget_s: float) -> list[str]:
-    return [
-        sys.executable, "-m", "dsa_lab.profile", "--ncu-target", "--backend", backend,
-        "--strategy", *spec.strategies, "--batch", *map(str, spec.batches), "--context-len", str(spec.context_len),
-        "--next-n", *map(str, spec.next_ns), "--manifest", str(manifest), "--repeats", str(spec.repeats),
-        "--seed", str(spec.seed), "--topk", str(spec.topk), "--time-budget-s", f"{budget_s:g}",
-    ]  # fmt: skip
 
 
 def _child_env() -> dict[str, str]:
@@ -204,43 +182,71 @@ class NcuOutcome:
     raw: str
     metrics: list[str]
     dropped: list[str]
+    reports: list[Path]
 
 
-def run_ncu_sweep(
-    spec: ProfileSpec, status: NcuStatus, device: torch.device, timeout_s: float = 300.0, log: Callable[[str], None] = print
+def run_ncu(
+    spec: SweepSpec,
+    settings: ProfileSettings,
+    status: NcuStatus,
+    device: torch.device,
+    report_dir: Path | None = None,
+    timeout_s: float = 300.0,
+    log: Callable[[str], None] = print,
 ) -> NcuOutcome:
-    """One ncu run per backend over the grid (kernel replay, logits kernels only)."""
+    """One ncu run per backend over the grid (kernel replay, logits kernels only); each run's
+    report is kept as `report_dir/ncu_<backend>.ncu-rep`."""
     ncu = require_ncu(status)
     if device.type != "cuda":
-        raise NcuUnavailable(f"ncu profiles CUDA kernels; device is {device} (use --torch on a machine without a GPU)")
+        raise NcuUnavailable(
+            f"ncu profiles CUDA kernels; device is {device} (use --tool torch on a machine without a GPU)"
+        )
     chip = CHIPS.get(torch.cuda.get_device_capability(device))
     metrics, dropped = usable_metrics(list(METRICS.values()), query_metric_names(ncu, chip) if chip else set())
-    frames, configs, raw = [], [], []
-    for backend in spec.backends:
-        problem = backend_problem(backend, device)
-        if problem:
-            configs += [_skip(backend, s, b, spec.context_len, n, "ncu", problem) for b in spec.batches for n in spec.next_ns for s in spec.strategies]
-            continue
-        kernels, manifest, output = run_ncu_backend(ncu, spec, backend, metrics, dropped, timeout_s, log)
+    frames, configs, raw, reports = [], [], [], []
+    for backend in spec.backend:
+        one = spec.with_axes(backend=(backend,))
+        report = report_dir / f"ncu_{backend}.ncu-rep" if report_dir is not None else None
+        kernels, manifest, output = run_ncu_backend(ncu, one, settings, metrics, dropped, timeout_s, log, report)
         raw.append(f"### ncu run for backend {backend}\n{output}")
         frames.append(kernels)
-        configs += [{"tool": "ncu", **{k: v for k, v in c.items() if k != "index"}} for c in manifest.get("configs", [])]
-    return NcuOutcome(_concat(frames), configs, "\n".join(raw), metrics, dropped)
+        configs += [{k: v for k, v in c.items() if k != "index"} for c in manifest.get("configs", [])]
+        if report is not None and report.is_file():
+            reports.append(report)
+    return NcuOutcome(_concat(frames), configs, "\n".join(raw), metrics, dropped, reports)
+
+
+def _target_args(grid: Path, manifest: Path, settings: ProfileSettings, budget_s: float) -> list[str]:
+    return [
+        sys.executable, "-m", "dsa_lab.profile", "--ncu-target", "--grid", str(grid), "--manifest", str(manifest),
+        "--repeats", str(settings.repeats), "--topk", str(settings.topk), "--time-budget-s", f"{budget_s:g}",
+    ]  # fmt: skip
 
 
 def run_ncu_backend(
-    ncu: str, spec: ProfileSpec, backend: str, metrics: list[str], dropped: list[str], timeout_s: float, log: Callable[[str], None]
+    ncu: str,
+    spec: SweepSpec,
+    settings: ProfileSettings,
+    metrics: list[str],
+    dropped: list[str],
+    timeout_s: float,
+    log: Callable[[str], None],
+    report: Path | None = None,
 ) -> tuple[pd.DataFrame, dict[str, Any], str]:
-    """ncu over the target for one backend: (kernel rows with configs, the manifest, ncu's output).
+    """ncu over the target for one backend's grid: (kernel rows with configs, the manifest, ncu's output).
 
     Metrics ncu reports as unknown move from `metrics` to `dropped` and the run is retried.
+    With `report`, ncu also writes its report there (`--export`); when it then prints no
+    CSV itself, the CSV is read back from the report (`--import`).
     """
-    steps = len(spec.batches) * len(spec.next_ns) * len(spec.strategies) * spec.repeats
+    backend = spec.backend[0]
+    steps = len(spec.points()) * settings.repeats
     with tempfile.TemporaryDirectory(prefix="dsa_lab_ncu_") as tmp:
-        manifest_path = Path(tmp) / "manifest.json"
-        target = _target_args(spec, backend, manifest_path, max(30.0, timeout_s - TARGET_MARGIN_S))
+        grid_path, manifest_path = Path(tmp) / "grid.json", Path(tmp) / "manifest.json"
+        grid_path.write_text(json.dumps(spec.to_dict()))
+        target = _target_args(grid_path, manifest_path, settings, max(30.0, timeout_s - TARGET_MARGIN_S))
         for _ in range(3):  # retried only when ncu names metrics it does not know
-            command = ncu_command(ncu, metrics, target, launch_count=steps * KERNELS_PER_STEP_CAP)
+            command = ncu_command(ncu, metrics, target, launch_count=steps * KERNELS_PER_STEP_CAP, export=report)
             log(f"ncu {backend}: {len(metrics)} metrics, up to {steps} steps")
             started = time.perf_counter()
             try:
@@ -258,7 +264,12 @@ def run_ncu_backend(
             dropped += unknown
         log(f"ncu {backend}: exit {code} after {time.perf_counter() - started:.0f} s")
         manifest = _read_manifest(manifest_path)
-    kernels = attach_configs(parse_ncu_csv(output), manifest)
+    table = parse_ncu_csv(output)
+    if table.empty and report is not None and report.is_file():
+        imported = subprocess.run(ncu_import_command(ncu, report), capture_output=True, text=True, timeout=timeout_s)
+        output += "\n" + imported.stdout
+        table = parse_ncu_csv(imported.stdout)
+    kernels = attach_configs(table, manifest)
     if kernels.empty:
         failure = ncu_failure(output, code) or "ncu profiled no logits kernel"
         log(f"ncu {backend}: {failure}")
@@ -285,3 +296,6 @@ def _text(value: str | bytes | None) -> str:
     if value is None:
         return ""
     return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+__all__ = ["NcuOutcome", "ProfileRun", "ProfileSettings", "run_ncu", "run_ncu_backend", "run_torch"]

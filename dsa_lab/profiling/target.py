@@ -1,11 +1,13 @@
-"""The process Nsight Compute runs: every configuration's decode step, logits calls opened to ncu.
+"""The process Nsight Compute runs: the harness's grid walked once, each point's logits calls opened to ncu.
 
-`python -m dsa_lab.profile --ncu-target ...` builds one cache per batch size, then per
-(next_n, strategy) checks the step against the reference, warms it up, and runs it
-`repeats` times with the phases as NVTX ranges and each backend call between
-cudaProfilerStart/Stop, so `ncu --profile-from-start off` (or `--nvtx --nvtx-include
-"logits/"`) sees only the logits kernels. A marker kernel before each step numbers it.
-A manifest (JSON) records every configuration, what ran and why anything did not.
+`python -m dsa_lab.profile --ncu-target --grid GRID.json --manifest M.json ...` walks the
+grid (`bench.walk`: the same points, plans and inputs as every mode), checks each point
+with the harness's measure, warms it up, and runs its step `repeats` times with the phases
+as NVTX ranges and each backend call between cudaProfilerStart/Stop, so `ncu
+--profile-from-start off` sees only the logits kernels. A marker kernel before each step
+numbers it. A point whose launches equal one already profiled (flatten at next_n = 1 is
+native) is recorded `same_as` it instead of being profiled twice. The manifest (JSON)
+records every point, what ran and why anything did not.
 """
 
 from __future__ import annotations
@@ -21,36 +23,20 @@ from typing import Any
 
 import torch
 
-from dsa_lab.decode import native_sizes_for, resolve_backend
-from dsa_lab.env_info import device_name
-from dsa_lab.kernels import LogitsBackend
-from dsa_lab.metadata import DecodeMetadata, build_metadata
-from dsa_lab.profiling.step import (
-    check_correctness,
-    phased_decode,
-    profile_inputs,
-    random_fp8_cache,
-    reference_logits,
-    useful_costs,
-)
-from dsa_lab.profiling.torch_profile import step_config, sync
-from dsa_lab.topk import DEFAULT_TOPK
-from dsa_lab.workload import DecodeBatch, uniform_batch
+from dsa_lab.bench.point import SweepSpec
+from dsa_lab.bench.walk import walk
+from dsa_lab.profiling.step import phased_decode
+from dsa_lab.profiling.sweep import ProfileSettings, check_visit, point_config
+from dsa_lab.profiling.torch_profile import sync
 
 
 @dataclass(frozen=True)
 class TargetPlan:
-    """Which configurations one ncu run covers (one backend; batches x next_n x strategies)."""
+    """What one ncu run covers: a grid (one backend), where to write the manifest, and its limits."""
 
-    backend: str
-    strategies: tuple[str, ...]
-    batches: tuple[int, ...]
-    context_len: int
-    next_ns: tuple[int, ...]
+    spec: SweepSpec
     manifest: Path
-    repeats: int = 1
-    seed: int = 0
-    topk: int = DEFAULT_TOPK
+    settings: ProfileSettings = ProfileSettings()
     time_budget_s: float = 240.0
 
 
@@ -64,35 +50,13 @@ def profiler_window() -> Iterator[None]:
         torch.cuda.profiler.stop()
 
 
-def _same_launches(a: DecodeMetadata, b: DecodeMetadata) -> bool:
-    return len(a.launches) == len(b.launches) and all(
-        torch.equal(x.token_rows, y.token_rows)
-        and torch.equal(x.context_lens, y.context_lens)
-        and torch.equal(x.block_table, y.block_table)
-        for x, y in zip(a.launches, b.launches)
-    )
-
-
-def _config(kernel: LogitsBackend, batch: DecodeBatch, strategy: str, index: int, device: torch.device) -> dict[str, Any]:
-    native = tuple(native_sizes_for(kernel, device))
-    return {
-        "index": index,
-        **step_config(batch, device, strategy, kernel),
-        "native_sizes": list(native),
-        **useful_costs(batch, strategy, native),
-        "status": "pending",
-        "reason": "",
-        "same_as": None,
-    }
-
-
 def run_target(
     plan: TargetPlan,
     device: torch.device | None = None,
     marker: Callable[[int, torch.device], None] | None = None,
     window: Callable[[], AbstractContextManager[object]] = profiler_window,
 ) -> dict[str, Any]:
-    """Run every configuration of `plan`; write and return the manifest.
+    """Run every point of `plan`; write and return the manifest.
 
     Defaults are the GPU, the Triton marker and cudaProfilerStart/Stop windows; tests
     pass a CPU device, a recording marker and `nullcontext` to check the bookkeeping.
@@ -101,51 +65,49 @@ def run_target(
         device = torch.device("cuda")
     if marker is None:
         from dsa_lab.profiling.marker import launch_marker as marker
+    spec, settings = plan.spec, plan.settings
     nvtx = device.type == "cuda"
-    kernel = resolve_backend(plan.backend)
-    manifest: dict[str, Any] = {"backend": plan.backend, "device": device_name(device), "configs": [], "steps": [], "complete": False}
+    manifest: dict[str, Any] = {"backends": list(spec.backend), "configs": [], "steps": [], "complete": False}
     started = time.perf_counter()
-    for batch_size in plan.batches:
-        cache = random_fp8_cache(uniform_batch(batch_size, plan.context_len, 1), plan.seed, device)
-        for next_n in plan.next_ns:
-            batch = uniform_batch(batch_size, plan.context_len, next_n)
-            inputs = profile_inputs(batch, plan.seed, device, cache)
-            reference = None
-            seen: list[tuple[int, DecodeMetadata]] = []
-            for strategy in plan.strategies:
-                config = _config(kernel, batch, strategy, len(manifest["configs"]), device)
-                manifest["configs"].append(config)
-                if time.perf_counter() - started > plan.time_budget_s:
-                    config.update(status="skipped", reason=f"time budget of {plan.time_budget_s:g} s spent")
-                    continue
-                try:
-                    metadata = build_metadata(strategy, batch, cache.block_table, native_sizes_for(kernel, device))
-                    config.update(logits_calls=len(metadata.launches), kernel_rows=metadata.kernel_rows)
-                    twin = next((i for i, other in seen if _same_launches(metadata, other)), None)
-                    if twin is not None:
-                        config.update(status="same_as", same_as=twin, reason=f"launches identical to {manifest['configs'][twin]['strategy']}")
-                        continue
-                    reference = reference if reference is not None else reference_logits(inputs)
-                    result = phased_decode(inputs, strategy, kernel, plan.topk)
-                    config["rel_err"] = check_correctness(result, reference, f"{kernel.name} {strategy} {batch.describe()}")
-                except (ValueError, RuntimeError) as err:  # refused, unsupported, unavailable, or a failing kernel
-                    config.update(status="skipped", reason=str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}")
-                    continue
-                seen.append((config["index"], metadata))
-                for repeat in range(plan.repeats):
-                    number = len(manifest["steps"])
-                    sync(device)
-                    with window():
-                        marker(number, device)
-                    phased_decode(inputs, strategy, kernel, plan.topk, nvtx=nvtx, logits_window=window, check=False)
-                    sync(device)
-                    manifest["steps"].append({"marker": number, "config": config["index"], "repeat": repeat})
-                config["status"] = "profiled"
-                _write(plan.manifest, manifest)
-            del inputs, reference
-        del cache
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    seen: dict[tuple, int] = {}  # (workload, next_n, backend, launch signature) -> index of the profiled config
+    for visit in walk(spec.points(), spec, device):
+        point = visit.point
+        config = {"index": len(manifest["configs"]), **point_config(visit, device, "ncu"), "same_as": None}
+        manifest["configs"].append(config)
+        if visit.skip or visit.error:
+            config.update(status="skipped" if visit.skip else "error", reason=visit.skip or visit.error)
+            continue
+        if time.perf_counter() - started > plan.time_budget_s:
+            config.update(status="skipped", reason=f"time budget of {plan.time_budget_s:g} s spent")
+            continue
+        key = (point.workload_key, point.next_n, point.backend, visit.plan.signature)
+        if key in seen:
+            twin = seen[key]
+            config.update(
+                status="same_as", same_as=twin, reason=f"launches identical to {manifest['configs'][twin]['strategy']}"
+            )
+            continue
+        try:
+            config["rel_err"], refused = check_visit(visit, spec, device)
+            if refused:
+                config.update(status="failed", reason=refused)
+                continue
+            phased_decode(visit.inputs, visit.plan, visit.backend, settings.topk)  # warm-up, value checks included
+        except (ValueError, RuntimeError) as err:  # unsupported, unavailable, or a failing kernel
+            config.update(status="error", reason=f"{type(err).__name__}: {err}")
+            continue
+        seen[key] = config["index"]
+        for repeat in range(settings.repeats):
+            number = len(manifest["steps"])
+            sync(device)
+            with window():
+                marker(number, device)
+            phased_decode(visit.inputs, visit.plan, visit.backend, settings.topk, nvtx=nvtx, logits_window=window,
+                          check=False)  # fmt: skip
+            sync(device)
+            manifest["steps"].append({"marker": number, "config": config["index"], "repeat": repeat})
+        config["status"] = "profiled"
+        _write(plan.manifest, manifest)
     manifest["complete"] = True
     _write(plan.manifest, manifest)
     return manifest
@@ -162,31 +124,21 @@ def target_main(args: Sequence[str]) -> int:
     """Entry for `python -m dsa_lab.profile --ncu-target ...` (prints nothing on stdout: ncu's CSV goes there)."""
     import argparse
 
-    from dsa_lab.metadata import STRATEGIES
-
     parser = argparse.ArgumentParser(prog="python -m dsa_lab.profile --ncu-target")
     parser.add_argument("--ncu-target", action="store_true", required=True)
-    parser.add_argument("--backend", required=True)
-    parser.add_argument("--strategy", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
-    parser.add_argument("--batch", nargs="+", type=int, required=True)
-    parser.add_argument("--context-len", type=int, required=True)
-    parser.add_argument("--next-n", nargs="+", type=int, required=True)
+    parser.add_argument("--grid", type=Path, required=True, help="the grid as JSON (SweepSpec.to_dict)")
     parser.add_argument("--manifest", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--topk", type=int, default=DEFAULT_TOPK)
+    parser.add_argument("--topk", type=int, default=ProfileSettings().topk)
     parser.add_argument("--time-budget-s", type=float, default=240.0)
     ns = parser.parse_args(args)
     if not torch.cuda.is_available():
         print("ncu target: no CUDA device; the ncu target profiles GPU kernels only", file=sys.stderr)
         return 2
-    plan = TargetPlan(
-        ns.backend, tuple(ns.strategy), tuple(ns.batch), ns.context_len, tuple(ns.next_n), ns.manifest,
-        ns.repeats, ns.seed, ns.topk, ns.time_budget_s,
-    )  # fmt: skip
     try:
-        run_target(plan)
-    except (ValueError, RuntimeError) as err:
+        spec = SweepSpec.from_dict(json.loads(ns.grid.read_text(encoding="utf-8")))
+        run_target(TargetPlan(spec, ns.manifest, ProfileSettings(ns.topk, ns.repeats, False), ns.time_budget_s))
+    except (ValueError, RuntimeError, OSError) as err:
         print(f"ncu target: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -22,26 +22,27 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from dsa_lab.decode import resolve_backend
-from dsa_lab.env_info import device_name
-from dsa_lab.errors import NonFiniteLogits, check_choice, check_range
+from dsa_lab.errors import check_range
 from dsa_lab.kernels import LogitsBackend
-from dsa_lab.metadata import STRATEGIES
-from dsa_lab.profiling.step import (
-    DEFAULT_TOLERANCE,
-    PHASES,
-    ProfileRefused,
-    check_correctness,
-    phased_decode,
-    reference_logits,
-)
+from dsa_lab.plan import LaunchPlan
+from dsa_lab.profiling.step import PHASES, phased_decode
 from dsa_lab.topk import DEFAULT_TOPK
-from dsa_lab.workload import DecodeBatch, DecodeInputs
+from dsa_lab.workload import DecodeInputs
 
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 OUTSIDE_PHASES = "other"
-KERNEL_COLUMNS = ("phase", "kernel", "grid", "launches", "calls", "total_us", "mean_us", "share", "first_start_us")
+KERNEL_COLUMNS = (
+    "phase",
+    "kernel",
+    "grid",
+    "kernel_launches",
+    "calls",
+    "total_us",
+    "mean_us",
+    "share",
+    "first_start_us",
+)
 PHASE_COLUMNS = ("phase", "calls", "wall_us", "device_us", "share")
 
 
@@ -49,7 +50,7 @@ PHASE_COLUMNS = ("phase", "calls", "wall_us", "device_us", "share")
 class ProfileResult:
     """One profiled decode step: per-kernel and per-phase tables, the launches, the trace."""
 
-    config: dict[str, Any]  # backend, strategy, device, batch_size, context_len, next_n, rel_err...
+    config: dict[str, Any]  # the point's axes, device_name and plan columns (the harness's names)
     kernels: pd.DataFrame  # KERNEL_COLUMNS, prefixed by the config columns
     phases: pd.DataFrame  # PHASE_COLUMNS, prefixed by the config columns
     launch_shapes: tuple[tuple[int, int], ...]  # (rows B', next_n') of each logits launch
@@ -61,60 +62,33 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def step_config(batch: DecodeBatch, device: torch.device, strategy: str, backend: LogitsBackend) -> dict[str, Any]:
-    """The columns that name one profiled configuration (shared by torch.profiler and ncu rows)."""
-    return {
-        "backend": backend.name,
-        "strategy": strategy,
-        "device": device_name(device),
-        "batch_size": batch.batch_size,
-        "context_len": batch.max_seq_len,
-        "next_n": batch.next_n,
-        "num_heads": batch.num_heads,
-        "head_dim": batch.head_dim,
-        "cache_dtype": batch.cache_dtype,
-    }
+def _activities(device: torch.device) -> list[ProfilerActivity]:
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
 
 
-def profile_decode_step(
+def profile_step(
     inputs: DecodeInputs,
-    strategy: str,
-    backend: str | LogitsBackend = "reference",
+    plan: LaunchPlan,
+    backend: LogitsBackend,
+    config: dict[str, Any],
     *,
     trace_dir: str | Path | None = None,
     topk: int = DEFAULT_TOPK,
     warmup: int = 1,
-    reference: tuple[torch.Tensor, torch.Tensor] | None = None,
-    tolerance: float = DEFAULT_TOLERANCE,
 ) -> ProfileResult:
-    """Profile one decode step after `warmup` steps; refuse configurations that fail correctness.
-
-    The last warm-up step's logits are compared with the reference backend's on every
-    valid position (pass `reference` to reuse them across strategies); a relative error
-    above `tolerance` raises `ProfileRefused`. CUDA activities are recorded on a GPU, CPU
-    activities otherwise. The Chrome trace goes to `trace_dir` when given.
-    """
-    check_choice("strategy", strategy, STRATEGIES)
+    """Profile one decode step of `plan` after `warmup` steps (which compile, autotune, fill the
+    allocator and run the value checks). The point must have passed the harness's check first.
+    CUDA activities are recorded on a GPU, CPU activities otherwise; the Chrome trace goes to
+    `trace_dir` when given. `config` names the point in every row of the tables."""
     check_range("warmup", warmup, 1, 100)
-    kernel = resolve_backend(backend)
     device = inputs.q.device
-    config = step_config(inputs.batch, inputs.q.device, strategy, kernel)
-    label = f"backend {kernel.name!r} strategy {strategy!r} ({inputs.batch.describe()})"
-    for _ in range(warmup):  # compiles, autotunes and fills the allocator outside the profile
-        try:
-            result = phased_decode(inputs, strategy, kernel, topk)
-        except NonFiniteLogits as err:  # the backend wrote NaN/inf where the reference has scores
-            raise ProfileRefused(f"{label}: relative error inf against the reference ({err}); refusing to profile it") from None
-    config["rel_err"] = check_correctness(
-        result, reference if reference is not None else reference_logits(inputs), label, tolerance
-    )
+    for _ in range(warmup):
+        phased_decode(inputs, plan, backend, topk)
     sync(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:  # the warm-up above ran the value checks
-        result = phased_decode(inputs, strategy, kernel, topk, check=False)
+    with profile(activities=_activities(device)) as prof:  # the warm-up above ran the value checks
+        result = phased_decode(inputs, plan, backend, topk, check=False)
         sync(device)
     shapes = tuple((launch.batch_size, launch.next_n) for launch in result.metadata.launches)
-    config.update(logits_calls=len(shapes), kernel_rows=result.metadata.kernel_rows)
     if trace_dir is None:
         with tempfile.TemporaryDirectory(prefix="dsa_lab_trace_") as tmp:
             trace, trace_path = read_trace(_export(prof, tmp, config)), None
@@ -127,24 +101,22 @@ def profile_decode_step(
 
 def compare_in_one_trace(
     inputs: DecodeInputs,
-    strategies: Sequence[str],
-    backend: str | LogitsBackend,
+    plans: Sequence[LaunchPlan],
+    backend: LogitsBackend,
     path: str | Path,
     topk: int = DEFAULT_TOPK,
 ) -> Path:
-    """One Chrome trace holding a step of each strategy, back to back, each in a `step:<name>` range.
+    """One Chrome trace holding a step of each plan, back to back, each in a `step:<strategy>` range.
 
-    Meant for side-by-side viewing in Perfetto; run `profile_decode_step` first so that
-    each strategy is warm and checked.
+    Meant for side-by-side viewing in Perfetto; profile each plan first (`profile_step`) so
+    that it is warm and checked.
     """
-    kernel = resolve_backend(backend)
     device = inputs.q.device
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sync(device)
-    with profile(activities=activities) as prof:
-        for strategy in strategies:
-            with record_function(f"step:{strategy}"):
-                phased_decode(inputs, strategy, kernel, topk, check=False)  # checked by profile_decode_step
+    with profile(activities=_activities(device)) as prof:
+        for plan in plans:
+            with record_function(f"step:{plan.strategy}"):
+                phased_decode(inputs, plan, backend, topk, check=False)
             sync(device)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -153,7 +125,7 @@ def compare_in_one_trace(
 
 
 def _export(prof: profile, trace_dir: str | Path, config: dict[str, Any]) -> Path:
-    name = f"{config['backend']}_{config['strategy']}_B{config['batch_size']}_n{config['next_n']}.json"
+    name = f"{config['backend']}_{config['strategy']}_B{config['batch']}_n{config['next_n']}.json"
     folder = Path(trace_dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
@@ -291,14 +263,14 @@ def _kernel_table(placed: list[tuple[dict[str, Any], _Range | None]]) -> pd.Data
     table = (
         rows.groupby(["phase", "kernel", "grid"], sort=False)
         .agg(
-            launches=("dur", "size"),
+            kernel_launches=("dur", "size"),
             calls=("instance", "nunique"),
             total_us=("dur", "sum"),
             first_start_us=("start", "min"),
         )
         .reset_index()
     )
-    table["mean_us"] = table["total_us"] / table["launches"]
+    table["mean_us"] = table["total_us"] / table["kernel_launches"]
     total = float(rows["dur"].sum())
     table["share"] = table["total_us"] / total if total > 0 else 0.0
     return table.sort_values("first_start_us", kind="stable").reset_index(drop=True)[list(KERNEL_COLUMNS)]
@@ -331,12 +303,12 @@ def summarize_torch(kernels: pd.DataFrame) -> pd.DataFrame:
     """One row per profiled configuration: step device time, logits time and its share."""
     if kernels.empty:
         return pd.DataFrame()
-    keys = [k for k in ("backend", "strategy", "device", "batch_size", "context_len", "next_n", "logits_calls") if k in kernels]
+    keys = [k for k in ("backend", "strategy", "device_name", "batch", "context", "next_n", "launches") if k in kernels]
     logits = kernels["total_us"].where(kernels["phase"] == "logits", 0.0)
     summary = (
         kernels.assign(logits_us=logits)
         .groupby(keys, sort=False)
-        .agg(step_us=("total_us", "sum"), logits_us=("logits_us", "sum"), kernels=("launches", "sum"))
+        .agg(step_us=("total_us", "sum"), logits_us=("logits_us", "sum"), kernels=("kernel_launches", "sum"))
         .reset_index()
     )
     summary["logits_share"] = summary["logits_us"] / summary["step_us"]

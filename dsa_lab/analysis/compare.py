@@ -1,0 +1,252 @@
+"""Two runs compared point by point: a verdict per point from the stored samples, and a regression gate.
+
+Points are matched by their key (the harness's axes). For a point timed in both runs the
+ratio is B's median over A's, and its uncertainty a bootstrap interval: both runs' stored
+samples (`samples_ms`) are resampled, the ratio of the two medians taken each time, and
+the central `CONFIDENCE` of those ratios kept. Verdicts:
+
+- `slower`: B's median is more than `threshold` above A's and the interval lies above 1
+  (a regression: `dsa-lab compare` exits 1);
+- `faster`: B's median is more than `threshold` below A's and the interval lies below 1;
+- `unsure`: the change passes the threshold but the interval holds 1 (too few or too noisy samples);
+- `same`: within the threshold;
+- `nan`: no ratio (the point was not timed ok in both runs), with the reason.
+
+Rows without stored samples fall back to the interquartile ranges (no overlap counts as
+beyond the noise). Measured and modeled runs are never compared silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dsa_lab.store import AXES, Run, load_run, writing
+
+VERDICTS = ("slower", "unsure", "nan", "faster", "same")  # the order a report lists them in
+DEFAULT_THRESHOLD = 0.05
+RESAMPLES = 1000
+CONFIDENCE = 0.95
+MIN_SAMPLES = 3
+
+
+def _samples(value: object) -> np.ndarray | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    values = np.asarray(value, dtype=np.float64).ravel()
+    values = values[np.isfinite(values)]
+    return values if len(values) >= MIN_SAMPLES else None
+
+
+def ratio_interval(
+    a: np.ndarray, b: np.ndarray, rng: np.random.Generator, resamples: int = RESAMPLES
+) -> tuple[float, float]:
+    """Bootstrap interval (central CONFIDENCE) of median(b) / median(a), each run resampled on its own."""
+    med_a = np.median(a[rng.integers(0, len(a), size=(resamples, len(a)))], axis=1)
+    med_b = np.median(b[rng.integers(0, len(b), size=(resamples, len(b)))], axis=1)
+    ratios = med_b / med_a
+    tail = (1 - CONFIDENCE) / 2 * 100
+    low, high = np.percentile(ratios, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def _verdict(ratio: float, low: float, high: float, threshold: float) -> str:
+    if not math.isfinite(ratio):
+        return "nan"
+    if ratio > 1 + threshold:
+        return "slower" if low > 1 else "unsure"
+    if ratio < 1 / (1 + threshold):
+        return "faster" if high < 1 else "unsure"
+    return "same"
+
+
+def compare_runs(
+    a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD, allow_mixed_sources: bool = False, seed: int = 0,
+    resamples: int = RESAMPLES,
+) -> pd.DataFrame:  # fmt: skip
+    """One row per point present in both runs and timed in at least one: medians, `ratio` (B/A), its
+    interval, `verdict`, `note`.
+
+    Sorted as a report reads it: regressions first (largest ratio first), then unsure, nan,
+    faster and same points (largest change first).
+    """
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < 10:
+        raise ValueError(f"threshold={threshold!r}: a fraction, e.g. 0.05 for 5 %")
+    if a.source != b.source and not allow_mixed_sources:
+        raise ValueError(
+            f"runs {a.path} ({a.source}) and {b.path} ({b.source}) differ in source; "
+            "measured and modeled times are not compared silently (allow_mixed_sources=True to do it anyway)"
+        )
+    keep = ["point_key", *[c for c in AXES if c in a.results], "status", "median_ms", "p25_ms", "p75_ms"]
+    left = a.results[keep + (["samples_ms"] if "samples_ms" in a.results else [])]
+    right = b.results[
+        ["point_key", "status", "median_ms", "p25_ms", "p75_ms"] + (["samples_ms"] if "samples_ms" in b.results else [])
+    ]
+    merged = left.merge(right, on="point_key", suffixes=("_a", "_b"))
+    merged = merged[(merged["status_a"] == "ok") | (merged["status_b"] == "ok")]  # untimed in both: nothing to say
+    rng = np.random.default_rng(seed)
+    rows = []
+    for row in merged.to_dict("records"):
+        out = {key: row[key] for key in ("point_key", *AXES) if key in row}
+        out.update(status_a=row["status_a"], status_b=row["status_b"], median_ms_a=row["median_ms_a"],
+                   median_ms_b=row["median_ms_b"])  # fmt: skip
+        timed = row["status_a"] == "ok" and row["status_b"] == "ok"
+        ratio = row["median_ms_b"] / row["median_ms_a"] if timed else float("nan")
+        low = high = float("nan")
+        note = ""
+        if not timed:
+            note = f"not timed in both: A {row['status_a']}, B {row['status_b']}"
+        elif not math.isfinite(ratio):
+            note = "a median is not finite"
+        else:
+            sa, sb = _samples(row.get("samples_ms_a")), _samples(row.get("samples_ms_b"))
+            if sa is not None and sb is not None:
+                low, high = ratio_interval(sa, sb, rng, resamples)
+            else:  # no samples stored: the interquartile ranges stand in for the interval
+                apart_up, apart_down = row["p25_ms_b"] > row["p75_ms_a"], row["p75_ms_b"] < row["p25_ms_a"]
+                low, high = (
+                    (1.0 + 1e-9, ratio) if apart_up else ((ratio, 1.0 - 1e-9) if apart_down else (0.0, math.inf))
+                )
+                note = "no stored samples: interval from the interquartile ranges"
+        out.update(ratio=ratio, ci_low=low, ci_high=high, verdict=_verdict(ratio, low, high, threshold), note=note)
+        rows.append(out)
+    columns = ["point_key", *[c for c in AXES if c in merged], "status_a", "status_b", "median_ms_a", "median_ms_b",
+               "ratio", "ci_low", "ci_high", "verdict", "note"]  # fmt: skip
+    table = pd.DataFrame(rows, columns=columns)
+    if table.empty:
+        return table
+    rank = table["verdict"].map({v: i for i, v in enumerate(VERDICTS)})
+    change = np.log(table["ratio"].where(table["ratio"] > 0)).abs().fillna(np.inf)
+    order = np.lexsort((-change.to_numpy(), rank.to_numpy()))
+    return table.iloc[order].reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a comparison says in a few lines: counts per verdict, the ratios' spread, the gate."""
+
+    both: int
+    untimed: int  # in both runs, timed in neither (skipped, failed or error in both)
+    only_a: int
+    only_b: int
+    counts: dict[str, int]
+    geomean: float
+    median_ratio: float
+    low: float
+    high: float
+    threshold: float
+
+    @property
+    def regressions(self) -> int:
+        return self.counts.get("slower", 0)
+
+    def lines(self, name_a: str, name_b: str) -> list[str]:
+        verdicts = ", ".join(f"{v} {self.counts.get(v, 0)}" for v in VERDICTS)
+        lines = [
+            f"B = {name_b} against A = {name_a}: {self.both} points timed in one or both "
+            f"({self.untimed} in both but timed in neither, {self.only_a} only in A, {self.only_b} only in B)",
+            f"verdicts: {verdicts}  (threshold {self.threshold:.1%}, {CONFIDENCE:.0%} bootstrap interval of "
+            "the ratio of medians)",
+        ]
+        if math.isfinite(self.geomean):
+            lines.append(f"ratio B/A over points timed in both: geometric mean {self.geomean:.4f}, median "
+                         f"{self.median_ratio:.4f}, range {self.low:.4f} to {self.high:.4f}")  # fmt: skip
+        if self.regressions:
+            lines.append(f"REGRESSION: {self.regressions} point(s) slower by more than {self.threshold:.1%}, "
+                         "beyond their noise")  # fmt: skip
+        else:
+            lines.append(f"no regression beyond {self.threshold:.1%}")
+        return lines
+
+
+def summarize(table: pd.DataFrame, a: Run, b: Run, threshold: float) -> Summary:
+    keys_a, keys_b = set(a.results["point_key"]), set(b.results["point_key"])
+    untimed = len(keys_a & keys_b) - len(table)
+    ratios = table["ratio"][np.isfinite(table["ratio"])] if not table.empty else pd.Series(dtype=float)
+    positive = ratios[ratios > 0]
+    counts = table["verdict"].value_counts().to_dict() if not table.empty else {}
+    return Summary(
+        both=len(table), untimed=untimed, only_a=len(keys_a - keys_b), only_b=len(keys_b - keys_a), counts=counts,
+        geomean=float(np.exp(np.log(positive).mean())) if len(positive) else float("nan"),
+        median_ratio=float(ratios.median()) if len(ratios) else float("nan"),
+        low=float(ratios.min()) if len(ratios) else float("nan"),
+        high=float(ratios.max()) if len(ratios) else float("nan"), threshold=threshold,
+    )  # fmt: skip
+
+
+SHOWN = ["backend", "strategy", "batch", "context", "next_n", "median_ms_a", "median_ms_b", "ratio", "ci_low",
+         "ci_high", "verdict", "note"]  # fmt: skip
+
+
+def _shown(table: pd.DataFrame) -> pd.DataFrame:
+    shown = table[[c for c in SHOWN if c in table]].copy()
+    for column in ("median_ms_a", "median_ms_b"):
+        shown[column.replace("_ms_", "_us_")] = shown.pop(column) * 1e3
+    order = [c for c in ("backend", "strategy", "batch", "context", "next_n", "median_us_a", "median_us_b", "ratio",
+                         "ci_low", "ci_high", "verdict", "note") if c in shown]  # fmt: skip
+    return shown[order]
+
+
+def to_markdown(table: pd.DataFrame, summary_lines: list[str]) -> str:
+    """The summary, then every row as a Markdown table (µs, ratios to 4 places)."""
+    shown = _shown(table)
+    header = "| " + " | ".join(shown.columns) + " |\n|" + "|".join("---" for _ in shown.columns) + "|\n"
+
+    def cell(value: object) -> str:
+        if isinstance(value, float):
+            return "" if math.isnan(value) else f"{value:.4g}" if abs(value) >= 1e4 else f"{value:.4f}"
+        return str(value).replace("|", "\\|")
+
+    body = "".join("| " + " | ".join(cell(v) for v in row) + " |\n" for row in shown.itertuples(index=False))
+    return "\n".join(f"{line}  " for line in summary_lines) + "\n\n" + header + body
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    a, b = load_run(args.run_a), load_run(args.run_b)
+    if args.top < 0:
+        raise ValueError(f"--top={args.top}: must be >= 0")
+    table = compare_runs(a, b, args.threshold, allow_mixed_sources=args.allow_mixed_sources)
+    summary = summarize(table, a, b, args.threshold)
+    lines = summary.lines(str(a.path), str(b.path))
+    print("\n".join(lines))
+    if not table.empty and args.top:
+        with pd.option_context("display.width", 220, "display.max_columns", 20, "display.max_colwidth", 60):
+            top = _shown(table.head(args.top))
+            print(f"\ntop {len(top)} of {len(table)} (regressions first, then by size of change):")
+            print(top.to_string(index=False, float_format="{:.4f}".format))
+    for path, write in ((args.csv, lambda p: table.to_csv(p, index=False)),
+                        (args.markdown, lambda p: Path(p).write_text(to_markdown(table, lines), encoding="utf-8"))):  # fmt: skip
+        if path:
+            with writing(Path(path)):
+                write(path)
+            print(f"written {path}")
+    if summary.regressions or (args.strict and summary.counts.get("nan", 0)):
+        print(f"dsa-lab compare: {summary.regressions} regression(s)"
+              + (f", {summary.counts.get('nan', 0)} point(s) without a ratio" if args.strict else ""), file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    compare = subparsers.add_parser(
+        "compare", help="compare two runs point by point; exit 1 on a regression",
+        description="Ratio of medians per matching point with a bootstrap interval from the stored samples; "
+        "a summary first, then the largest changes. Exit status 1 when a point is slower by more than "
+        "--threshold beyond its noise.",
+    )  # fmt: skip
+    compare.add_argument("run_a", help="baseline run folder (or its results.parquet)")
+    compare.add_argument("run_b", help="run folder compared with the baseline")
+    compare.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                         help=f"relative change that counts (default {DEFAULT_THRESHOLD} = {DEFAULT_THRESHOLD:.0%})")  # fmt: skip
+    compare.add_argument("--top", type=int, default=20, help="rows shown after the summary (default 20; 0: none)")
+    compare.add_argument("--csv", default=None, help="write every row to this CSV file")
+    compare.add_argument("--markdown", default=None, help="write the summary and every row to this Markdown file")
+    compare.add_argument("--strict", action="store_true", help="also exit 1 when a point has no ratio (nan)")
+    compare.add_argument("--allow-mixed-sources", action="store_true", help="compare a measured with a modeled run")
+    compare.set_defaults(func=_cmd_compare)

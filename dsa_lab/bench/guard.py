@@ -1,0 +1,62 @@
+"""A deadline around one point's measurement, so a time limit holds even against a hung kernel.
+
+Two layers, because a hang can be of two kinds:
+- Python code that never returns (a loop, a sleep, a wait in Python): a SIGALRM timer
+  raises `PointTimeout` in the measuring (main) thread at the deadline, and the caller
+  records the point and goes on;
+- a call blocked inside C (a kernel that never finishes, a synchronize that never
+  returns) cannot be interrupted: a watchdog thread waits `grace_s` past the deadline and
+  then calls `on_hang`, which records what it can and ends the process (the device is
+  unusable anyway after a hung kernel).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+HANG_GRACE_S = 30.0
+
+
+class PointTimeout(Exception):
+    """The measured point ran past its deadline."""
+
+
+@contextmanager
+def deadline(seconds: float | None, on_hang: Callable[[], None], grace_s: float | None = None) -> Iterator[None]:
+    """Raise PointTimeout in this thread after `seconds`; call `on_hang` if the thread is still
+    not back `grace_s` (default `HANG_GRACE_S`) later. `seconds=None`: no deadline."""
+    if seconds is None:
+        yield
+        return
+    grace_s = HANG_GRACE_S if grace_s is None else grace_s
+    seconds = max(seconds, 1e-3)
+    use_alarm = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+    armed = [True]
+
+    def alarm(signum: int, frame: object) -> None:
+        if armed[0]:
+            armed[0] = False
+            raise PointTimeout(f"still running after {seconds:g} s")
+
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(seconds + grace_s):
+            on_hang()
+
+    previous = signal.signal(signal.SIGALRM, alarm) if use_alarm else None
+    if use_alarm:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+    watchdog = threading.Thread(target=watch, name="dsa-lab-point-watchdog", daemon=True)
+    watchdog.start()
+    try:
+        yield
+    finally:
+        armed[0] = False
+        done.set()
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)

@@ -1,0 +1,71 @@
+"""The harness's one input builder: a workload's KV cache and queries on the device, and what they cost.
+
+A `Workload` holds, for one (batch, context, cache dtype, heads, head_dim), the paged KV
+cache (`cache.random_paged_cache`: drawn and quantised on the device, gigabytes in
+seconds) and FP8 queries and float32 head weights for the largest next_n of the grid;
+`inputs(next_n)` slices them for a point, so every point of the workload (any next_n,
+backend, strategy, any mode: timing, torch.profiler, Nsight Compute) reads the same data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from dsa_lab.bench.point import BLOCK_SIZE, Point
+from dsa_lab.bench.timing import flush_bytes
+from dsa_lab.cache import bytes_per_token, random_paged_cache
+from dsa_lab.workload import DecodeInputs
+
+OUTPUT_ALIGN = 256  # DeepGEMM pads logits rows to this; memory estimates assume it for everyone
+MEMORY_HEADROOM = 0.9
+
+
+class Workload:
+    """One (batch, context, dtype, heads, head_dim) on the device: K cache and q/weights for the largest next_n."""
+
+    def __init__(self, point: Point, seq_lens: Sequence[int], max_next_n: int, seed: int, device: torch.device) -> None:
+        self.key = point.workload_key
+        self.seq_lens = tuple(seq_lens)
+        self.cache = random_paged_cache(self.seq_lens, point.head_dim, BLOCK_SIZE, point.cache_dtype, seed, device)
+        gen = torch.Generator(device=device).manual_seed(seed + 1)
+        shape = (point.batch, max_next_n, point.heads)
+        self.q = torch.randn(*shape, point.head_dim, generator=gen, device=device).to(torch.float8_e4m3fn)
+        self.weights = torch.randn(*shape, generator=gen, device=device) * point.heads**-0.5
+
+    def inputs(self, point: Point) -> DecodeInputs:
+        """The point's step: every request decodes its first `next_n` query rows."""
+        if point.workload_key != self.key:
+            raise ValueError(f"point {point.key}: not of this workload {self.key}")
+        n, b = point.next_n, point.batch
+        q = self.q[:, :n].reshape(b * n, point.heads, point.head_dim).contiguous()
+        weights = self.weights[:, :n].reshape(b * n, point.heads).contiguous()
+        return DecodeInputs(point.decode_batch(self.seq_lens), q, weights, self.cache)
+
+
+def workload_bytes(seq_lens: Sequence[int], point: Point, max_next_n: int) -> int:
+    """Device bytes a workload holds (KV pool, q, weights) plus its generation temporaries."""
+    blocks = sum(max(1, -(-length // BLOCK_SIZE)) for length in seq_lens) + 1
+    kv = blocks * BLOCK_SIZE * bytes_per_token(point.head_dim, point.cache_dtype)
+    generation = min(sum(seq_lens), 1 << 20) * point.head_dim * 4 * 4
+    q = len(seq_lens) * max_next_n * point.heads * (point.head_dim + 4) * 2
+    return kv + generation + q
+
+
+def point_bytes(
+    point: Point, seq_lens: Sequence[int], kernel_rows: int, checked_rows: int, device: torch.device
+) -> int:
+    """Device bytes one point adds: kernel outputs, packed inputs, check buffers and the L2 flush buffer."""
+    width = -(-max(seq_lens) // OUTPUT_ALIGN) * OUTPUT_ALIGN
+    outputs = kernel_rows * width * 4
+    packed = kernel_rows * (point.heads * (point.head_dim + 4) + 4 * (-(-max(seq_lens) // BLOCK_SIZE)))
+    check = 4 * checked_rows * width * 4 + 8 * point.heads * 8192 * 4 * 4
+    return outputs + packed + check + flush_bytes(device)
+
+
+def free_device_bytes(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)

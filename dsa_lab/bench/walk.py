@@ -1,0 +1,149 @@
+"""The grid loop, written once: point -> plan -> can it run here -> workload -> a step ready to measure.
+
+Every mode of the harness (timing, torch.profiler, the Nsight Compute target) iterates
+`walk(points, spec, device)` and measures what it yields. For each point the loop asks the
+backend for its native next_n set (`decode.native_sizes_for`), makes the point's
+`LaunchPlan` once, and decides whether it can run here (`skip_reason`); then it builds the
+point's workload (once per workload: the next points of the same workload reuse it), and
+yields a `Visit`. A workload that fails to build is an error for its own points only; the
+next workload is built afresh. `prepare` turns a visit into the packed launches, checked
+once (the value scan) outside any measured region.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dsa_lab.bench.check import checked_requests
+from dsa_lab.bench.inputs import MEMORY_HEADROOM, Workload, free_device_bytes, point_bytes, workload_bytes
+from dsa_lab.bench.point import BLOCK_SIZE, Point, SweepSpec
+from dsa_lab.decode import LaunchInputs, check_launches, native_sizes_for, pack_launch
+from dsa_lab.errors import BackendUnavailable, UnsupportedShape
+from dsa_lab.kernels import LogitsBackend, get_backend
+from dsa_lab.metadata import DecodeMetadata
+from dsa_lab.plan import LaunchPlan
+from dsa_lab.workload import DecodeInputs
+
+
+@dataclass
+class Visit:
+    """One point as the loop hands it to a mode: ready (`inputs` set), skipped or in error."""
+
+    point: Point
+    plan: LaunchPlan | None = None
+    backend: LogitsBackend | None = None
+    inputs: DecodeInputs | None = None
+    skip: str | None = None  # why the point does not run here (status 'skipped')
+    error: str | None = None  # why it could not be prepared (status 'error')
+    estimated_bytes: int | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.inputs is not None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A point's launches, packed and value-checked: what every mode runs."""
+
+    metadata: DecodeMetadata
+    packed: tuple[LaunchInputs, ...]
+    schedules: tuple[Any, ...]
+    metadata_ms: float  # host time to build the metadata and pack the launches (device synced)
+
+
+def skip_reason(point: Point, device: torch.device, plan: LaunchPlan | None = None) -> str | None:
+    """Why the backend cannot (or need not) run this point here; None if it can."""
+    backend = get_backend(point.backend)
+    state = backend.availability(device)
+    if not state.ok:
+        return f"backend {point.backend!r} unavailable on {device.type}: {state.reason}"
+    if plan is None:
+        plan = point.plan(point.seq_lens(0), native_sizes_for(backend, device))
+    if plan.same_as_native:
+        return f"atom plan is one native piece of {point.next_n}: the same launch as native"
+    for width in plan.widths:
+        try:
+            backend.require(device, width, point.heads, point.head_dim, point.cache_dtype)
+        except (UnsupportedShape, BackendUnavailable) as err:
+            return str(err)
+    return None
+
+
+def release(device: torch.device) -> None:
+    """Give freed device memory back (between workloads, after an error)."""
+    gc.collect()
+    if device.type == "cuda":
+        try:
+            torch.cuda.empty_cache()
+        except RuntimeError:
+            pass
+
+
+def walk(points: Sequence[Point], spec: SweepSpec, device: torch.device, memory_check: bool = True) -> Iterator[Visit]:
+    """Each point of `points` (in order) as a `Visit`; builds each workload once, frees it when the next begins."""
+    max_n = max(spec.next_n)
+    workload: Workload | None = None
+    key: tuple | None = None
+    workload_error = ""
+    try:
+        for point in points:
+            if point.workload_key != key:
+                workload, key, workload_error = None, point.workload_key, ""
+                release(device)  # the old workload's memory goes back before the next is built
+            visit = Visit(point)
+            try:
+                visit.backend = get_backend(point.backend)
+                seq_lens = point.seq_lens(spec.seed)
+                visit.plan = point.plan(seq_lens, native_sizes_for(visit.backend, device))
+                visit.skip = skip_reason(point, device, visit.plan)
+                if visit.skip is None and workload_error:
+                    visit.error = f"workload not built: {workload_error}"
+                if visit.skip is None and visit.error is None:
+                    probe = point.decode_batch(seq_lens)
+                    checked = point.next_n * len(checked_requests(probe, spec.full_check_limit, spec.check_requests))
+                    need = point_bytes(point, seq_lens, visit.plan.kernel_rows, checked, device)
+                    need += workload_bytes(seq_lens, point, max_n) if workload is None else 0
+                    visit.estimated_bytes = need
+                    free = free_device_bytes(device) if memory_check else None
+                    if free is not None and need > MEMORY_HEADROOM * free:
+                        visit.skip = f"needs ~{need / 2**30:.2f} GiB, {free / 2**30:.2f} GiB free"
+            except (ValueError, RuntimeError) as err:  # a bad plan or availability probe: this point only
+                visit.error = f"{type(err).__name__}: {err}"
+            if visit.skip is None and visit.error is None and workload is None:
+                try:
+                    workload = Workload(point, seq_lens, max_n, spec.seed, device)
+                except Exception as err:  # out of memory, a failing generator: this workload's points only
+                    workload_error = f"{type(err).__name__}: {err}"
+                    visit.error = f"workload not built: {workload_error}"
+                    release(device)
+            if workload is not None and visit.skip is None and visit.error is None:
+                visit.inputs = workload.inputs(point)
+            yield visit
+    finally:
+        workload = None
+        release(device)
+
+
+def prepare(visit: Visit, device: torch.device) -> Prepared:
+    """Metadata from the plan, packed launches, the value scan (once) and the backend's schedules."""
+    if not visit.ready or visit.plan is None or visit.backend is None:
+        raise ValueError(f"point {visit.point.key}: not ready ({visit.skip or visit.error})")
+    inputs, point, backend = visit.inputs, visit.point, visit.backend
+    started = time.perf_counter()
+    metadata = visit.plan.build_metadata(inputs.batch, inputs.cache.block_table)
+    packed = tuple(pack_launch(launch, inputs) for launch in metadata.launches)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    metadata_ms = (time.perf_counter() - started) * 1e3
+    check_launches(metadata, inputs)  # the value scan, once, outside every measured region
+    for p in packed:
+        backend.require(device, p.q.shape[1], point.heads, point.head_dim, point.cache_dtype)
+    schedules = tuple(backend.schedule(p.context_lens, BLOCK_SIZE) for p in packed)
+    return Prepared(metadata, packed, schedules, metadata_ms)
