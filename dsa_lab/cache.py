@@ -282,14 +282,19 @@ def random_paged_cache(
     seed: int = 0,
     device: str | torch.device = "cpu",
     chunk_tokens: int = 1 << 20,
+    ue8m0: bool = False,
 ) -> PagedCache:
     """A paged cache of fresh standard-normal K, quantised, drawn and written on `device`.
 
     The fast path for benchmark caches of gigabytes: keys come from a generator on the
     device and are scattered into the randomly permuted blocks a chunk of tokens at a
     time, with no Python loop per block. Layout and block-table conventions are those of
-    `build_paged_cache` (spare block, unused table slots holding valid ids).
+    `build_paged_cache` (spare block, unused table slots holding valid ids). `ue8m0`
+    rounds each FP8 token's scale up to a power of two (`quantize_fp8`), as vLLM writes
+    the indexer cache where DeepGEMM reads the scale as a UE8M0 byte (SM100); the same
+    seed draws the same keys either way. MXFP4's scales are powers of two by format.
     """
+    check_choice("ue8m0", ue8m0, (False, True))
     head_dim = check_head_dim(head_dim, cache_dtype)
     seq_lens = check_int_sequence("seq_lens", seq_lens, 0, 1 << 31)
     if not seq_lens:
@@ -324,7 +329,7 @@ def random_paged_cache(
         slot = within % block_size
         keys = torch.randn(token.numel(), head_dim, generator=gen, device=device)
         if cache_dtype == "fp8":
-            v, s = quantize_fp8(keys)
+            v, s = quantize_fp8(keys, ue8m0)
             values[block, slot] = v.view(torch.uint8)
             scales[block, slot] = s
         else:

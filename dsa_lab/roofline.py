@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dsa_lab.errors import check_choice
+from dsa_lab.model import gpus as model_gpus
 from dsa_lab.plan import LaunchPlan, StepCost, row_context
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "StepCost",
     "StepShape",
     "floor_ms",
+    "from_model",
     "get_gpu",
     "gpu_for_device",
     "modeled_rows",
@@ -45,6 +47,15 @@ class GpuSpec:
     measured: bool = False
 
 
+def from_model(name: str) -> GpuSpec:
+    """A roofline row read from `dsa_lab.model.gpus`, the one table of the GPUs the model covers:
+    its spec HBM bandwidth and dense FP8 rate, with their sources."""
+    gpu = model_gpus.get_gpu(name)
+    return GpuSpec(name, gpu.hbm_tbps.value, gpu.fp8_tflops.value, f"{gpu.hbm_tbps.source}; {gpu.fp8_tflops.source}")
+
+
+# H200, B200 and GB200 come from model.gpus (B200's 7.67 TB/s: the driver's 7680-bit bus x 3996 MHz x 2,
+# not the datasheet's rounded 8); the rows the model does not cover are kept here.
 GPUS: dict[str, GpuSpec] = {
     spec.name: spec
     for spec in (
@@ -54,24 +65,7 @@ GPUS: dict[str, GpuSpec] = {
             1979.0,
             "NVIDIA H100 SXM datasheet: 3.35 TB/s HBM3, 3,958 TFLOPS FP8 with sparsity (half dense)",
         ),
-        GpuSpec(
-            "H200",
-            4.8,
-            1979.0,
-            "NVIDIA H200 SXM datasheet: 4.8 TB/s HBM3e, 3,958 TFLOPS FP8 with sparsity (half dense)",
-        ),
-        GpuSpec(
-            "B200",
-            8.0,
-            4500.0,
-            "NVIDIA DGX/HGX B200 datasheet: 8 TB/s HBM3e, 72 PFLOPS FP8 sparse per 8 GPUs (4.5 PF dense each)",
-        ),
-        GpuSpec(
-            "GB200",
-            8.0,
-            5000.0,
-            "NVIDIA GB200 NVL72 datasheet: 576 TB/s HBM3e and 720 PFLOPS FP8 sparse per 72 GPUs (8 TB/s, 5 PF dense each)",
-        ),
+        *(from_model(name) for name in model_gpus.GPUS),
         GpuSpec(
             "H200-measured",
             4.2,

@@ -24,12 +24,12 @@ import torch
 from dsa_lab import store
 from dsa_lab.bench import cli as bench_cli
 from dsa_lab.bench import inputs as bench_inputs
+from dsa_lab.bench import numerics, sweep, timing, walk
 from dsa_lab.bench import point as bench_point
-from dsa_lab.bench import sweep, timing, walk
 from dsa_lab.bench.point import SweepSpec, expand, parse_values
 from dsa_lab.bench.sweep import run_sweep
 from dsa_lab.bench.timing import StoppingRule, TimingConfig, summarize, time_callable
-from dsa_lab.cache import build_paged_cache, gather_request_keys, random_paged_cache
+from dsa_lab.cache import build_paged_cache, gather_request_keys, random_paged_cache, split_block
 from dsa_lab.cli import main
 from dsa_lab.kernels import registry
 from dsa_lab.kernels.reference import ReferenceBackend, paged_mqa_logits
@@ -178,6 +178,76 @@ def test_device_side_cache_holds_what_the_reference_path_reads():
     a = paged_mqa_logits(q, cache.data, w, ctx, cache.block_table, 130, cache_dtype="fp8")
     b = paged_mqa_logits(q, rebuilt.data, w, ctx, rebuilt.block_table, 130, cache_dtype="fp8")
     assert torch.equal(a, b)
+
+
+def test_device_side_cache_with_power_of_two_scales():
+    """ue8m0: the same keys (same seed), each FP8 token's scale rounded up to a power of two, as
+    `quantize_fp8(..., ue8m0=True)` does; the keys a kernel reads differ by the FP8 rounding only."""
+    lens = [130, 70]
+    plain = random_paged_cache(lens, 64, 64, "fp8", seed=5, chunk_tokens=64)
+    pow2 = random_paged_cache(lens, 64, 64, "fp8", seed=5, chunk_tokens=64, ue8m0=True)
+    assert torch.equal(plain.block_table, pow2.block_table)
+    for b, n in enumerate(lens):
+        blocks = pow2.block_table[b, : -(-n // 64)].long()
+        scales = split_block(pow2)[1][blocks].reshape(-1)[:n]
+        assert torch.equal(scales, torch.exp2(torch.log2(scales).round()))  # powers of two
+        assert not torch.equal(scales, split_block(plain)[1][blocks].reshape(-1)[:n])
+        a, k = gather_request_keys(plain, b, n), gather_request_keys(pow2, b, n)
+        assert ((a - k).norm() / a.norm()) < 0.05  # same keys, re-rounded
+    with pytest.raises(ValueError, match="ue8m0=1"):
+        random_paged_cache(lens, 64, ue8m0=1)
+    mx = random_paged_cache(lens, 64, 64, "mxfp4", seed=5, ue8m0=True)  # MXFP4 scales are powers of two anyway
+    assert torch.equal(mx.data, random_paged_cache(lens, 64, 64, "mxfp4", seed=5).data)
+
+
+# ---------------------------------------------------------------- numerics per backend and platform
+
+
+def _fake_capability(monkeypatch, capability, deepgemm_available=True):
+    from dsa_lab.env_info import environment_facts
+    from dsa_lab.kernels.deepgemm import DeepGemmBackend
+    from dsa_lab.kernels.registry import Availability
+
+    environment_facts()  # cached before torch.cuda is faked: provenance describes this machine
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    state = Availability(True, "") if deepgemm_available else Availability(False, "faked away")
+    monkeypatch.setattr(DeepGemmBackend, "availability", lambda self, device: state)
+
+
+def test_numerics_are_decided_per_backend_and_capability(monkeypatch):
+    cpu = torch.device("cpu")
+    assert numerics.backend_numerics("deepgemm", cpu) == numerics.DEFAULT  # unavailable here: points skipped
+    assert numerics.cache_k_scales("fp8", ("deepgemm", "reference"), cpu) == "float32"
+    _fake_capability(monkeypatch, (10, 0))
+    sm100 = numerics.backend_numerics("deepgemm", cpu)
+    assert (sm100.k_scales, sm100.tolerance) == ("ue8m0", 1e-2) and "bf16" in sm100.reason
+    assert sm100.check_tolerance(1e-3) == (1e-2, sm100.reason)
+    assert sm100.check_tolerance(0.05) == (0.05, "the spec's check_tolerance")  # never tighter than the spec
+    assert numerics.backend_numerics("reference", cpu) == numerics.DEFAULT
+    assert numerics.cache_k_scales("fp8", ("triton", "deepgemm"), cpu) == "ue8m0"  # one cache, shared
+    assert numerics.cache_k_scales("fp8", ("triton",), cpu) == "float32"
+    assert numerics.cache_k_scales("mxfp4", ("triton",), cpu) == "ue8m0"
+    record = numerics.numerics_record(("deepgemm", "reference"), ("fp8",), 1e-3, cpu)
+    assert record["backends"]["deepgemm"]["check_tolerance"] == 1e-2
+    assert record["backends"]["reference"] == {"k_scales": "float32", "check_tolerance": 1e-3,
+                                                "reason": "the spec's check_tolerance"}  # fmt: skip
+    assert record["cache_k_scales"] == {"fp8": "ue8m0"}
+    for capability in ((9, 0), (12, 0)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert numerics.backend_numerics("deepgemm", cpu) == numerics.DEFAULT
+    with pytest.raises(ValueError, match="k_scales='fp32'"):
+        numerics.Numerics("fp32")
+
+
+def test_reference_sweep_records_its_numerics(tmp_path):
+    run_sweep(tiny(next_n=(1,)), tmp_path / "run", "cpu", progress=False)
+    loaded = store.load_run(tmp_path / "run")
+    ok = loaded.results[loaded.results["status"] == "ok"]
+    assert len(ok) and (ok["check_tolerance"] == 1e-3).all() and (ok["k_scales"] == "float32").all()
+    assert (ok["tolerance_reason"] == "the spec's check_tolerance").all()
+    assert loaded.provenance["numerics"]["backends"]["reference"]["check_tolerance"] == 1e-3
+    assert loaded.provenance["numerics"]["cache_k_scales"] == {"fp8": "float32"}
 
 
 # ---------------------------------------------------------------- axes
@@ -631,7 +701,11 @@ def test_sm100_preset_with_a_faked_sm100_gpu(monkeypatch, capsys):
     assert reasons[("deepgemm", "native", 3)] is None and reasons[("deepgemm", "native", 8)] is None
     assert all("same launch as native" in reasons[(b, "atom", n)] for b in spec.backend for n in spec.next_n)
     assert all(reasons[(b, "flatten", n)] is None for b in spec.backend for n in spec.next_n)
+    assert bench_cli.numerics_notes(spec, cuda) == [
+        f"numerics: deepgemm on cuda: K scales ue8m0, checked to 0.01 ({numerics.NUMERICS[('deepgemm', 10)].reason})"
+    ]
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # the same grid on SM90
+    assert bench_cli.numerics_notes(spec, cuda) == []
     point = next(p for p in spec.points() if (p.backend, p.strategy, p.next_n) == ("deepgemm", "native", 3))
     assert "natively only next_n in [1, 2, 4]" in walk.skip_reason(point, cuda)
     assert main(["bench", "--preset", "sm100", "--device", "cpu", "--dry-run"]) == 0

@@ -257,3 +257,76 @@ def test_missing_module_is_reported_not_hidden(monkeypatch):
     backend._module = stub
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert "no paged MQA logits API" in backend.availability(torch.device("cuda")).reason
+
+
+# ---------------------------------------------------------------- the sm100 sweep, end to end
+
+
+def _sm100_sweep(monkeypatch, run_dir, numerics_table=None):
+    """The sm100 preset, narrowed to a CPU-sized grid, swept with DeepGEMM (the stand-in module) and
+    the reference on a faked SM100 GPU: every point checked, timed and stored as on a B200."""
+    from dsa_lab import store
+    from dsa_lab.bench import numerics
+    from dsa_lab.bench.point import preset
+    from dsa_lab.bench.sweep import run_sweep
+    from dsa_lab.bench.timing import TimingConfig
+    from dsa_lab.env_info import environment_facts
+
+    environment_facts()  # cached before torch.cuda is faked: the provenance describes this machine
+    backend = get_backend("deepgemm")
+    monkeypatch.setattr(backend, "_module", FakeDeepGemm())
+    monkeypatch.setattr(backend, "_origin", "fake")
+    monkeypatch.setattr(backend, "_loaded", True)
+    monkeypatch.setattr(DeepGemmBackend, "availability", lambda self, device: Availability(True, ""))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
+    if numerics_table is not None:
+        monkeypatch.setattr(numerics, "NUMERICS", numerics_table)
+    spec = preset("sm100").with_axes(
+        backend=("deepgemm", "reference"), batch=(2,), context=("192",), next_n=(1, 3), heads=(64,), head_dim=(128,),
+        timing=TimingConfig(warmup=1, min_samples=2, max_samples=3, max_seconds=0.01, window=2),
+    )  # fmt: skip
+    summary = run_sweep(spec, run_dir, "cpu", progress=False, point_timeout_s=None)
+    assert summary.stop_reason == "complete"
+    run = store.load_run(run_dir)
+    return run, run.results.set_index(["backend", "strategy", "next_n"])
+
+
+def test_sm100_sweep_checks_deepgemm_on_power_of_two_scales_at_its_own_bound(monkeypatch, tmp_path):
+    run, rows = _sm100_sweep(monkeypatch, tmp_path / "sm100")
+    for n in (1, 3):
+        for strategy in ("native", "flatten"):
+            row = rows.loc[("deepgemm", strategy, n)]
+            assert row["status"] == "ok", row["message"]
+            assert 1e-3 < row["rel_err"] < 1e-2  # bf16 weights and logits: above the spec's 1e-3
+            assert row["check_tolerance"] == 1e-2 and "bf16" in row["tolerance_reason"]
+            assert row["median_ms"] > 0
+            reference = rows.loc[("reference", strategy, n)]
+            assert reference["status"] == "ok" and reference["check_tolerance"] == 1e-3
+        assert "same launch as native" in rows.loc[("deepgemm", "atom", n), "message"]  # SM100: any next_n native
+    ok = run.results[run.results["status"] == "ok"]
+    assert (ok["k_scales"] == "ue8m0").all()  # one cache per workload, built for DeepGEMM's SM100 form
+    recorded = run.provenance["numerics"]
+    assert recorded["backends"]["deepgemm"]["k_scales"] == "ue8m0" and recorded["cache_k_scales"] == {"fp8": "ue8m0"}
+    assert recorded["backends"]["reference"]["check_tolerance"] == 1e-3
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        (dict(k_scales="float32", tolerance=1e-2), "relative error"),  # float32 scales lose their mantissas
+        (dict(k_scales="ue8m0", tolerance=None), "> 0.001"),  # bf16 arithmetic against the spec's 1e-3
+    ],
+)
+def test_sm100_deepgemm_points_fail_without_either_half(monkeypatch, tmp_path, entry, expected):
+    """The check can fail: without power-of-two scales, or without the SM100 bound, every DeepGEMM
+    point of the sweep is recorded as failed (what an SM100 run recorded before both were added)."""
+    from dsa_lab.bench.numerics import Numerics
+
+    table = {("deepgemm", 10): Numerics(entry["k_scales"], entry["tolerance"], "test")}
+    _, rows = _sm100_sweep(monkeypatch, tmp_path / "sm100", table)
+    deepgemm = rows.loc["deepgemm"]
+    checked = deepgemm[deepgemm["status"] != "skipped"]
+    assert len(checked) == 4 and (checked["status"] == "failed").all()
+    assert checked["message"].str.contains(expected, regex=False).all()
+    assert (rows.loc["reference"].query("status != 'skipped'")["status"] == "ok").all()

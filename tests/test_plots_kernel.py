@@ -15,7 +15,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from dsa_lab.analysis.modeled import modeled_native_rows  # noqa: E402
 from dsa_lab.bench.point import Point  # noqa: E402
 from dsa_lab.plan import LaunchPlan  # noqa: E402
-from dsa_lab.plots import kernel  # noqa: E402
+from dsa_lab.plots import kernel, style  # noqa: E402
 from dsa_lab.policy import Platform  # noqa: E402
 from dsa_lab.roofline import get_gpu, modeled_time, roofline_columns  # noqa: E402
 from dsa_lab.workload import ContextSpec  # noqa: E402
@@ -107,8 +107,11 @@ def test_vllm_path_comes_from_the_policy(results: pd.DataFrame) -> None:
     other = kernel.vllm_path(results, platform=Platform("other", False)).query("context == '1024'").set_index("next_n")
     assert other["vllm_strategy"].to_dict() == {1: "native", 2: "native", 3: "flatten", 4: "flatten", 5: "flatten"}
     assert np.isclose(other.loc[4, "vllm_ms"] * 1e3, 60.0)
-    sm100 = kernel.vllm_path(results, platform=Platform("sm100", True))
-    assert set(sm100["vllm_strategy"]) == {"varlen"} and sm100["vllm_ms"].isna().all()  # not in an SM90 run
+    # vLLM's SM100 path is DeepGEMM's varlen call, which the harness runs as deepgemm 'native' there
+    sm100 = kernel.vllm_path(results, platform=Platform("sm100", True)).set_index(["batch", "context", "next_n"])
+    assert set(sm100["vllm_strategy"]) == {"native"}
+    native = results.query("backend == 'deepgemm' and strategy == 'native'").set_index(["batch", "context", "next_n"])
+    assert sm100["vllm_ms"].dropna().equals(native["median_ms"].reindex(sm100["vllm_ms"].dropna().index))
 
 
 def test_modeled_rows_never_enter_the_comparison(results: pd.DataFrame) -> None:
@@ -149,10 +152,20 @@ def test_plot_backend_latency(with_modeled: pd.DataFrame) -> None:
     assert "native (triton), measured" in texts and "atom (deepgemm), measured" in texts
     assert f"native on B200: {kernel.MODELED_LABEL}" in texts
     assert any(t.startswith("best deepgemm option") for t in texts)
-    assert any("vLLM 0.33 path on SM90 + DeepGEMM" in t and "[1, 2, 4]" in t for t in texts)
-    assert fig._supxlabel.get_text() == "run synthetic | NVIDIA H200"
+    assert any("vLLM 0.33.0 path on SM90 + DeepGEMM" in t and "[1, 2, 4]" in t for t in texts)  # a version
+    assert style.footer_text(fig) == "run synthetic | NVIDIA H200"
     modeled_lines = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert len(modeled_lines) == 2  # B200 and GB200, dashed
+    measured = {bars.get_label(): bars.lines[0] for bars in ax.containers if bars.get_label().endswith(", measured")}
+    assert len(measured) == 6 and all(line.get_linestyle() == "-" for line in measured.values())  # solid, any backend
+    colours = {label: line.get_color() for label, line in measured.items()}
+    markers = {label: line.get_marker() for label, line in measured.items()}
+    assert (
+        colours["native (triton), measured"]
+        == colours["native (deepgemm), measured"]
+        == style.STRATEGY_COLORS["native"]
+    )
+    assert markers["atom (triton), measured"] == "s" and markers["atom (deepgemm), measured"] == "o"
 
 
 def test_plot_speedup_heatmaps(results: pd.DataFrame) -> None:
@@ -170,9 +183,15 @@ def test_plot_roofline_intensity(with_modeled: pd.DataFrame) -> None:
     ax = fig.axes[0]
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     assert "unique bytes" in ax.get_xlabel() and "TFLOP/s" in ax.get_ylabel()
+    legend = ax.get_legend()
     texts = _legend_texts(ax)
     assert any(t.startswith("HBM slope 4.2 TB/s") for t in texts) and any(t.startswith("FP8 roof 1310") for t in texts)
-    assert f"native (model (B200)): {kernel.MODELED_LABEL}" in texts and "native (triton)" in texts
+    assert f"native on B200, GB200: {kernel.MODELED_LABEL}" in texts
+    assert {"strategy: native", "strategy: atom", "strategy: flatten", "backend: deepgemm", "backend: triton"} <= set(
+        texts
+    )
+    assert legend.get_bbox_to_anchor().x0 > ax.get_window_extent().x1  # the legend sits right of the data
+    assert style.footer_text(fig) == "caption"
     assert "measured + modeled" in fig.get_suptitle() and "NVIDIA H200" in fig.get_suptitle()
     reading = kernel.roofline_reading(kernel.kernel_comparison(with_modeled), with_modeled, H200)
     assert "ridge of H200-measured lies at 312 FLOP/B" in reading

@@ -88,9 +88,21 @@ def test_modeled_times_are_labelled_and_use_the_strategy_bytes():
     point = modeled_time(shape("flatten"), "B200")
     assert point.source == "modeled"
     cost = step_cost(shape("flatten"))
-    assert point.time_ms == pytest.approx(max(cost.strategy_bytes / 8e12, cost.flops / 4.5e15) * 1e3)
+    assert point.time_ms == pytest.approx(max(cost.strategy_bytes / 7.67e12, cost.flops / 4.5e15) * 1e3)
     rows = modeled_rows([shape("native"), shape("flatten")], ["B200", "GB200"])
     assert len(rows) == 4 and {row["source"] for row in rows} == {"modeled"}
+
+
+def test_one_gpu_table_the_model_and_the_roofline_agree():
+    """H200, B200 and GB200 are read from dsa_lab.model.gpus: one number each, with its source."""
+    from dsa_lab.model import gpus as model_gpus
+
+    for name, gpu in model_gpus.GPUS.items():
+        row = GPUS[name]
+        assert (row.hbm_tbps, row.fp8_tflops) == (gpu.hbm_tbps.value, gpu.fp8_tflops.value)
+        assert gpu.hbm_tbps.source in row.source and gpu.fp8_tflops.source in row.source
+    assert GPUS["B200"].hbm_tbps == GPUS["GB200"].hbm_tbps == 7.67  # the driver's figure, not the datasheet's 8
+    assert "7680-bit bus x 3996 MHz x 2" in GPUS["B200"].source
 
 
 def test_gpu_table_names_sources_and_rejects_unknown_names():

@@ -3,7 +3,7 @@
 The interpreter (`tests/test_triton_native.py`) checks what the kernel computes, not what
 the GPU compiler makes of it, and Gluon kernels do not run under it at all. Here Triton
 compiles the kernel for sm_90 (and sm_100) with the config `choose_config` gives the
-backend, through its own ptxas (no driver, no GPU), and each cubin is read with the
+backend for that target, through its own ptxas (no driver, no GPU), and each cubin is read with the
 cuobjdump Triton ships: registers <= 255, no spills (stack frame and local memory 0, no
 LDL/STL), shared memory within the 227 KB a block may have, and the FP8 tensor-core MMA
 (`wgmma ... e4m3.e4m3` in the PTX and QGMMA in the SASS on sm_90; `tcgen05.mma
@@ -32,9 +32,8 @@ import pytest
 HEADS, HEAD_DIM = 64, 128
 SM90_NEXT_N = (1, 2, 3, 4, 5, 8)
 SM100_NEXT_N = (1, 3, 4, 8)
-# sm_100 + the SM90-tuned rule at n=4 (one N=256 dot, 7 stages): 255 registers and a 272-byte
-# stack frame under Triton 3.8. Strict: when a rule for SM100 fixes it, this test says so.
-SM100_KNOWN_SPILLS = {4: "n=4's SM90 config (rows256/s7/resident) spills on sm_100 (272-byte stack frame)"}
+# SM90's rule at n=4 (one N=256 dot, 7 stages, resident weights) spills on sm_100 (255 registers and a
+# 272-byte stack frame under Triton 3.8); choose_config's SM100 rule reloads the weights there instead.
 MAX_REGISTERS = 255
 MAX_SHARED_BYTES = 227 * 1024  # the most shared memory one block may opt in to on sm_90 (and sm_100)
 CHILD_TIMEOUT_S = 600
@@ -93,7 +92,7 @@ def compile_case(arch: int, next_n: int) -> dict:
 
     from dsa_lab.kernels import triton_native as tn
 
-    config = tn.choose_config(next_n, HEADS, HEAD_DIM)
+    config = tn.choose_config(next_n, HEADS, HEAD_DIM, (arch // 10, arch % 10))
     fn = triton.jit(tn._paged_mqa_logits_kernel)
     constexprs = kernel_constexprs(next_n, config)
     signature, attrs = {}, {}
@@ -189,15 +188,23 @@ def test_sm90_compile_fits_and_uses_fp8_wgmma(reports, next_n: int) -> None:
     assert report["sass_qgmma_e4m3"] > 0, f"n={next_n}: no QGMMA ... E4M3 in the SASS: {report}"
 
 
-@pytest.mark.parametrize(
-    "next_n",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(reason=SM100_KNOWN_SPILLS[n], strict=True))
-        if n in SM100_KNOWN_SPILLS
-        else n
-        for n in SM100_NEXT_N
-    ],
-)
+def test_sm100_rule_differs_from_sm90_only_where_sm90_spills() -> None:
+    from dsa_lab.kernels import triton_native as tn
+
+    for next_n in range(1, tn.MAX_NEXT_N + 1):
+        sm90, sm100 = (
+            tn.choose_config(next_n, HEADS, HEAD_DIM, (9, 0)),
+            tn.choose_config(next_n, HEADS, HEAD_DIM, (10, 0)),
+        )
+        if next_n == 4:
+            assert sm90.resident_weights and sm100 == tn.KernelConfig(
+                dot_rows=256, num_stages=7, resident_weights=False
+            )
+        else:
+            assert sm100 == sm90, next_n
+
+
+@pytest.mark.parametrize("next_n", SM100_NEXT_N)
 def test_sm100_compile_fits_and_uses_fp8_tcgen05(reports, next_n: int) -> None:
     report = _report(reports, 100, next_n)
     assert report["ptx_tcgen05_f8"] > 0, f"n={next_n}: no FP8 tcgen05.mma in the PTX: {report}"

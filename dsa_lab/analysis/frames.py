@@ -46,8 +46,13 @@ def ok_rows(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def vllm_choice(next_n: int, platform: Platform = SM90_DEEPGEMM) -> str:
-    """vLLM 0.33's path for a uniform step of next_n rows: 'native', 'flatten', 'varlen'."""
-    return step_path(PolicyQuery(platform, next_n), next_n)
+    """vLLM 0.33's path for a uniform step of next_n rows, as a run's strategy: 'native' or 'flatten'.
+
+    vLLM's 'varlen' (SM100 with DeepGEMM: one row per token and a row -> request index) is
+    'native' here: it is the call the harness's DeepGEMM backend makes on SM100 (`kernels.deepgemm`).
+    """
+    path = step_path(PolicyQuery(platform, next_n), next_n)
+    return "native" if path == "varlen" else path
 
 
 def by_point(table: pd.DataFrame) -> pd.DataFrame:
@@ -74,11 +79,89 @@ def best_option(frame: pd.DataFrame, backend: str = BASELINE) -> pd.DataFrame:
 
 
 def vllm_path(frame: pd.DataFrame, backend: str = BASELINE, platform: Platform = SM90_DEEPGEMM) -> pd.DataFrame:
-    """Per (batch, context, next_n): vLLM 0.33's strategy on `platform` and `backend`'s time for it (NaN if untimed)."""
+    """Per (batch, context, next_n): vLLM 0.33's strategy on `platform` (`vllm_choice`) and `backend`'s
+    time for it (NaN if untimed). A frame with no measured timed rows gives no rows."""
     data = measured_ok(frame)
     points = data[POINT].drop_duplicates()
-    points = points.assign(vllm_strategy=[vllm_choice(int(n), platform) for n in points["next_n"]])
+    chosen = [vllm_choice(int(n), platform) for n in points["next_n"]]
+    points = points.assign(vllm_strategy=pd.Series(chosen, index=points.index, dtype=object))
     timed = data.loc[data["backend"] == backend, [*POINT, "strategy", "median_ms", "p25_ms", "p75_ms"]]
     renamed = {"strategy": "vllm_strategy", "median_ms": "vllm_ms", "p25_ms": "vllm_p25_ms", "p75_ms": "vllm_p75_ms"}
     timed = timed.rename(columns=renamed)
     return by_point(points.merge(timed, on=[*POINT, "vllm_strategy"], how="left"))
+
+
+def speedup_over_vllm(frame: pd.DataFrame, backend: str = BASELINE, platform: Platform = SM90_DEEPGEMM) -> pd.DataFrame:
+    """Measured timed rows with vLLM 0.33's time at the same point (`vllm_ms`: its strategy on
+    `backend`) and `speedup` = vLLM's time / the row's time (> 1: faster than what vLLM runs)."""
+    path = vllm_path(frame, backend, platform)[[*POINT, "vllm_strategy", "vllm_ms"]]
+    data = measured_ok(frame).merge(path, on=POINT, how="left")
+    data["speedup"] = data["vllm_ms"] / data["median_ms"]
+    return by_point(data)
+
+
+H200_SMS = 132  # streaming multiprocessors of an H200 SXM (the Triton kernel's own default off the GPU)
+
+
+def mixed_context_gap(
+    frame: pd.DataFrame, seed: int, candidate: tuple[str, str] = ("triton", "native"), baseline: str = BASELINE,
+    num_sms: int = H200_SMS,
+) -> pd.DataFrame:  # fmt: skip
+    """Why a kernel falls behind on mixed-length batches: per batch with a mixed context
+    'mixed:LO-HI' and the uniform context HI both measured, how much of the uniform batch's
+    tokens the mixed one holds, and how each side's time scales from uniform to mixed.
+
+    Columns: batch, mixed, uniform, token_share (mixed tokens / uniform tokens), longest and
+    mean (the mixed lengths, drawn with the run's `seed`), candidate_scale / baseline_scale
+    (min and max over next_n of mixed time / uniform time; baseline: its best option),
+    vs_best (min and max of the best baseline time / the candidate's time at the mixed
+    context), and for the Triton kernel its grid: `programs`, `busy_programs` (those whose
+    range of KV blocks holds a cached token) and `blocks_per_program`, from its own rule
+    (`kernels.triton_native.blocks_per_program`) at `num_sms`.
+    """
+    data = measured_ok(frame)
+    backend, strategy = candidate
+    mine = data[(data["backend"] == backend) & (data["strategy"] == strategy)].set_index(POINT)["median_ms"]
+    best = best_option(frame, baseline).set_index(POINT)["best_ms"]
+    rows = []
+    for label in sorted({c for c in data["context"] if ContextSpec.parse(c).mixed}):
+        spec = ContextSpec.parse(label)
+        uniform = str(spec.high)
+        for batch in sorted(data.loc[data["context"] == label, "batch"].unique()):
+            keys = [(batch, label, n) for n in sorted(data.loc[data["context"] == label, "next_n"].unique())]
+            pairs = [
+                (k, (batch, uniform, k[2])) for k in keys if k in mine.index and (batch, uniform, k[2]) in mine.index
+            ]
+            pairs = [(m, u) for m, u in pairs if m in best.index and u in best.index]
+            if not pairs:
+                continue
+            lens = spec.seq_lens(int(batch), seed)
+            mixed_ms = pd.Series([mine[m] for m, _ in pairs])
+            row = {
+                "batch": int(batch), "mixed": label, "uniform": uniform,
+                "token_share": sum(lens) / (spec.high * int(batch)), "longest": max(lens), "mean": sum(lens) / len(lens),
+                "candidate_scale": _span(mixed_ms / [mine[u] for _, u in pairs]),
+                "baseline_scale": _span(pd.Series([best[m] / best[u] for m, u in pairs])),
+                "vs_best": _span(pd.Series([best[m] for m, _ in pairs]) / mixed_ms),
+                "programs": None, "busy_programs": None, "blocks_per_program": None, "num_sms": num_sms,
+            }  # fmt: skip
+            if backend == "triton":
+                row["programs"], row["busy_programs"], row["blocks_per_program"] = _triton_grid(lens, num_sms)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _span(values: pd.Series) -> tuple[float, float]:
+    return float(values.min()), float(values.max())
+
+
+def _triton_grid(seq_lens: Iterable[int], num_sms: int) -> tuple[int, int, int]:
+    """The Triton kernel's programs for one step of these lengths (one per request x range of
+    KV blocks, sized by its own rule), how many of them hold a cached token, and the blocks
+    of 64 tokens in a range."""
+    from dsa_lab.kernels.triton_native import BLOCK_SIZE, blocks_per_program
+
+    blocks = [-(-length // BLOCK_SIZE) for length in seq_lens]
+    per_program = blocks_per_program(len(blocks), max(blocks), num_sms)
+    ranges = -(-max(blocks) // per_program)
+    return len(blocks) * ranges, sum(-(-b // per_program) for b in blocks), per_program

@@ -172,7 +172,7 @@ def bytes_reading(frame: pd.DataFrame) -> str:
 
 
 HEADLINE_COLUMNS = ["next_n", "vllm_strategy", "vllm_backend", "vllm_us", "best_strategy", "best_backend",
-                    "best_pieces", "best_us", "speedup", "beyond_spread"]  # fmt: skip
+                    "best_pieces", "best_us", "speedup", "beyond_spread", "floor_us", "floor_bound"]  # fmt: skip
 
 
 def headline_table(
@@ -183,7 +183,10 @@ def headline_table(
     backend), and `speedup` = vLLM's time / the best (> 1: vLLM leaves time on the table).
 
     `beyond_spread` is True when vLLM's 25th percentile lies above the best option's 75th.
-    Only measured rows with status 'ok' count; raises ValueError when the point has none.
+    `floor_us` is the point's time floor, modeled: its unique bytes (KV read once) or its
+    FLOPs at the run's ceilings, whichever takes longer (`floor_bound`: memory or compute;
+    NaN where the run has no ceilings for its device). Only measured rows with status 'ok'
+    count; raises ValueError when the point has none.
     """
     data = measured_ok(results)
     data = data[(data["batch"] == batch) & (data["context"] == context)]
@@ -208,6 +211,9 @@ def headline_table(
     table["best_us"] = table["best_ms"] * 1e3
     table["speedup"] = table["vllm_ms"] / table["best_ms"]
     table["beyond_spread"] = table["vllm_p25_ms"] > table["best_p75_ms"]
+    floors = data.groupby("next_n")[["floor_ms", "floor_bound"]].first() if "floor_ms" in data else None
+    table["floor_us"] = table["next_n"].map(floors["floor_ms"]) * 1e3 if floors is not None else np.nan
+    table["floor_bound"] = table["next_n"].map(floors["floor_bound"]) if floors is not None else None
     table["next_n"] = table["next_n"].astype(int)
     return table.sort_values("next_n")[HEADLINE_COLUMNS].reset_index(drop=True)
 

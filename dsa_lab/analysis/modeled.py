@@ -4,17 +4,25 @@ Every row says `source='modeled'` and carries the plan's bytes and FLOPs at a GP
 ceilings (`roofline.modeled_time` over a `plan.LaunchPlan`); charts draw them dashed and
 labelled, never mixed with measured rows. Atom pieces are SM90 DeepGEMM's (1, 2, 4) unless
 `native_sizes` says otherwise (a kernel native for every next_n: `plan.ANY_NEXT_N`).
+
+SM100 (`sm100_frame`): the rows notebook 03's SM100 section draws: a measured SM100 run's
+when one is under data/ (`runs.sm100_run`), else the calibrated model's (`calibrated_rows`:
+`dsa_lab.model.indexer.predict`, H200-fitted efficiencies at B200/GB200 ceilings), labelled.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from dsa_lab.analysis.frames import measured_ok, ok_rows
+from dsa_lab.analysis.runs import SM100_SWEEP_HOW, ChosenRun, sm100_evidence, sm100_run
 from dsa_lab.metadata import STRATEGIES
-from dsa_lab.plan import SM90_DEEPGEMM_SIZES, LaunchPlan
+from dsa_lab.paths import resolve_data_path, shown_path
+from dsa_lab.plan import ANY_NEXT_N, SM90_DEEPGEMM_SIZES, LaunchPlan
+from dsa_lab.policy import Platform
 from dsa_lab.roofline import GpuSpec, floor_ms, get_gpu, modeled_time
 from dsa_lab.workload import ContextSpec
 
@@ -99,3 +107,124 @@ def modeled_reread(
             rows.append({"next_n": next_n, "strategy": strategy, "source": "modeled",
                          "kv_read_per_unique": cost.strategy_kv_bytes / cost.unique_kv_bytes})  # fmt: skip
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------- SM100: measured when a run exists, else modeled
+
+SM100_PLATFORM = Platform("sm100", True)  # vLLM 0.33 on SM100 with DeepGEMM: the varlen call, i.e. our 'native'
+SM100_GPUS = ("B200", "GB200")
+CALIBRATED_BACKENDS = ("deepgemm", "triton")  # the backends `model.indexer` is calibrated for
+SM100_STRATEGIES = ("native", "flatten")  # atom on SM100 is the native launch (any next_n is native there)
+
+
+def _points(points: pd.DataFrame | None) -> pd.DataFrame:
+    """(batch, context, next_n, heads, head_dim, cache_dtype) to model: `points`' timed rows, or the sm100 grid."""
+    shape = {"heads": 64, "head_dim": 128, "cache_dtype": "fp8"}
+    if points is None:
+        from dsa_lab.bench.point import STUDY_GRID  # the sm100 preset's grid (= h200-full's)
+
+        grid = [(b, c, n) for b in STUDY_GRID["batch"] for c in STUDY_GRID["context"] for n in STUDY_GRID["next_n"]]
+        return pd.DataFrame(grid, columns=["batch", "context", "next_n"]).assign(**shape)
+    ok = ok_rows(points)
+    for column, value in shape.items():
+        if column not in ok.columns:
+            ok = ok.assign(**{column: value})
+    return ok[["batch", "context", "next_n", *shape]].drop_duplicates().reset_index(drop=True)
+
+
+def calibrated_rows(
+    points: pd.DataFrame | None = None,
+    gpus: Sequence[str] = SM100_GPUS,
+    seed: int = 0,
+    backends: Sequence[str] = CALIBRATED_BACKENDS,
+    strategies: Sequence[str] = SM100_STRATEGIES,
+) -> pd.DataFrame:
+    """The calibrated model's step times (`model.indexer.predict`), one row per GPU x backend x strategy
+    x point, in a run's columns: status 'ok', `source='modeled'`, backend 'model (<gpu>, <backend>)'
+    (the charts' label for a modeled series; `modeled_backend` and `gpu` name them apart), `bound`,
+    and the plan's bytes and FLOPs (a kernel native for any next_n). Points: the timed (batch,
+    context, next_n) of `points` (e.g. the H200 run, so bars line up), else the sm100 preset's
+    grid; `seed` must be that run's, so mixed contexts get the same lengths."""
+    from dsa_lab.model.indexer import CALIBRATION, predict
+
+    rows = []
+    for k in _points(points).itertuples():
+        seq_lens = ContextSpec.parse(k.context).seq_lens(int(k.batch), seed)
+        for strategy in strategies:
+            cost = LaunchPlan(tuple(seq_lens), int(k.next_n), strategy, int(k.heads), int(k.head_dim),
+                              k.cache_dtype, ANY_NEXT_N).cost  # fmt: skip
+            for gpu in gpus:
+                for backend in backends:
+                    try:
+                        p = predict(gpu, backend, strategy, seq_lens, int(k.next_n), int(k.heads), int(k.head_dim),
+                                    k.cache_dtype)  # fmt: skip
+                    except ValueError:  # a path this GPU does not have (SM90 native at n = 3), or a shape
+                        continue
+                    ms = p.time_us / 1e3
+                    rows.append({
+                        "backend": f"model ({gpu}, {backend})", "modeled_backend": backend, "gpu": gpu,
+                        "strategy": strategy, "batch": int(k.batch), "context": k.context, "next_n": int(k.next_n),
+                        "heads": int(k.heads), "head_dim": int(k.head_dim), "cache_dtype": k.cache_dtype,
+                        "status": "ok", "source": "modeled", "median_ms": ms, "p25_ms": ms, "p75_ms": ms,
+                        "iqr_ms": 0.0, "bound": p.bound, "model": CALIBRATION, "unique_bytes": cost.unique_bytes,
+                        "strategy_bytes": cost.strategy_bytes, "flops": cost.flops,
+                    })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class Sm100Frame:
+    """What notebook 03's SM100 section draws, and how to label it.
+
+    `frame`: a run's columns. Measured: the SM100 run's rows (every status; charts keep the
+    'ok' ones), plus the calibrated model at its points when asked. Modeled: the calibrated
+    model's rows, `source='modeled'`. `note` says which in one sentence (with the command
+    that makes a run when there is none); `chosen` is the run (for `runs.announce`);
+    `ignored` the runs passed over and why; `platform` is vLLM's SM100 platform for
+    `frames.vllm_path` (whose 'varlen' is the harness's DeepGEMM 'native' there).
+    """
+
+    frame: pd.DataFrame
+    measured: bool
+    label: str
+    note: str
+    chosen: ChosenRun | None = None
+    ignored: list[tuple[str, str]] = field(default_factory=list)
+    platform: Platform = SM100_PLATFORM
+
+
+def _model_gpu(device_name: str) -> str | None:
+    """The model's row for a device name ('NVIDIA GB200' -> 'GB200'), None for a GPU it has no row for."""
+    upper = device_name.upper()
+    return next((name for name in ("GB200", "B200") if name in upper), None)
+
+
+def sm100_frame(
+    points: pd.DataFrame | None = None,
+    seed: int = 0,
+    gpus: Sequence[str] = SM100_GPUS,
+    backend: str | None = None,
+    with_model: bool = False,
+) -> Sm100Frame:
+    """Measured SM100 rows when a run exists under data/ (`runs.sm100_run`; `backend`: one that timed
+    it), else the calibrated model's rows for `gpus` at `points` (`calibrated_rows`), labelled 'modeled'.
+    `with_model` adds, beside a measured run, the model's rows for its GPU at its points (the model's
+    error on SM100, once there is a measurement to hold it to)."""
+    chosen, ignored = sm100_run(backend)
+    if chosen is not None:
+        run = chosen.run
+        frame = run.results.copy()
+        ok = frame[frame["status"] == "ok"]
+        gpu = _model_gpu(chosen.device_label)
+        if with_model and gpu is not None and not ok.empty:
+            frame = pd.concat([frame, calibrated_rows(ok, [gpu], run.provenance["seed"])], ignore_index=True)
+        where = f"{run.path.parent.name}/{run.path.name}"  # data/<device>/<run_id>, as the run folders lie
+        note = (f"Measured on {chosen.device_label} ({sm100_evidence(run.provenance)}): run "
+                f"`{run.provenance['run_id']}` ({where}), created {run.provenance['created']}, "
+                f"{len(ok)} points timed.")  # fmt: skip
+        return Sm100Frame(frame, True, chosen.device_label, note, chosen, ignored)
+    passed = f" ({len(ignored)} run(s) passed over, listed below)" if ignored else ""
+    note = (f"No measured SM100 run under {shown_path(resolve_data_path('.'))}/{passed}: these times are "
+            f"**modeled, not measured** (dsa_lab.model: efficiencies fitted on the H200 sweep, at "
+            f"{', '.join(gpus)} ceilings). {SM100_SWEEP_HOW}")  # fmt: skip
+    return Sm100Frame(calibrated_rows(points, gpus, seed), False, f"{', '.join(gpus)} (modeled)", note, None, ignored)

@@ -1,7 +1,7 @@
 """Which run a notebook shows: the shipped measurement, or a labelled CPU stand-in.
 
-Notebooks call one function here (`latency_run`, `kernel_run`, `profile_run`) instead of
-carrying their own discovery cells. The answer says whether it is a measurement of the
+Notebooks call one function here (`latency_run`, `kernel_run`, `profile_run`, `sm100_run`)
+instead of carrying their own discovery cells. The answer says whether it is a measurement of the
 GPU asked for; when it is not, `missing` says what was absent and which command makes it,
 and the notebook shows that as a banner (`dsa_lab.report.show_fallback`) that the report
 index flags. Runs that were skipped because they are broken are listed with the reason.
@@ -23,6 +23,12 @@ from dsa_lab.roofline import GpuSpec, get_gpu, gpu_for_device
 
 CPU_STAND_IN = "CPU reference, not H200"
 SWEEP_HOW = "Make one on an H200 with `dsa-lab bench --preset h200-full` (see scripts/h200_sweep.sh)."
+SM100_FOLDERS = ("b200", "gb200", "b300", "gb300")  # data/<device>/ names of SM100 GPUs (store.device_label)
+SM100_MAJOR = "10"  # compute capability 10.x: SM100 (B200, GB200) and SM103 (B300, GB300)
+SM100_SWEEP_HOW = (
+    "Make one on a B200 or GB200 with `scripts/sm100_sweep.sh` (or `dsa-lab bench --preset sm100 --device cuda "
+    "--measure-ceilings`), which writes it under data/<gpu>/."
+)
 
 
 @dataclass
@@ -59,6 +65,71 @@ def newest_measured_run(
             continue
         if accept(run):
             return run, ignored
+    return None, ignored
+
+
+def sm100_evidence(provenance: dict) -> str | None:
+    """Why a run is an SM100 measurement ('compute capability 10.0'), from its provenance; None when it is not:
+    a CUDA run whose recorded GPU has compute capability 10.x."""
+    capability = (provenance.get("environment") or {}).get("gpu_capability")
+    if provenance.get("device") != "cuda" or not isinstance(capability, str):
+        return None
+    return f"compute capability {capability}" if capability.split(".")[0] == SM100_MAJOR else None
+
+
+def _sm100_problem(run: store.Run, backend: str | None) -> str | None:
+    """Why an SM100 run has nothing to show (no point timed, or not `backend`), else None."""
+    timed = timed_backends(run)
+    if not timed:
+        counts = run.results["status"].value_counts().to_dict()
+        return f"an SM100 run with no point timed ok ({', '.join(f'{k} {v}' for k, v in counts.items())})"
+    if backend is not None and backend not in timed:
+        return f"an SM100 run that did not time backend {backend!r} (timed: {sorted(timed)})"
+    return None
+
+
+def sm100_run(backend: str | None = None) -> tuple[ChosenRun | None, list[tuple[str, str]]]:
+    """The newest measured SM100 run under data/ (as a `ChosenRun`: its device label and its
+    ceilings, for `announce`), and the runs passed over with the reason.
+
+    A run counts when its provenance says a CUDA GPU of compute capability 10.x (B200,
+    GB200, B300, GB300; `sm100_evidence`), whichever data/<device>/ folder holds it, and at
+    least one point (of `backend`, when given) was timed ok. Passed over, with the reason:
+    damaged runs and non-SM100 runs under data/b200/, data/gb200/ (`SM100_FOLDERS`), SM100
+    runs that are not measurements, cannot be read, or timed nothing. Paths are relative to
+    data/ (no machine paths in reports). None when no run qualifies (`SM100_SWEEP_HOW` says
+    how to make one).
+    """
+    root = resolve_data_path(".")
+    runs = store.list_runs(root) if root.is_dir() else pd.DataFrame()
+    ignored: list[tuple[str, str]] = []
+    for row in runs.itertuples():  # newest first
+        path = Path(row.path)
+        in_sm100_folder = path.parent.name in SM100_FOLDERS
+        if isinstance(row.problem, str):
+            if in_sm100_folder:
+                ignored.append((_relative(path), row.problem))
+            continue
+        provenance = store.read_provenance(path / store.PROVENANCE_FILE)
+        evidence = sm100_evidence(provenance)
+        if evidence is None:
+            if in_sm100_folder:
+                capability = (provenance.get("environment") or {}).get("gpu_capability")
+                ignored.append((_relative(path), f"not an SM100 measurement: device {provenance.get('device')!r}, "
+                                                 f"compute capability {capability!r}"))  # fmt: skip
+            continue
+        if provenance["source"] != "measured":
+            ignored.append((_relative(path), f"an SM100 run of source {provenance['source']!r}, not measured"))
+            continue
+        try:
+            run = store.load_run(path)
+        except store.RunFormatError as err:
+            ignored.append((_relative(path), str(err)))
+            continue
+        problem = _sm100_problem(run, backend)
+        if problem is None:
+            return _measured(run, ignored), ignored
+        ignored.append((_relative(path), problem))
     return None, ignored
 
 

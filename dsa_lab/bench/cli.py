@@ -146,6 +146,20 @@ def results_table(results: Any) -> str:
         return "median kernel time per decode step (µs):\n" + table.to_string(float_format="{:.1f}".format, na_rep="-")
 
 
+def numerics_notes(spec: Any, device: Any) -> list[str]:
+    """One line per backend whose numerics here differ from the defaults (`bench.numerics`): what the
+    user of an SM100 GPU should know before reading the rows (scale format, check bound, why)."""
+    from dsa_lab.bench.numerics import numerics_record
+
+    record = numerics_record(spec.backend, spec.cache_dtype, spec.check_tolerance, device)
+    return [
+        f"numerics: {name} on {device}: K scales {entry['k_scales']}, checked to {entry['check_tolerance']:g} "
+        f"({entry['reason']})"
+        for name, entry in record["backends"].items()
+        if entry["k_scales"] != "float32" or entry["check_tolerance"] != spec.check_tolerance
+    ]
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from dsa_lab import store
     from dsa_lab.bench.sweep import DEFAULT_POINT_TIMEOUT_S, estimate_seconds, resume_command, run_sweep, skip_reason
@@ -163,6 +177,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         skipped = sum(skip_reason(p, device) is not None for p in points)
         print(f"{len(points)} points ({skipped} skipped here on {device.type}); "
               f"estimated H200 time ~{estimate_seconds(spec) / 60:.1f} min")  # fmt: skip
+        for line in numerics_notes(spec, device):
+            print(line)
         return 0
     if args.preset == "sm100" and device.type == "cuda":
         import torch
@@ -172,6 +188,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             _log(f"dsa-lab bench: note: preset sm100 on a GPU of compute capability {major}.{minor} (not SM100)")
     print(f"sweep: {len(points)} points; backends {spec.backend}; batch {spec.batch}; context {spec.context}; "
           f"next_n {spec.next_n}; strategies {spec.strategy}; device {device}", flush=True)  # fmt: skip
+    for line in numerics_notes(spec, device):
+        print(line, flush=True)
     summary = run_sweep(
         spec, run_dir, device, resume=args.resume, retry_errors=args.retry_errors, max_points=args.max_points,
         max_minutes=args.max_minutes, point_timeout_s=args.point_timeout or DEFAULT_POINT_TIMEOUT_S,

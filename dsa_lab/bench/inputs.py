@@ -5,6 +5,8 @@ cache (`cache.random_paged_cache`: drawn and quantised on the device, gigabytes 
 seconds) and FP8 queries and float32 head weights for the largest next_n of the grid;
 `inputs(next_n)` slices them for a point, so every point of the workload (any next_n,
 backend, strategy, any mode: timing, torch.profiler, Nsight Compute) reads the same data.
+Its K scales are float32 or powers of two (`k_scales`, which `bench.numerics.cache_k_scales`
+decides from the run's backends and the device: 'ue8m0' where DeepGEMM runs on SM100).
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from collections.abc import Sequence
 
 import torch
 
+from dsa_lab.bench.numerics import K_SCALE_FORMATS
 from dsa_lab.bench.point import BLOCK_SIZE, Point
 from dsa_lab.bench.timing import flush_bytes
 from dsa_lab.cache import bytes_per_token, random_paged_cache
+from dsa_lab.errors import check_choice
 from dsa_lab.workload import DecodeInputs
 
 OUTPUT_ALIGN = 256  # DeepGEMM pads logits rows to this; memory estimates assume it for everyone
@@ -25,10 +29,17 @@ MEMORY_HEADROOM = 0.9
 class Workload:
     """One (batch, context, dtype, heads, head_dim) on the device: K cache and q/weights for the largest next_n."""
 
-    def __init__(self, point: Point, seq_lens: Sequence[int], max_next_n: int, seed: int, device: torch.device) -> None:
+    def __init__(
+        self, point: Point, seq_lens: Sequence[int], max_next_n: int, seed: int, device: torch.device,
+        k_scales: str = "float32",
+    ) -> None:  # fmt: skip
         self.key = point.workload_key
         self.seq_lens = tuple(seq_lens)
-        self.cache = random_paged_cache(self.seq_lens, point.head_dim, BLOCK_SIZE, point.cache_dtype, seed, device)
+        check_choice("k_scales", k_scales, K_SCALE_FORMATS)
+        self.k_scales = k_scales
+        self.cache = random_paged_cache(
+            self.seq_lens, point.head_dim, BLOCK_SIZE, point.cache_dtype, seed, device, ue8m0=k_scales == "ue8m0"
+        )
         gen = torch.Generator(device=device).manual_seed(seed + 1)
         shape = (point.batch, max_next_n, point.heads)
         self.q = torch.randn(*shape, point.head_dim, generator=gen, device=device).to(torch.float8_e4m3fn)

@@ -6,6 +6,9 @@ it (`bench.timing`). A point the backend cannot run here, or that would not fit 
 is `skipped` with the reason; a wrong result is `failed` and not timed; an exception, a
 workload that could not be built (for its own points only) or a point past its deadline
 is an `error`; the sweep goes on. Rows are appended one by one (`store.append_point`).
+A checked row records the bound it was checked against and why (`check_tolerance`,
+`tolerance_reason`) and its cache's K scale format (`k_scales`); the provenance records
+both per backend for the run's device (`numerics`, from `bench.numerics`).
 
 The run folder cannot be corrupted by the sweep: it is locked for the whole sweep (a
 second writer is refused); a resume is refused when the folder's rows disagree with its
@@ -32,6 +35,7 @@ from dsa_lab import store
 from dsa_lab.bench import guard
 from dsa_lab.bench.check import check_point, run_launches
 from dsa_lab.bench.guard import PointTimeout, deadline
+from dsa_lab.bench.numerics import numerics_record
 from dsa_lab.bench.point import AXES, PRESETS, Point, SweepPoint, SweepSpec, expand, preset
 from dsa_lab.bench.timing import Measurement, TimingConfig, measure_ceilings, time_callable, timing_method
 from dsa_lab.bench.walk import Visit, prepare, release, skip_reason, walk
@@ -66,7 +70,8 @@ def evaluate_point(visit: Visit, spec: SweepSpec, device: torch.device, gpu: Gpu
     )  # fmt: skip
     row.update(
         rel_err=check.rel_err, checked_requests=check.checked_requests,
-        checked_tokens=check.checked_tokens, poisoned=check.poisoned,
+        checked_tokens=check.checked_tokens, poisoned=check.poisoned, check_tolerance=check.tolerance,
+        tolerance_reason=check.tolerance_reason, k_scales=visit.k_scales,
     )  # fmt: skip
     if not check.ok:
         return {**row, "status": "failed", "message": check.message, **roofline_columns(plan.cost, None, gpu)}
@@ -129,17 +134,21 @@ def open_run(
     """Create the run folder (refusing an existing one) or reopen it to resume (refusing a mismatch)."""
     from dsa_lab.env_info import environment_facts
 
+    numerics = numerics_record(spec.backend, spec.cache_dtype, spec.check_tolerance, device)
     if resume:
         if not (run_dir / store.PROVENANCE_FILE).exists():
             raise ValueError(f"--resume: {run_dir} holds no run to resume (no {store.PROVENANCE_FILE})")
         provenance = store.check_resume(run_dir, spec.to_dict(), device.type, device_name(device), environment_facts())
         stamp = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": extra.get("command")}
-        store.update_provenance(run_dir, resumed=provenance.get("resumed", []) + [stamp])
+        fields: dict[str, Any] = {"resumed": provenance.get("resumed", []) + [stamp]}
+        if "numerics" not in provenance:  # a run from before the numerics were recorded
+            fields["numerics"] = numerics
+        store.update_provenance(run_dir, **fields)
         return store.read_provenance(run_dir / store.PROVENANCE_FILE)
     provenance = store.build_provenance(
         run_id=run_dir.name, device=device.type, device_name=device_name(device), source="measured",
         seed=spec.seed, timing_method=timing_method(device, spec.timing), spec=spec.to_dict(),
-        extra={key: value for key, value in extra.items() if key != "command"},
+        extra={**{key: value for key, value in extra.items() if key != "command"}, "numerics": numerics},
     )  # fmt: skip
     store.create_run(run_dir, provenance)
     return provenance

@@ -4,7 +4,8 @@ Every mode of the harness (timing, torch.profiler, the Nsight Compute target) it
 `walk(points, spec, device)` and measures what it yields. For each point the loop asks the
 backend for its native next_n set (`decode.native_sizes_for`), makes the point's
 `LaunchPlan` once, and decides whether it can run here (`skip_reason`); then it builds the
-point's workload (once per workload: the next points of the same workload reuse it), and
+point's workload (once per workload: the next points of the same workload reuse it; its K
+scales in the format the run's backends need on this device, `bench.numerics`), and
 yields a `Visit`. A workload that fails to build is an error for its own points only; the
 next workload is built afresh. `prepare` turns a visit into the packed launches, checked
 once (the value scan) outside any measured region.
@@ -22,6 +23,7 @@ import torch
 
 from dsa_lab.bench.check import checked_requests
 from dsa_lab.bench.inputs import MEMORY_HEADROOM, Workload, free_device_bytes, point_bytes, workload_bytes
+from dsa_lab.bench.numerics import cache_k_scales
 from dsa_lab.bench.point import BLOCK_SIZE, Point, SweepSpec
 from dsa_lab.decode import LaunchInputs, check_launches, native_sizes_for, pack_launch
 from dsa_lab.errors import BackendUnavailable, UnsupportedShape
@@ -42,6 +44,7 @@ class Visit:
     skip: str | None = None  # why the point does not run here (status 'skipped')
     error: str | None = None  # why it could not be prepared (status 'error')
     estimated_bytes: int | None = None
+    k_scales: str | None = None  # the K scale format of the workload's cache ('float32' or 'ue8m0'), once built
 
     @property
     def ready(self) -> bool:
@@ -118,13 +121,14 @@ def walk(points: Sequence[Point], spec: SweepSpec, device: torch.device, memory_
                 visit.error = f"{type(err).__name__}: {err}"
             if visit.skip is None and visit.error is None and workload is None:
                 try:
-                    workload = Workload(point, seq_lens, max_n, spec.seed, device)
+                    k_scales = cache_k_scales(point.cache_dtype, spec.backend, device)
+                    workload = Workload(point, seq_lens, max_n, spec.seed, device, k_scales)
                 except Exception as err:  # out of memory, a failing generator: this workload's points only
                     workload_error = f"{type(err).__name__}: {err}"
                     visit.error = f"workload not built: {workload_error}"
                     release(device)
             if workload is not None and visit.skip is None and visit.error is None:
-                visit.inputs = workload.inputs(point)
+                visit.inputs, visit.k_scales = workload.inputs(point), workload.k_scales
             yield visit
     finally:
         workload = None

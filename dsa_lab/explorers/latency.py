@@ -10,7 +10,7 @@ from IPython.display import Markdown, display
 
 from dsa_lab.explorers.base import dropdown, explore
 from dsa_lab.plots.latency import STRATEGY_ORDER, _context_order, ok_rows, vllm_choice
-from dsa_lab.plots.style import VLLM_MARKER, series_style
+from dsa_lab.plots.style import VLLM_MARKER, VLLM_RELEASE, add_footer, legend_outside, series_label, series_style
 
 VLLM_BACKEND = "deepgemm"  # what vLLM 0.33 runs on SM90
 
@@ -29,8 +29,9 @@ def recommendations(point: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("next_n")
 
 
-def plot_point(point: pd.DataFrame, title: str) -> None:
-    """Left: median µs against next_n with IQR bars, vLLM's choice ringed. Right: speedup over vLLM's choice."""
+def plot_point(point: pd.DataFrame, title: str, caption: str | None = None) -> None:
+    """Left: median µs against next_n with IQR bars, vLLM's choice as hollow diamonds. Right: speedup
+    over vLLM's choice. `caption`: the run's provenance, drawn under the figure."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")
     vllm = point[(point["backend"] == VLLM_BACKEND) & (point["strategy"] == point["next_n"].map(vllm_choice))]
     vllm_us = vllm.set_index("next_n")["kernel_us"]
@@ -40,28 +41,30 @@ def plot_point(point: pd.DataFrame, title: str) -> None:
         part = part.sort_values("next_n")
         style = series_style(strategy, backend)
         spread = [part["kernel_us"] - part["p25_ms"] * 1e3, part["p75_ms"] * 1e3 - part["kernel_us"]]
-        left.errorbar(
-            part["next_n"], part["kernel_us"], yerr=spread, capsize=3, label=f"{strategy} ({backend})", **style
-        )
-        right.plot(
-            part["next_n"], part["next_n"].map(vllm_us) / part["kernel_us"], label=f"{strategy} ({backend})", **style
-        )
+        label = series_label(strategy, backend)
+        left.errorbar(part["next_n"], part["kernel_us"], yerr=spread, capsize=3, label=label, **style)
+        right.plot(part["next_n"], part["next_n"].map(vllm_us) / part["kernel_us"], label=label, **style)
     if not vllm.empty:
-        left.scatter(vllm["next_n"], vllm["kernel_us"], facecolors="none", edgecolors=VLLM_MARKER["color"], s=160,
-                     linewidths=1.5, label="what vLLM 0.33 runs", zorder=5)  # fmt: skip
+        left.scatter(vllm["next_n"], vllm["kernel_us"], label=f"what {VLLM_RELEASE} runs", **VLLM_MARKER)
     right.axhline(1.0, color="grey", lw=1)
     left.set(xlabel="next_n", ylabel="kernel time, µs (median, IQR bars)", title="latency")
     right.set(
-        xlabel="next_n", ylabel="vLLM 0.33's time / this time", title="speedup over vLLM 0.33's choice (> 1: faster)"
+        xlabel="next_n",
+        ylabel=f"{VLLM_RELEASE}'s time / this time",
+        title=f"speedup over {VLLM_RELEASE}'s choice (> 1: faster)",
     )
     handles, labels = left.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
+    legend_outside(fig, handles, labels)
     fig.suptitle(title)
+    add_footer(fig, caption)
     plt.show()
 
 
-def latency_explorer(results: pd.DataFrame, device_label: str, interactive: bool = True) -> None:
-    """Batch, context, backends and strategies of a run's results → chart and recommendation table."""
+def latency_explorer(
+    results: pd.DataFrame, device_label: str, interactive: bool = True, caption: str | None = None
+) -> None:
+    """Batch, context, backends and strategies of a run's results → chart (with `caption`, the
+    run's provenance, under it) and recommendation table."""
     data = ok_rows(results)
     data = data[data["source"] == "measured"]
     if data.empty:
@@ -90,7 +93,7 @@ def latency_explorer(results: pd.DataFrame, device_label: str, interactive: bool
             raise ValueError(
                 f"batch={batch}, context={context!r}: nothing timed for {list(backends)} × {list(strategies)}"
             )
-        plot_point(point, f"B = {batch}, context {context} on {device_label} (measured)")
+        plot_point(point, f"B = {batch}, context {context} on {device_label} (measured)", caption)
         table = recommendations(point)
         display(
             Markdown("Recommended strategy per next_n among the series shown, against vLLM 0.33 on SM90 + DeepGEMM:")

@@ -75,21 +75,32 @@ class KernelConfig:
 INTERPRETER_CONFIG = KernelConfig(dot_rows=256, num_warps=4, num_stages=1, blocks_per_program=4)
 
 
-def choose_config(next_n: int, heads: int, head_dim: int) -> KernelConfig:
+SM100_MAJOR = 10
+
+
+def choose_config(next_n: int, heads: int, head_dim: int, capability: tuple[int, int] | None = None) -> KernelConfig:
     """A fixed rule on the q rows n*H, from the H200 sweeps at H=64, D=128 (docs/triton_kernel.md).
 
     Measured best at B=128, L=64K: n=1, 2 -> one dot, 5 stages, weights resident; n=3 ->
     three N=64 dots with reloaded weights (124 registers: 4 CTAs an SM); n=4 -> one N=256
     dot, 7 stages; n=8 -> two N=256 dots, weights reloaded. Other (n, H, D) follow by n*H.
+
+    `capability` is the target's (major, minor); None: the current CUDA device's, or SM90's
+    rule without a GPU. On SM100 (major 10) weights stay resident only up to 128 q rows:
+    n=4's resident weights (64 registers a thread) beside the score tile read out of
+    tensor memory spill there (sm_100 AOT, Triton 3.8: 255 registers and a 272-byte
+    stack), reloading them takes 218 registers and no stack. Not timed (no SM100 here).
     """
     del head_dim  # D=64 was not timed; it takes the D=128 choice
+    if capability is None:
+        capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0)
     q_rows = next_n * heads
     if q_rows <= 128:
         return KernelConfig(dot_rows=256, num_stages=5, resident_weights=True)
     if q_rows <= 192:
         return KernelConfig(dot_rows=64, num_stages=5, resident_weights=False)
     if q_rows <= 256:
-        return KernelConfig(dot_rows=256, num_stages=7, resident_weights=True)
+        return KernelConfig(dot_rows=256, num_stages=7, resident_weights=capability[0] != SM100_MAJOR)
     return KernelConfig(dot_rows=256, num_stages=5, resident_weights=False)
 
 

@@ -1,5 +1,8 @@
 """The ceilings the performance model divides by: one row per GPU, each number with its source.
 
+This is the one table of these GPUs' ceilings: `dsa_lab.roofline`'s GPU table reads its
+H200, B200 and GB200 rows (bandwidth and dense FP8 rate) from here.
+
 Spec values are what the model uses on every GPU, so that efficiencies fitted on the H200
 transfer to Blackwell as fractions of the same kind of number. Where this project measured
 a ceiling (the H200's sustained read and FP8 GEMM rate, stored in the shipped run's
@@ -104,9 +107,13 @@ GPUS: dict[str, GpuCeilings] = {
         GpuCeilings(
             "GB200",
             "sm100",
-            Ceiling(148, "SMs", "assumed as B200 (the same Blackwell GPU)"),
-            Ceiling(126.5, "MB", "assumed as B200 (the same Blackwell GPU)"),
-            Ceiling(7.67, "TB/s", "assumed as B200's driver-reported 7.67 TB/s (the datasheet says 8 TB/s for both)"),
+            Ceiling(_B200_SMS.value, "SMs", "assumed as B200 (the same Blackwell GPU)"),
+            Ceiling(_B200_L2.value, "MB", "assumed as B200 (the same Blackwell GPU)"),
+            Ceiling(
+                _B200_HBM.value,
+                "TB/s",
+                f"assumed as B200's driver-reported {_B200_HBM.value} TB/s (the datasheet says 8 TB/s for both)",
+            ),
             Ceiling(5000.0, "TFLOP/s", f"{_GB200_SHEET}: 720 PFLOPS FP8 with sparsity, i.e. 5 PF dense a GPU"),
             Ceiling(80.0, "TFLOP/s", f"{_GB200_SHEET}: 5,760 TFLOPS FP32, i.e. 80 a GPU"),
             Ceiling(900.0, "GB/s", f"{_GB200_SHEET}: NVLink 1.8 TB/s a GPU (130 TB/s for 72), i.e. 900 GB/s each way"),

@@ -149,7 +149,7 @@ def plot_model_vs_measured(errors: pd.DataFrame, published: pd.DataFrame) -> Fig
     right.scatter(published["published_deepgemm_us"], published["published_cute_us"], color="#ff7f0e", marker="x",
                   label="CuTe DSL (published) vs DeepGEMM (published)")  # fmt: skip
     headline = published[(published["batch"] == 32) & (published["context"] == 16384)].iloc[0]
-    right.scatter([headline.published_deepgemm_us], [headline.modeled_deepgemm_us], **{**VLLM_MARKER, "s": 60},
+    right.scatter([headline.published_deepgemm_us], [headline.modeled_deepgemm_us], **{**VLLM_MARKER, "s": 60, "facecolors": "black"},
                   label=f"B=32, 16K: {headline.modeled_deepgemm_us:.1f} modeled vs {headline.published_deepgemm_us} µs")  # fmt: skip
     lo, hi = 3, max(published["modeled_deepgemm_us"].max(), published["published_deepgemm_us"].max()) * 1.2
     right.plot([lo, hi], [lo, hi], color="black", linewidth=0.8)

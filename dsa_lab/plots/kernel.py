@@ -7,12 +7,13 @@ by default DeepGEMM, in two ways per point: vLLM 0.33's path on SM90 + DeepGEMM
 (`dsa_lab.policy`, via `latency.vllm_choice`) and the best baseline option (the fastest
 of its strategies that ran). Modeled rows (roofline times, `analysis.modeled.modeled_native_rows`) are
 never part of a comparison; charts draw them grey, dashed or hatched and say
-'modeled (roofline, not measured)'. Nothing here times anything.
+'modeled (roofline, not measured)'. Colours, markers and footers are the project's
+(`plots.style`). Nothing here times anything.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -33,26 +34,39 @@ from dsa_lab.analysis.frames import (
     vllm_path,
 )
 from dsa_lab.analysis.frames import context_order as _context_order
-from dsa_lab.plots.latency import STRATEGY_ORDER, _sources_label
-from dsa_lab.plots.profiles import provenance_caption
+from dsa_lab.plots.latency import _sources_label, context_title
+from dsa_lab.plots.style import (
+    BEST_MARKER,
+    MODELED_COLOR,
+    MODELED_HATCH,
+    MODELED_LINESTYLE,
+    MODELED_MARKER,
+    STRATEGY_ORDER,
+    VLLM_MARKER,
+    VLLM_RELEASE,
+    add_footer,
+    backend_marker,
+    legend_outside,
+    provenance_line,
+    series_label,
+    series_style,
+    strategy_color,
+    style_handles,
+)
 from dsa_lab.policy import Platform
 from dsa_lab.roofline import GpuSpec
 from dsa_lab.workload import ContextSpec
 
 MODELED_LABEL = "modeled (roofline, not measured)"
 CANDIDATE = ("triton", "native")
-BACKEND_PALETTES = {"triton": "Blues_r", "deepgemm": "Oranges_r", "reference": "Greens_r"}
-VERSION_KEYS = ("torch", "triton", "vllm", "deep_gemm", "cuda")
 
 
 # ---------------------------------------------------------------- tables
 
 
 def caption(provenance: Mapping[str, Any]) -> str:
-    """Provenance line for a figure: source, GPU, run id, date, git (`profiles.provenance_caption`) and versions."""
-    env = provenance.get("environment") or {}
-    versions = ", ".join(f"{k} {env[k]}" for k in VERSION_KEYS if env.get(k))
-    return provenance_caption(provenance) + (f" | {versions}" if versions else "")
+    """Provenance line for a figure: source, GPU, run id, date, git and versions (`style.provenance_line`)."""
+    return provenance_line(provenance)
 
 
 def kernel_comparison(
@@ -124,7 +138,7 @@ def modeled_vs_measured(
         comp = comp[(comp["batch"] == batch) & (comp["context"] == context)].set_index("next_n")
         columns[f"{candidate[1]} ({candidate[0]}), measured"] = comp["candidate_ms"] * 1e3
         columns[f"best {baseline} option, measured"] = comp["best_ms"] * 1e3
-        columns[f"vLLM 0.33 path ({baseline}), measured"] = comp["vllm_ms"] * 1e3
+        columns[f"{VLLM_RELEASE} path ({baseline}), measured"] = comp["vllm_ms"] * 1e3
     modeled = ok_rows(frame)
     modeled = modeled[(modeled["source"] == "modeled") & (modeled["strategy"] == "native")]
     modeled = modeled[(modeled["batch"] == batch) & (modeled["context"] == context)]
@@ -149,24 +163,9 @@ def _series_key(series: str) -> tuple[bool, str, int]:
     return "model (" in series, series.split("(")[-1], STRATEGY_ORDER.index(series.split(" ")[0])
 
 
-def _palette(series: Sequence[str]) -> dict[str, Any]:
-    """One hue family per backend (Triton blues, DeepGEMM oranges...), a shade per strategy; modeled greys."""
-    colours: dict[str, Any] = {}
-    measured = [s for s in series if "model (" not in s]
-    for backend in dict.fromkeys(s.split("(")[-1].rstrip(")") for s in measured):
-        mine = sorted((s for s in measured if s.endswith(f"({backend})")), key=_series_key)
-        shades = sns.color_palette(BACKEND_PALETTES.get(backend, "Purples_r"), len(mine) + 2)
-        colours.update(zip(mine, shades))
-    modeled = [s for s in series if "model (" in s]
-    colours.update(zip(modeled, sns.color_palette("Greys_r", len(modeled) + 2)))
-    return colours
-
-
 def _finish(fig: Figure, title: str, provenance_line: str | None) -> Figure:
     fig.suptitle(title)
-    if provenance_line:
-        fig.supxlabel(provenance_line, fontsize=7.5, color="0.35")
-    return fig
+    return add_footer(fig, provenance_line)
 
 
 def plot_backend_latency(
@@ -174,38 +173,42 @@ def plot_backend_latency(
     baseline: str = BASELINE, platform: Platform = SM90_DEEPGEMM,
 ) -> Figure:  # fmt: skip
     """Kernel time vs next_n at one (batch, context): a line per backend + strategy (IQR as error
-    bars), the best `baseline` option ringed, vLLM 0.33's path marked; modeled rows dashed grey."""
+    bars), the best `baseline` option ringed, vLLM 0.33's path as black diamonds; modeled rows
+    dashed grey and labelled."""
     data = ok_rows(frame)
     data = data[(data["batch"] == batch) & (data["context"] == context)]
     if data.empty:
         raise ValueError(f"frame: no timed rows at batch={batch}, context={context}")
     series = sorted(data["series"].unique(), key=_series_key)
-    colours = _palette(series)
-    fig, ax = plt.subplots(figsize=(10, 6.5), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(11.5, 5.6), constrained_layout=True)
+    modeled_greys = iter(sns.color_palette("Greys_r", 4))
     for name in series:
         part = data[data["series"] == name].sort_values("next_n")
-        modeled = (part["source"] == "modeled").all()
+        strategy, backend = part["strategy"].iloc[0], part["backend"].iloc[0]
+        if (part["source"] == "modeled").all():
+            ax.plot(part["next_n"], part["kernel_us"], color=next(modeled_greys), linestyle=MODELED_LINESTYLE,
+                    marker=MODELED_MARKER, markerfacecolor="none",
+                    label=f"{strategy} on {modeled_gpu(backend)}: {MODELED_LABEL}")  # fmt: skip
+            continue
         err = np.vstack([part["kernel_us"] - part["p25_ms"] * 1e3, part["p75_ms"] * 1e3 - part["kernel_us"]])
-        ax.errorbar(part["next_n"], part["kernel_us"], yerr=None if modeled else err, color=colours[name],
-                    linestyle="--" if modeled else "-", marker="X" if modeled else "o", capsize=3,
-                    label=f"{part['strategy'].iloc[0]} on {modeled_gpu(part['backend'].iloc[0])}: {MODELED_LABEL}"
-                    if modeled else f"{name}, measured")  # fmt: skip
+        ax.errorbar(part["next_n"], part["kernel_us"], yerr=err, capsize=3, linewidth=1.8,
+                    label=f"{series_label(strategy, backend)}, measured", **series_style(strategy, backend))  # fmt: skip
     best = best_option(data, baseline)
     if not best.empty:
-        ax.scatter(best["next_n"], best["best_ms"] * 1e3, s=260, facecolors="none", edgecolors="black", linewidths=1.5,
-                   zorder=5, label=f"best {baseline} option (fastest of its strategies)")  # fmt: skip
+        ax.scatter(best["next_n"], best["best_ms"] * 1e3, label=f"best {baseline} option (fastest of its strategies)",
+                   **BEST_MARKER)  # fmt: skip
     path = vllm_path(data, baseline, platform).dropna(subset=["vllm_ms"])
     if not path.empty:
         native = sorted(int(n) for n in path.loc[path["vllm_strategy"] == "native", "next_n"])
-        ax.scatter(path["next_n"], path["vllm_ms"] * 1e3, s=90, marker="D", facecolors="none", edgecolors="crimson",
-                   linewidths=1.8, zorder=6,
-                   label=f"vLLM 0.33 path on {_platform_label(platform)} ({baseline}): "
+        ax.scatter(path["next_n"], path["vllm_ms"] * 1e3, **VLLM_MARKER,
+                   label=f"{VLLM_RELEASE} path on {_platform_label(platform)} ({baseline}):\n"
                    f"native for next_n in {native}, else flatten")  # fmt: skip
     ax.set_xticks(sorted(data["next_n"].unique()))
     ax.set(xlabel="next_n (query rows per request)", ylabel="kernel time per decode step (µs, median)", ylim=(0, None))
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
+    legend_outside(ax)
     backends = " vs ".join(dict.fromkeys(data.loc[data["source"] == "measured", "backend"])) or "modeled"
-    title = f"Kernel time, {backends}, on {device} ({_sources_label(data)}): batch={batch}, context={context}"
+    title = (f"Kernel time, {backends}, on {device} ({_sources_label(data)}): batch={batch}, "
+             f"context={context_title(context)}")  # fmt: skip
     return _finish(fig, title, provenance_line)
 
 
@@ -216,7 +219,7 @@ def plot_speedup_heatmaps(
     """Candidate speedup over vLLM's path (left) and over the best baseline option (right):
     rows batch x context, columns next_n; blue = the candidate is faster, red = slower."""
     panels = [
-        ("speedup_vs_vllm", f"over vLLM 0.33's path ({baseline})"),
+        ("speedup_vs_vllm", f"over {VLLM_RELEASE}'s path ({baseline})"),
         ("speedup_vs_best", f"over the best {baseline} option"),
     ]
     values = comparison[[c for c, _ in panels]].to_numpy(dtype=float)
@@ -231,7 +234,7 @@ def plot_speedup_heatmaps(
         grid = comparison.pivot_table(index=["batch", "context"], columns="next_n", values=column)
         order = [(b, c) for b in sorted(comparison["batch"].unique()) for c in contexts if (b, c) in grid.index]
         grid = grid.reindex(order)
-        grid.index = [f"B={b}, {c}" for b, c in grid.index]
+        grid.index = [f"B={b}, {context_title(c)}" for b, c in grid.index]
         sns.heatmap(grid, annot=True, fmt=".2f", cmap="RdBu", norm=norm, ax=ax, cbar=False,
                     linewidths=0.5, linecolor="white")  # fmt: skip
         ax.set(title=title, xlabel="next_n", ylabel="batch, context")
@@ -245,13 +248,13 @@ def plot_roofline_intensity(
 ) -> Figure:
     """Achieved TFLOP/s against useful FLOPs per unique byte (log-log) under `gpu`'s ceilings:
     the HBM slope and the FP8 roof. Intensity depends on next_n alone (top axis), so a kernel
-    that reads KV once moves right with next_n until the FP8 MMA, not HBM, bounds it."""
+    that reads KV once moves right with next_n until the FP8 MMA, not HBM, bounds it.
+    Colour: strategy; marker: backend; size: batch; modeled points hollow grey X."""
     data = ok_rows(frame).dropna(subset=["flops", "unique_bytes"])
     if data.empty:
         raise ValueError("frame: no timed rows with roofline columns (flops, unique_bytes)")
     data = data.assign(intensity=data["flops"] / data["unique_bytes"], tflops=data["flops"] / (data["median_ms"] * 1e9))
-    data["label"] = data["series"].where(data["source"] == "measured", data["series"] + ": " + MODELED_LABEL)
-    fig, ax = plt.subplots(figsize=(10, 5.5), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(11, 5.8), constrained_layout=True)
     ridge = gpu.fp8_tflops / gpu.hbm_tbps
     low = min(data["intensity"].min(), ridge) / 2
     high = max(data["intensity"].max(), ridge) * 2
@@ -265,11 +268,19 @@ def plot_roofline_intensity(
     ax.annotate(
         f"ridge {ridge:.0f} FLOP/B", (ridge, gpu.fp8_tflops), xytext=(4, 6), textcoords="offset points", fontsize=8
     )
-    labels = sorted(data["label"].unique(), key=lambda label: _series_key(label.split(": ")[0]))
-    colours = _palette(list(data["series"].unique()))
-    sns.scatterplot(data=data, x="intensity", y="tflops", hue="label", hue_order=labels,
-                    palette={lab: colours[lab.split(": ")[0]] for lab in labels}, style="source",
-                    markers={"measured": "o", "modeled": "X"}, size="batch", sizes=(20, 120), alpha=0.8, ax=ax)  # fmt: skip
+    batches = sorted(data["batch"].unique())
+    sizes = dict(zip(batches, np.linspace(18, 110, len(batches))))
+    # a small sideways offset per backend, so that two backends at one intensity do not hide each other
+    backends = sorted(data.loc[data["source"] == "measured", "backend"].unique())
+    nudge = {b: 1.0 + 0.035 * (i - (len(backends) - 1) / 2) for i, b in enumerate(backends)}
+    for (source, backend, strategy), part in data.groupby(["source", "backend", "strategy"]):
+        x = part["intensity"] * nudge.get(backend, 1.0)
+        if source == "modeled":
+            ax.scatter(x, part["tflops"], s=part["batch"].map(sizes), marker=MODELED_MARKER, facecolors="none",
+                       edgecolors=MODELED_COLOR, linewidths=1.0, alpha=0.9)  # fmt: skip
+        else:
+            ax.scatter(x, part["tflops"], s=part["batch"].map(sizes), marker=backend_marker(backend),
+                       color=strategy_color(strategy), alpha=0.75, edgecolors="white", linewidths=0.4)  # fmt: skip
     ax.set(xscale="log", yscale="log", xlim=(low, high), xlabel="arithmetic intensity (useful FLOPs / unique bytes)",
            ylabel="achieved TFLOP/s (useful FLOPs / median time)")  # fmt: skip
     ticks = data.groupby("next_n")["intensity"].median()
@@ -277,7 +288,20 @@ def plot_roofline_intensity(
     top.set_xticks(ticks.to_numpy(), [str(n) for n in ticks.index], fontsize=8)
     top.minorticks_off()
     top.set_xlabel("next_n (at its median intensity)", fontsize=9)
-    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    handles, labels = ax.get_legend_handles_labels()
+    strategies = [s for s in STRATEGY_ORDER if s in set(data.loc[data["source"] == "measured", "strategy"])]
+    more, more_labels = style_handles(strategies, backends)
+    handles += more
+    labels += [f"strategy: {label}" if label in strategies else f"backend: {label}" for label in more_labels]
+    for batch in batches:
+        handles.append(plt.Line2D([], [], marker="o", linestyle="none", color="0.5", markersize=np.sqrt(sizes[batch])))
+        labels.append(f"B = {batch}")
+    if (data["source"] == "modeled").any():
+        gpus = ", ".join(modeled_gpu(b) for b in data.loc[data["source"] == "modeled", "backend"].unique())
+        handles.append(plt.Line2D([], [], marker=MODELED_MARKER, linestyle="none", color=MODELED_COLOR,
+                                  markerfacecolor="none"))  # fmt: skip
+        labels.append(f"native on {gpus}: {MODELED_LABEL}")
+    legend_outside(ax, handles, labels, fontsize=7.5)
     ceilings = "measured" if gpu.measured else "datasheet"
     title = f"Roofline on {device} ({_sources_label(data)} points); ceilings: {gpu.name} ({ceilings} ceilings)"
     return _finish(fig, title, provenance_line)
@@ -287,26 +311,55 @@ def plot_modeled_sm100(
     frame: pd.DataFrame, batch: int, context: str, device: str, provenance_line: str | None = None,
     candidate: tuple[str, str] = CANDIDATE, baseline: str = BASELINE,
 ) -> Figure:  # fmt: skip
-    """Bars per next_n: measured times on `device` (solid) beside modeled native times on other
-    GPUs (grey, hatched), from `modeled_vs_measured`."""
+    """Bars per next_n from `modeled_vs_measured`: measured times on `device` (solid, coloured by
+    the strategy each bar ran, topped by its series' mark: the candidate's backend marker, the
+    best-option ring, vLLM's diamond) beside modeled native times on other GPUs (grey, hatched)."""
     table = modeled_vs_measured(frame, batch, context, candidate, baseline)
     measured = [c for c in table.columns if not c.endswith(MODELED_LABEL)]
     modeled = [c for c in table.columns if c.endswith(MODELED_LABEL)]
-    deep = sns.color_palette("deep")
-    colours = dict(zip(measured, (deep[0], deep[1], deep[3])))
-    colours.update(zip(modeled, sns.color_palette("Greys", len(modeled) + 1)[1:]))
-    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(table)), 5), constrained_layout=True)
+    strategies: dict[str, pd.Series] = {}
+    marks: dict[str, dict[str, Any]] = {}
+    if measured:
+        comp = kernel_comparison(frame, candidate, baseline)
+        comp = comp[(comp["batch"] == batch) & (comp["context"] == context)].set_index("next_n")
+        first, second, third = measured
+        strategies = {first: pd.Series(candidate[1], index=table.index), second: comp["best_strategy"],
+                      third: comp["vllm_strategy"]}  # fmt: skip
+        marks = {first: {"marker": backend_marker(candidate[0]), "color": "black", "s": 30},
+                 second: {**BEST_MARKER, "s": 60}, third: {**VLLM_MARKER, "s": 40}}  # fmt: skip
+    greys = dict(zip(modeled, (str(g) for g in np.linspace(0.85, 0.5, max(len(modeled), 2)))))
+    fig, ax = plt.subplots(figsize=(max(11, 1.5 * len(table) + 4), 5.2), constrained_layout=True)
     width = 0.8 / len(table.columns)
+    x = np.arange(len(table))
     for i, column in enumerate(table.columns):
-        is_modeled = column in modeled
-        ax.bar(np.arange(len(table)) + (i - (len(table.columns) - 1) / 2) * width, table[column], width,
-               color=colours[column], hatch="//" if is_modeled else None, edgecolor="0.25" if is_modeled else "white",
-               linestyle="--" if is_modeled else "-", label=column)  # fmt: skip
-    ax.set_xticks(np.arange(len(table)), [str(n) for n in table.index])
+        offset = x + (i - (len(table.columns) - 1) / 2) * width
+        if column in modeled:
+            ax.bar(offset, table[column], width, color=greys[column], hatch=MODELED_HATCH, edgecolor="0.25",
+                   label=column)  # fmt: skip
+            continue
+        colours = [strategy_color(s) if isinstance(s, str) else MODELED_COLOR
+                   for s in strategies[column].reindex(table.index)]  # fmt: skip
+        ax.bar(offset, table[column], width, color=colours, edgecolor="white", label=column)
+        ax.scatter(offset, table[column], **{"zorder": 5, **marks[column], "label": None})
+    ax.set_xticks(x, [str(n) for n in table.index])
     ax.set(xlabel="next_n", ylabel="kernel time per decode step (µs)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    handles, labels = [], []
+    for column in measured:
+        mark = {k: v for k, v in marks[column].items() if k in ("marker", "color")}
+        face = "none" if marks[column].get("facecolors") == "none" else mark.get("color")
+        handles.append(plt.Line2D([], [], linestyle="none", markersize=8, markerfacecolor=face,
+                                  markeredgecolor="black", **mark))  # fmt: skip
+        labels.append(f"{column} (bar colour: the strategy it ran)")
+    used = [s for s in STRATEGY_ORDER if any(s in set(v.dropna()) for v in strategies.values())]
+    more, more_labels = style_handles(used, [])
+    handles += more
+    labels += [f"strategy: {label}" for label in more_labels]
+    handles += [plt.Rectangle((0, 0), 1, 1, facecolor=greys[c], hatch=MODELED_HATCH, edgecolor="0.25") for c in modeled]
+    labels += modeled
+    legend_outside(ax, handles, labels)
     kind = "measured vs SM100 " if measured else ""
-    title = f"{device} {kind}{MODELED_LABEL if modeled else 'measured'}: batch={batch}, context={context}"
+    title = (f"{device} {kind}{MODELED_LABEL if modeled else 'measured'}: batch={batch}, "
+             f"context={context_title(context)}")  # fmt: skip
     return _finish(fig, title, provenance_line)
 
 
@@ -344,6 +397,56 @@ def reading(comparison: pd.DataFrame, batch: int, context: str, device: str,
             f"range {both['speedup_vs_best'].min():.2f}x to {both['speedup_vs_best'].max():.2f}x."
         )
     return "\n".join(lines)
+
+
+def _range(span: tuple[float, float], digits: int = 2) -> str:
+    low, high = span
+    return f"{low:.{digits}f}" if round(low, digits) == round(high, digits) else f"{low:.{digits}f}–{high:.{digits}f}"
+
+
+def mixed_context_reading(
+    gap: pd.DataFrame, device: str, candidate: tuple[str, str] = CANDIDATE, baseline: str = BASELINE
+) -> str:
+    """Markdown: why the candidate falls behind on a mixed-length batch, every number from
+    `analysis.frames.mixed_context_gap` (the batch where it falls furthest behind first)."""
+    if gap.empty:
+        return ""
+    worst = gap.loc[gap["vs_best"].map(lambda span: span[0]).idxmin()]
+    name = f"{candidate[0]} {candidate[1]}"
+    k = lambda n: f"{n / 1024:.1f}K"  # noqa: E731
+    text = (
+        f"**Why {name} falls behind at B = {worst.batch} with {context_title(worst.mixed)} contexts "
+        f"({_range(worst.vs_best)}× the best {baseline} option, measured on {device}).** The batch's requests hold "
+        f"{k(worst['mean'])} tokens on average and {k(worst.longest)} at most: {100 * worst.token_share:.0f} % of "
+        f"the tokens of a uniform {context_title(worst.uniform)} batch. The best {baseline} option's time falls "
+        f"with the tokens ({_range(worst.baseline_scale)}× its uniform-{context_title(worst.uniform)} time over "
+        f"next_n); {name}'s falls only to {_range(worst.candidate_scale)}×."
+    )
+    if pd.notna(worst.busy_programs):
+        idle = int(worst.num_sms - worst.busy_programs)
+        text += (
+            f" Our Triton kernel launches one program per request and range of {int(worst.blocks_per_program)} KV "
+            f"blocks ({64 * int(worst.blocks_per_program)} tokens), the range sized from the batch and its longest "
+            f"request (`kernels.triton_native.blocks_per_program`): here only {int(worst.busy_programs)} of its "
+            f"{int(worst.programs)} programs hold any cached token"
+            + (f", so at least {idle} of the H200's {int(worst.num_sms)} SMs get no work at all" if idle > 0 else "")
+            + " and the step lasts as long as its fullest program: a load imbalance between programs, not slower "
+            "arithmetic. DeepGEMM's schedule metadata instead divides the batch's KV, in segments of 256 tokens, "
+            "evenly over the SMs."
+        )
+    others = gap[gap["batch"] != worst.batch]
+    if not others.empty:
+        parts = [
+            f"B = {row.batch}: {_range(row.vs_best)}×"
+            + (f" ({int(row.busy_programs)} busy programs)" if pd.notna(row.busy_programs) else "")
+            for row in others.itertuples()
+        ]
+        text += (
+            f" At the other batch sizes ({context_title(worst.mixed)}, against the best option): "
+            + "; ".join(parts)
+            + "."
+        )
+    return text
 
 
 def roofline_reading(comparison: pd.DataFrame, frame: pd.DataFrame, gpu: GpuSpec) -> str:

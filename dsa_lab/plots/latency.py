@@ -1,14 +1,16 @@
 """Kernel latency against next_n: the charts and the decision table of notebook 02.
 
 Input is a run's results frame (`dsa_lab.store.load_run(...).results`); only rows with
-status 'ok' are drawn, and one shape (heads, head_dim, cache dtype) at a time. Rows carry
-`source`: measured rows are solid with round markers, modeled rows (roofline times at a
-GPU's ceilings, built by `dsa_lab.analysis.modeled`) are dashed with X markers, and both
-legend and title say which is which. The frames come from `dsa_lab.analysis.frames`;
-nothing here times or models anything.
+status 'ok' are drawn, and one shape (heads, head_dim, cache dtype) at a time. The look is
+the project's (`plots.style`): a strategy keeps its colour and a backend its marker in every
+chart; measured and modeled rows (roofline times, built by `dsa_lab.analysis.modeled`) never
+share a chart or a colour scale, and modeled ones say so. The frames come from
+`dsa_lab.analysis.frames`; nothing here times or models anything.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -16,55 +18,98 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import FixedLocator, NullLocator
 from pandas.io.formats.style import Styler
 
-from dsa_lab.analysis.frames import SM90_DEEPGEMM, context_order, ok_rows, vllm_choice
+from dsa_lab.analysis.frames import SM90_DEEPGEMM, context_order, ok_rows, speedup_over_vllm, vllm_choice
+from dsa_lab.plots.style import (
+    MODELED,
+    MODELED_HATCH,
+    STRATEGY_ORDER,
+    VLLM_RELEASE,
+    add_footer,
+    legend_outside,
+    series_label,
+    series_style,
+    strategy_color,
+)
 from dsa_lab.policy import Platform
-from dsa_lab.roofline import GpuSpec
+from dsa_lab.workload import ContextSpec
 
-STRATEGY_ORDER = ("native", "atom", "flatten")
-SOURCE_DASHES = {"measured": "", "modeled": (4, 2)}
 _context_order = context_order  # the name explorers import
 __all__ = ["SM90_DEEPGEMM", "STRATEGY_ORDER", "ok_rows", "vllm_choice"]  # re-exported for the explorers
-
-
-def _series_palette(data: pd.DataFrame) -> tuple[list[str], dict[str, tuple[float, float, float]]]:
-    """Series ordered by strategy then backend, with one colour each (stable across charts)."""
-    series = sorted(data["series"].unique(), key=lambda s: (STRATEGY_ORDER.index(s.split(" ")[0]), s))
-    return series, dict(zip(series, sns.color_palette("tab10", len(series))))
+SPEEDUP_TICKS = (0.25, 0.33, 0.5, 0.67, 1.0, 1.5, 2.0, 3.0, 4.0)
 
 
 def _sources_label(frame: pd.DataFrame) -> str:
     return " + ".join(s for s in ("measured", "modeled") if s in set(frame["source"]))
 
 
-def plot_latency(frame: pd.DataFrame, device: str) -> sns.FacetGrid:
-    """Median kernel time vs next_n: hue = strategy (backend), facets = batch x context.
+def context_title(label: str) -> str:
+    """'65536' -> '64K'; 'mixed:1024-65536' -> 'mixed 1K-64K' (tokens cached per request)."""
+    spec = ContextSpec.parse(label)
+    short = lambda n: f"{n // 1024}K" if n % 1024 == 0 else str(n)  # noqa: E731
+    return f"mixed {short(spec.low)}-{short(spec.high)}" if spec.mixed else short(spec.low)
 
-    The shaded band is the interquartile range of the samples; modeled rows are dashed.
-    """
-    data = ok_rows(frame)
+
+def few_contexts(labels: Sequence[str], focus: str | None = None) -> list[str]:
+    """The columns of the small multiples: the shortest uniform context, `focus` (else the
+    longest uniform one) and every mixed one."""
+    ordered = _context_order(labels)
+    uniform = [c for c in ordered if not ContextSpec.parse(c).mixed]
+    focus = ContextSpec.parse(focus).label if focus else None
+    chosen = [uniform[0], focus if focus in uniform else uniform[-1]] if uniform else []
+    return list(dict.fromkeys([*chosen, *(c for c in ordered if ContextSpec.parse(c).mixed)]))
+
+
+def plot_vs_vllm(
+    frame: pd.DataFrame, device: str, provenance_line: str | None = None, backend: str = "deepgemm",
+    contexts: Sequence[str] | None = None, platform: Platform = SM90_DEEPGEMM,
+) -> Figure:  # fmt: skip
+    """Small multiples (rows: batch, columns: `contexts`) of every measured series' speedup
+    over what vLLM 0.33 runs at the same point (its strategy, timed on `backend`), on one
+    shared log scale: above 1 the series is faster than vLLM's choice, below it slower."""
+    data = speedup_over_vllm(frame, backend, platform).dropna(subset=["speedup"])
     if data.empty:
-        raise ValueError("frame: no rows with status 'ok' to draw")
-    contexts = _context_order(data["context"])
-    series, palette = _series_palette(data)
-    grid = sns.relplot(
-        data=data, x="next_n", y="kernel_us", hue="series", hue_order=series, palette=palette,
-        style="source", dashes=SOURCE_DASHES, markers={"measured": "o", "modeled": "X"},
-        row="batch", col="context", col_order=contexts, kind="line", height=2.6, aspect=1.25,
-        facet_kws={"sharey": False, "margin_titles": True},
-    )  # fmt: skip
-    for (batch, context), ax in grid.axes_dict.items():
-        part = data[(data["batch"] == batch) & (data["context"] == context) & data["p25_ms"].notna()]
-        for name, rows in part.groupby("series"):
-            rows = rows.sort_values("next_n")
-            ax.fill_between(rows["next_n"], rows["p25_ms"] * 1e3, rows["p75_ms"] * 1e3,
-                            color=palette[name], alpha=0.2, linewidth=0)  # fmt: skip
-        ax.set_xticks(sorted(data["next_n"].unique()))
-    grid.set_axis_labels("next_n", "kernel time (µs, median)")
-    sns.move_legend(grid, "upper center", bbox_to_anchor=(0.5, 0.0), ncol=4, title=None, frameon=False)
-    grid.figure.suptitle(f"Paged MQA-logits kernel time vs next_n on {device} ({_sources_label(data)})", y=1.02)
-    return grid
+        raise ValueError(f"frame: no measured point has vLLM's strategy timed on backend={backend!r}")
+    contexts = list(contexts) if contexts else _context_order(data["context"])
+    data = data[data["context"].isin(contexts)]
+    batches = sorted(int(b) for b in data["batch"].unique())
+    fig, axes = plt.subplots(len(batches), len(contexts), figsize=(3.3 * len(contexts) + 2.6, max(4.5, 2.3 * len(batches) + 1)),
+                             sharex=True, sharey=True, squeeze=False, constrained_layout=True)  # fmt: skip
+    series = sorted(data.groupby(["strategy", "backend"]).groups, key=lambda k: (k[1], STRATEGY_ORDER.index(k[0])))
+    for (i, batch), (j, context) in ((r, c) for r in enumerate(batches) for c in enumerate(contexts)):
+        ax = axes[i, j]
+        part = data[(data["batch"] == batch) & (data["context"] == context)]
+        ax.axhline(1.0, color="black", linewidth=1.2, zorder=1)
+        for strategy, name in series:
+            rows = part[(part["strategy"] == strategy) & (part["backend"] == name)].sort_values("next_n")
+            ax.plot(rows["next_n"], rows["speedup"], markersize=4.5, linewidth=1.6, label=series_label(strategy, name),
+                    **series_style(strategy, name))  # fmt: skip
+        if i == 0:
+            ax.set_title(f"context {context_title(context)}", fontsize=10)
+        if j == 0:
+            ax.set_ylabel(f"B = {batch}", fontsize=10)
+        if part.empty:
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="0.5")
+    low, high = data["speedup"].min(), data["speedup"].max()
+    ticks = [t for t in SPEEDUP_TICKS if low / 1.2 <= t <= high * 1.2]
+    axes[0, 0].set_yscale("log", base=2)
+    axes[0, 0].set_ylim(min(low, 0.9) / 1.1, max(high, 1.1) * 1.1)
+    axes[0, 0].yaxis.set_major_locator(FixedLocator(ticks))
+    axes[0, 0].yaxis.set_minor_locator(NullLocator())
+    axes[0, 0].set_yticklabels([f"{t:g}×" for t in ticks])
+    axes[0, 0].set_xticks(sorted(data["next_n"].unique()))
+    fig.supxlabel("next_n (query rows per request)", fontsize=10)
+    fig.supylabel(f"speedup over {VLLM_RELEASE}'s choice (×, log scale)", fontsize=10)
+    entries = {label: handle for ax in axes.flat for handle, label in zip(*ax.get_legend_handles_labels())}
+    handles = [*entries.values(), plt.Line2D([], [], color="black", linewidth=1.2)]
+    labels = [*entries, f"{VLLM_RELEASE}'s choice ({backend}), = 1"]
+    legend_outside(fig, handles, labels, title="strategy (backend)")
+    fig.suptitle(f"Speedup over what {VLLM_RELEASE} runs, measured on {device}\n"
+                 "one y scale for every panel; above the black line: faster")  # fmt: skip
+    return add_footer(fig, provenance_line)
 
 
 def speedup_table(frame: pd.DataFrame, baseline: str = "flatten") -> pd.DataFrame:
@@ -77,74 +122,81 @@ def speedup_table(frame: pd.DataFrame, baseline: str = "flatten") -> pd.DataFram
     return others[[*keys, "strategy", "median_ms", "baseline_ms", "speedup"]].reset_index(drop=True)
 
 
-def plot_speedup(frame: pd.DataFrame, device: str, baseline: str = "flatten") -> Figure:
-    """Heatmaps of the speedup over `baseline`, one per (source, backend, strategy): rows
-    batch x context, columns next_n; blue = faster than flatten, red = slower."""
+def plot_speedup(
+    frame: pd.DataFrame, device: str, baseline: str = "flatten", provenance_line: str | None = None,
+    source: str = "measured",
+) -> Figure:  # fmt: skip
+    """Heatmaps of the speedup over `baseline` for one `source` (measured or modeled: never on
+    one colour scale), a panel per (backend, strategy): rows batch x context, columns next_n;
+    blue = faster than `baseline`, red = slower."""
     table = speedup_table(frame, baseline)
+    table = table[table["source"] == source]
     if table.empty:
-        raise ValueError(f"frame: no point has both '{baseline}' and another strategy timed ok")
-    panels = list(table.groupby(["source", "backend", "strategy"], sort=True))
+        raise ValueError(f"frame: no {source} point has both '{baseline}' and another strategy timed ok")
+    panels = list(table.groupby(["backend", "strategy"], sort=True))
+    panels.sort(key=lambda kv: (kv[0][0], STRATEGY_ORDER.index(kv[0][1])))
     lo, hi = float(table["speedup"].min()), float(table["speedup"].max())
     norm = TwoSlopeNorm(vcenter=1.0, vmin=min(lo, 0.95), vmax=max(hi, 1.05))
     contexts = _context_order(table["context"])
-    columns = min(3, len(panels))
+    columns = min(2, len(panels))
     rows = -(-len(panels) // columns)
-    width = columns * (4 + 0.55 * table["next_n"].nunique())
-    height = rows * (1.2 + 0.38 * table.groupby(["batch", "context"]).ngroups)
+    width = columns * (3.2 + 0.5 * table["next_n"].nunique()) + 1.5
+    height = max(3.8, rows * (1.6 + 0.3 * table.groupby(["batch", "context"]).ngroups))
     fig, axes = plt.subplots(rows, columns, figsize=(width, height), squeeze=False, constrained_layout=True)
-    for ax, ((source, backend, strategy), part) in zip(axes.flat, panels):
+    for index, (ax, ((backend, strategy), part)) in enumerate(zip(axes.flat, panels)):
         grid = part.pivot_table(index=["batch", "context"], columns="next_n", values="speedup")
         order = [(b, c) for b in sorted(part["batch"].unique()) for c in contexts if (b, c) in grid.index]
         grid = grid.reindex(order)
-        grid.index = [f"B={b}, {c}" for b, c in grid.index]
-        sns.heatmap(grid, annot=True, fmt=".2f", cmap="RdBu", norm=norm, ax=ax, linewidths=0.5,
-                    linecolor="white", cbar=False)  # fmt: skip
-        ax.set_title(f"{strategy} vs {baseline}\n{backend}, {source}")
+        grid.index = [f"B={b}, {context_title(c)}" for b, c in grid.index]
+        sns.heatmap(grid, annot=True, fmt=".2f", cmap="RdBu", norm=norm, ax=ax, linewidths=0.5, linecolor="white",
+                    cbar=False, annot_kws={"fontsize": 8}, yticklabels=index % columns == 0)  # fmt: skip
+        label = series_label(strategy, backend, source)
+        ax.set_title(f"{label}\nvs {baseline}", color=strategy_color(strategy), fontsize=10)
         ax.set_xlabel("next_n")
-        ax.set_ylabel("batch, context")
+        ax.set_ylabel("batch, context" if index % columns == 0 else "")
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
-    fig.colorbar(axes.flat[0].collections[0], ax=axes, label=f"speedup over {baseline} (×)", shrink=0.8)
-    fig.suptitle(f"Speedup over {baseline} on {device} ({_sources_label(table)}); empty cells: not run or skipped")
-    return fig
+    what = f"{source} speedup over {baseline} (×)" + (" — roofline model, not measured" if source == MODELED else "")
+    fig.colorbar(axes.flat[0].collections[0], ax=axes, label=what, shrink=0.8)
+    title = (f"Speedup over {baseline} on {device}, {source}" + (" (roofline at the run's ceilings; its own colour "
+             "scale)" if source == MODELED else "") + "; empty cells: not run or skipped")  # fmt: skip
+    fig.suptitle(title)
+    return add_footer(fig, provenance_line)
 
 
-def plot_roofline(frame: pd.DataFrame, gpu: GpuSpec, device: str) -> Figure:
-    """Left: achieved FP8 TFLOP/s against arithmetic intensity under `gpu`'s roofline.
-    Right: the time floor (must-move bytes, no re-reads) as a % of the kernel's time."""
-    data = ok_rows(frame).dropna(subset=["flops", "strategy_bytes"])
-    if data.empty:
-        raise ValueError("frame: no timed rows with roofline columns (flops, strategy_bytes)")
-    data = data.assign(
-        intensity=data["flops"] / data["strategy_bytes"],
-        tflops=data["flops"] / (data["median_ms"] * 1e9),
-        floor_pct=100 * data["floor_ms"] / data["median_ms"],
-    )
-    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5), constrained_layout=True)
-    ridge = gpu.fp8_tflops / gpu.hbm_tbps
-    low, high = min(data["intensity"].min(), ridge) / 2, max(data["intensity"].max(), ridge) * 2
-    span = np.logspace(np.log10(low), np.log10(high), 200)
-    left.plot(span, np.minimum(gpu.fp8_tflops, span * gpu.hbm_tbps), color="black", linewidth=1.5,
-              label=f"roofline {gpu.name}: {gpu.hbm_tbps:g} TB/s, {gpu.fp8_tflops:g} TFLOP/s")  # fmt: skip
-    series, palette = _series_palette(data)
-    style = dict(hue="series", hue_order=series, palette=palette, style="source")
-    sns.scatterplot(data=data, x="intensity", y="tflops", size="batch", ax=left, alpha=0.8,
-                    markers={"measured": "o", "modeled": "X"}, **style)  # fmt: skip
-    left.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP / byte the strategy reads)",
-             ylabel="achieved TFLOP/s", title="roofline")  # fmt: skip
-    left.legend(fontsize=7, loc="lower right")
-    floor = data.dropna(subset=["floor_pct"])
-    if floor.empty:
-        right.text(0.5, 0.5, "no floor: no roofline row for this device", ha="center", transform=right.transAxes)
-    else:
-        sns.lineplot(data=floor, x="next_n", y="floor_pct", errorbar=("pi", 50), ax=right, dashes=SOURCE_DASHES,
-                     markers={"measured": "o", "modeled": "X"}, **style)  # fmt: skip
-        right.axhline(100, color="black", linestyle=":", label="at the floor")
-        right.set_xticks(sorted(floor["next_n"].unique()))
-        right.legend(fontsize=7)
-    right.set(xlabel="next_n", ylabel="floor / kernel time (%)",
-              title="floor (KV read once) as % of the time: median, IQR band over batch x context")  # fmt: skip
-    fig.suptitle(f"Achieved rate against the roofline on {device} ({_sources_label(data)})")
+def plot_modeled_speedup(frame: pd.DataFrame, device: str, baseline: str = "flatten") -> Figure:
+    """The roofline model's speedup over `baseline` on a colour scale of its own, cells hatched:
+    a row per (model, strategy), columns next_n, each cell the median over the batch x context
+    points modeled (the title gives the largest spread among them)."""
+    table = speedup_table(frame, baseline)
+    table = table[table["source"] == MODELED]
+    if table.empty:
+        raise ValueError(f"frame: no modeled point has both '{baseline}' and another strategy")
+    keys = ["backend", "strategy", "next_n"]
+    spread = float(table.groupby(keys)["speedup"].agg(lambda s: s.max() - s.min()).max())
+    grid = table.pivot_table(index=["backend", "strategy"], columns="next_n", values="speedup", aggfunc="median")
+    grid = grid.reindex(sorted(grid.index, key=lambda k: (k[0], STRATEGY_ORDER.index(k[1]))))
+    rows = list(grid.index)
+    names = [backend.removeprefix("model (").removesuffix(")") for backend, _ in rows]  # 'B200, deepgemm'
+    grid.index = [f"{strategy} · {name} ({MODELED})" for (_, strategy), name in zip(rows, names)]
+    fig, ax = plt.subplots(figsize=(4.5 + 0.8 * grid.shape[1], 1.9 + 0.55 * len(grid)), constrained_layout=True)
+    sns.heatmap(grid, annot=True, fmt=".2f", cmap="Purples", vmin=1.0, ax=ax, linewidths=0.5, linecolor="white",
+                cbar_kws={"label": f"{MODELED} speedup (×)"})  # fmt: skip
+    for (y, x), value in np.ndenumerate(grid.to_numpy()):
+        if np.isfinite(value):
+            ax.add_patch(
+                Rectangle((x, y), 1, 1, fill=False, hatch=MODELED_HATCH, edgecolor=(1, 1, 1, 0.3), linewidth=0)
+            )
+    for tick, (_, strategy) in zip(ax.get_yticklabels(), rows):
+        tick.set_color(strategy_color(strategy))
+        tick.set_rotation(0)
+    ax.grid(False)
+    ax.set(xlabel="next_n", ylabel="")
+    points = table.groupby(["batch", "context"]).ngroups
+    gpus = ", ".join(dict.fromkeys(name.split(",")[0] for name in names))
+    ax.set_title(f"Speedup over {baseline}, {MODELED} at {gpus} ceilings, not measured\n"
+                 f"median over the {points} batch × context points of {device} (they differ by ≤ {spread:.2f})",
+                 fontsize=10)  # fmt: skip
     return fig
 
 
@@ -229,18 +281,24 @@ def style_decision_table(table: pd.DataFrame) -> Styler:
     )
 
 
-def plot_run_to_run(comparison: pd.DataFrame, device: str, label_a: str, label_b: str) -> Figure:
+def plot_run_to_run(
+    comparison: pd.DataFrame, device: str, label_a: str, label_b: str, provenance_line: str | None = None
+) -> Figure:
     """Distribution of the second run's median over the first's, per backend: the noise floor of every ratio."""
     data = comparison.assign(change_pct=(comparison["ratio"] - 1.0) * 100.0)
-    fig, ax = plt.subplots(figsize=(8, 3.6))
-    sns.histplot(data=data, x="change_pct", hue="backend", multiple="stack", bins=40, ax=ax)
+    backends = sorted(data["backend"].unique())
+    greys = dict(zip(backends, sns.color_palette("Greys_r", len(backends) + 2)))
+    fig, ax = plt.subplots(figsize=(10, 3.8), constrained_layout=True)
+    sns.histplot(data=data, x="change_pct", hue="backend", hue_order=backends, palette=greys, multiple="stack",
+                 bins=40, ax=ax, legend=False, alpha=1.0)  # fmt: skip
     ax.axvline(0.0, color="black", linewidth=0.8)
     ax.set_xlabel(f"median of {label_b} vs {label_a} (%; > 0: second call slower)")
     ax.set_ylabel("points")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=greys[b]) for b in backends]
+    legend_outside(ax, handles, backends, title="backend (stacked)")
     spread = data["change_pct"].abs()
     ax.set_title(
         f"{device}, measured: run-to-run spread over {len(data)} points "
         f"(median |change| {spread.median():.2f} %, max {spread.max():.2f} %)"
     )
-    fig.tight_layout()
-    return fig
+    return add_footer(fig, provenance_line)

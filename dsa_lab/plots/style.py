@@ -1,17 +1,139 @@
-"""One look for every chart: strategy ↔ colour, backend ↔ marker and line style."""
+"""One look for every chart: what a colour, a marker, a line style and a footer mean.
+
+- **strategy ↔ colour**: native blue, atom green, flatten red, in every notebook.
+- **backend ↔ marker**: DeepGEMM a circle, our Triton kernel a square, the reference a
+  triangle, Gluon a plus.
+- **measured ↔ solid, modeled ↔ dashed or hatched**: measured lines are solid with filled
+  markers; modeled ones (roofline times, never timed) are dashed with hollow X markers,
+  modeled bars hatched, and their labels say 'modeled'.
+- **vLLM's choice**: a hollow black diamond (the point's own colour shows through); the best
+  option measured: a black ring.
+- **provenance**: every chart of measured data carries a footer naming the GPU, the run, the
+  date, the git sha and the library versions (`provenance_line`, drawn by `add_footer`).
+
+Legends sit outside the axes (`legend_outside`). Releases are named by version
+(`dsa_lab.policy.RELEASES`), never by pull request.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from dsa_lab.policy import RELEASES
+
+STRATEGY_ORDER = ("native", "atom", "flatten")
 STRATEGY_COLORS = {"native": "#1f77b4", "atom": "#2ca02c", "flatten": "#d62728"}
-BACKEND_MARKERS = {"deepgemm": "o", "triton": "s", "reference": "^"}
-BACKEND_LINESTYLES = {"deepgemm": "-", "triton": "--", "reference": ":"}
-VLLM_MARKER = {"marker": "D", "color": "black", "s": 70, "zorder": 5}
+BACKEND_MARKERS = {"deepgemm": "o", "triton": "s", "reference": "^", "gluon": "P"}
+BACKEND_LINESTYLES = {backend: "-" for backend in BACKEND_MARKERS}  # measured: solid, whatever the backend
+MEASURED_LINESTYLE = "-"
+MODELED_LINESTYLE = "--"
+MODELED_MARKER = "X"
+MODELED_HATCH = "//"
+MODELED_COLOR = "0.45"  # modeled rows that are not one strategy of ours (floors, other GPUs)
+MODELED = "modeled"  # the word every modeled label carries
+OTHER_COLOR = "#7f7f7f"
+VLLM_RELEASE = RELEASES["vllm_0_33_0"][0]  # 'vLLM 0.33.0': what readers call the release we model
+VLLM_MARKER = {"marker": "D", "color": "black", "facecolors": "none", "s": 90, "linewidths": 1.8, "zorder": 5}
+BEST_MARKER = {"marker": "o", "s": 240, "facecolors": "none", "edgecolors": "black", "linewidths": 1.4, "zorder": 4}
+FOOTER_STYLE = {"fontsize": 7, "color": "0.35"}
+FOOTER_GID = "provenance-footer"
+VERSION_KEYS = ("torch", "triton", "vllm", "deep_gemm", "cuda")
 
 
-def series_style(strategy: str, backend: str) -> dict[str, object]:
-    """matplotlib keyword arguments for the line of one (strategy, backend) series."""
-    return {
-        "color": STRATEGY_COLORS.get(strategy, "#7f7f7f"),
-        "marker": BACKEND_MARKERS.get(backend, "x"),
-        "linestyle": BACKEND_LINESTYLES.get(backend, "-."),
-    }
+def strategy_color(strategy: str) -> str:
+    return STRATEGY_COLORS.get(strategy, OTHER_COLOR)
+
+
+def backend_marker(backend: str) -> str:
+    return BACKEND_MARKERS.get(backend, "v")
+
+
+def series_style(strategy: str, backend: str, modeled: bool = False) -> dict[str, object]:
+    """matplotlib keyword arguments for the line of one (strategy, backend) series.
+
+    Measured: solid, filled marker. Modeled: dashed, hollow X marker (say 'modeled' in its label).
+    """
+    if modeled:
+        return {"color": strategy_color(strategy), "marker": MODELED_MARKER, "linestyle": MODELED_LINESTYLE,
+                "markerfacecolor": "none"}  # fmt: skip
+    return {"color": strategy_color(strategy), "marker": backend_marker(backend), "linestyle": MEASURED_LINESTYLE}
+
+
+def series_label(strategy: str, backend: str, source: str = "measured") -> str:
+    """'native (deepgemm)'; modeled rows: 'native (H200 roofline), modeled'."""
+    if source == "modeled":
+        return f"{strategy} ({backend.removeprefix('model (').removesuffix(')')} roofline), {MODELED}"
+    return f"{strategy} ({backend})"
+
+
+def style_handles(strategies: Iterable[str], backends: Iterable[str]) -> tuple[list[Line2D], list[str]]:
+    """Legend entries that explain the code once: a colour per strategy, a marker per backend."""
+    handles: list[Line2D] = []
+    labels: list[str] = []
+    for strategy in strategies:
+        handles.append(Line2D([], [], color=strategy_color(strategy), linewidth=3))
+        labels.append(strategy)
+    for backend in backends:
+        handles.append(Line2D([], [], color="0.3", marker=backend_marker(backend), linestyle="none"))
+        labels.append(backend)
+    return handles, labels
+
+
+def modeled_handle(color: str = MODELED_COLOR) -> Line2D:
+    """A legend entry for a modeled line (dashed, hollow X)."""
+    return Line2D([], [], color=color, linestyle=MODELED_LINESTYLE, marker=MODELED_MARKER, markerfacecolor="none")
+
+
+def legend_outside(
+    target: Axes | Figure, handles: list[Any] | None = None, labels: list[str] | None = None, where: str = "right",
+    **kwargs: Any,
+) -> None:  # fmt: skip
+    """A legend beside (`where='right'`) or under (`'below'`) the axes or figure, never over the data."""
+    if handles is None:
+        handles, labels = (target.axes[0] if isinstance(target, Figure) else target).get_legend_handles_labels()
+    if where == "right":
+        place = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if isinstance(target, Axes) else \
+                {"loc": "outside right center"}  # fmt: skip
+    else:
+        place = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.14)} if isinstance(target, Axes) else \
+                {"loc": "outside lower center"}  # fmt: skip
+    target.legend(handles, labels, frameon=False, **{"fontsize": 8, **place, **kwargs})
+
+
+def provenance_line(provenance: Mapping[str, Any]) -> str:
+    """'measured on NVIDIA H200 | run h200-full-… | 2026-11-29 | git 1a2b3c4 | torch 2.11.0, triton 3.6.0, …'."""
+    git = provenance.get("git") or {}
+    sha = (git.get("sha") or provenance.get("git_sha") or "")[:7]
+    env = provenance.get("environment") or {}
+    versions = ", ".join(f"{k} {env[k]}" for k in VERSION_KEYS if env.get(k))
+    parts = [
+        f"{provenance.get('source', 'measured')} on {provenance.get('device_name', provenance.get('device', '?'))}",
+        f"run {provenance.get('run_id', '?')}",
+        str(provenance.get("created", ""))[:10],
+        f"git {sha}{'+dirty' if git.get('dirty') else ''}" if sha else "",
+        versions,
+    ]
+    return " | ".join(p for p in parts if p)
+
+
+def add_footer(fig: Figure, line: str | None) -> Figure:
+    """The provenance line under everything the figure holds (legends below the axes included),
+    left-aligned; nothing when `line` is empty. Inline and report figures are saved with a
+    tight box, which takes the line in."""
+    if line:
+        fig.draw_without_rendering()  # run the layout, so that the box below is final
+        box = fig.get_tightbbox()
+        x = box.x0 / fig.get_figwidth()
+        y = box.y0 / fig.get_figheight() - 0.005
+        fig.text(x, y, line, ha="left", va="top", gid=FOOTER_GID, **FOOTER_STYLE)
+    return fig
+
+
+def footer_text(fig: Figure) -> str:
+    """The footer `add_footer` drew ('' when none): for tests and reports."""
+    return next((t.get_text() for t in fig.texts if t.get_gid() == FOOTER_GID), "")

@@ -20,8 +20,21 @@ from pandas.io.formats.style import Styler
 
 from dsa_lab.analysis.frames import measured_ok
 from dsa_lab.analysis.headline import TileReads
-from dsa_lab.plots.latency import STRATEGY_ORDER
-from dsa_lab.plots.style import STRATEGY_COLORS, VLLM_MARKER, series_style
+from dsa_lab.plots.latency import context_title
+from dsa_lab.plots.style import (
+    MODELED,
+    MODELED_COLOR,
+    MODELED_LINESTYLE,
+    MODELED_MARKER,
+    STRATEGY_COLORS,
+    STRATEGY_ORDER,
+    VLLM_MARKER,
+    VLLM_RELEASE,
+    add_footer,
+    legend_outside,
+    series_label,
+    series_style,
+)
 
 NOT_SEEN = "#f0f0f0"
 LABEL_BOX = {"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none", "alpha": 0.9}
@@ -128,13 +141,14 @@ def plot_headline(
     results: pd.DataFrame, table: pd.DataFrame, batch: int, context: str, device_label: str, provenance_line: str
 ) -> Figure:
     """Measured kernel time vs next_n at one point: a line per strategy (colour) and backend
-    (marker); vLLM 0.33's choice as black diamonds; an arrow down to the best option where the
-    gap is beyond the measured spread, labelled with the speedup."""
+    (marker), the kernel vLLM runs drawn bold; vLLM 0.33's choice as black diamonds; an arrow
+    down to the best option where the gap is beyond the measured spread, labelled with the
+    speedup; the time floor of the point (modeled) dashed grey; provenance in the footer."""
     data = measured_ok(results)
     data = data[(data["batch"] == batch) & (data["context"] == context)]
     if data.empty:
         raise ValueError(f"results: no measured rows with status 'ok' at batch={batch}, context={context!r}")
-    fig, ax = plt.subplots(figsize=(10, 5.8))
+    fig, ax = plt.subplots(figsize=(12, 5.6), constrained_layout=True)
     next_ns = sorted(data["next_n"].unique())
     first = table["vllm_backend"].iloc[0]
     order = {backend: i for i, backend in enumerate([first, *sorted(set(data["backend"]) - {first})])}
@@ -144,30 +158,28 @@ def plot_headline(
         part = part.set_index("next_n").reindex(next_ns)  # a next_n the series lacks breaks its line
         style = series_style(strategy, backend)
         main = backend == first  # the kernel vLLM runs; others drawn lighter
-        ax.plot(next_ns, part["kernel_us"], label=f"{strategy} ({backend})", linewidth=2.2 if main else 1.3,
-                markersize=7 if main else 5, alpha=1.0 if main else 0.6, **style)  # fmt: skip
+        ax.plot(next_ns, part["kernel_us"], label=series_label(strategy, backend), linewidth=2.4 if main else 1.3,
+                markersize=7 if main else 5, alpha=1.0 if main else 0.7, **style)  # fmt: skip
         ax.fill_between(next_ns, part["p25_ms"] * 1e3, part["p75_ms"] * 1e3, color=style["color"], alpha=0.15,
                         linewidth=0)  # fmt: skip
+    floor = table.dropna(subset=["floor_us"]) if "floor_us" in table else table.iloc[:0]
+    if not floor.empty:
+        ax.plot(floor["next_n"], floor["floor_us"], color=MODELED_COLOR, linestyle=MODELED_LINESTYLE,
+                marker=MODELED_MARKER, markerfacecolor="none",
+                label=f"floor, {MODELED}: KV read once or the FLOPs,\nat the run's ceilings (whichever is longer)")  # fmt: skip
     timed = table.dropna(subset=["vllm_us"])
-    ax.scatter(timed["next_n"], timed["vllm_us"], label=f"vLLM 0.33 takes (SM90 + DeepGEMM rule, {first} time)",
+    ax.scatter(timed["next_n"], timed["vllm_us"], label=f"{VLLM_RELEASE} takes (SM90 + DeepGEMM rule, {first} time)",
                **VLLM_MARKER)  # fmt: skip
     for row in timed[timed["beyond_spread"]].itertuples():
         ax.annotate("", xy=(row.next_n, row.best_us), xytext=(row.next_n, row.vllm_us),
                     arrowprops={"arrowstyle": "-|>", "color": "black", "linewidth": 1.3, "shrinkA": 6,
                                 "shrinkB": 4})  # fmt: skip
-        ax.annotate(
-            f"{row.speedup:.2f}×",
-            (row.next_n, (row.vllm_us + row.best_us) / 2),
-            xytext=(7, 0),
-            textcoords="offset points",
-            va="center",
-            fontsize=10,
-            fontweight="bold",
-            zorder=7,
-            bbox=LABEL_BOX,
-        )
+        ax.annotate(f"{row.speedup:.2f}×", (row.next_n, (row.vllm_us + row.best_us) / 2), xytext=(7, 0),
+                    textcoords="offset points", va="center", fontsize=10, fontweight="bold", zorder=7,
+                    bbox=LABEL_BOX)  # fmt: skip
     ax.scatter([], [], marker=r"$\downarrow$", color="black", s=80, label="to the best option: vLLM's time / best (×)")
     ax.set_xticks(next_ns)
+    ax.set_xlim(min(next_ns) - 0.4, max(next_ns) + 0.8)  # room for the speedup labels right of the arrows
     spread = data["kernel_us"].max() / data["kernel_us"].min()
     if spread > 30:  # e.g. a noisy CPU stand-in: a linear axis would flatten every other point
         ax.set_yscale("log")
@@ -176,14 +188,13 @@ def plot_headline(
     scale = " (log scale)" if spread > 30 else ""
     ax.set(xlabel="next_n (query rows per request)",
            ylabel=f"kernel time per decode step (µs, median; band: IQR){scale}")  # fmt: skip
-    ax.legend(fontsize=8.5, loc="best", frameon=False)
+    legend_outside(ax, fontsize=8.5)
     native = sorted(int(n) for n in table.loc[table["vllm_strategy"] == "native", "next_n"])
-    ax.set_title(f"Paged MQA-logits kernel time, measured on {device_label}: batch = {batch}, context = {context}"
-                 f"\nvLLM 0.33 on SM90 runs next_n in {native} natively and flattens the rest",
+    ax.set_title(f"Paged MQA-logits kernel time, measured on {device_label}: batch = {batch}, "
+                 f"context = {context_title(context)}"
+                 f"\n{VLLM_RELEASE} on SM90 runs next_n in {native} natively and flattens the rest",
                  fontsize=11)  # fmt: skip
-    fig.text(0.01, 0.005, provenance_line, fontsize=7.5, color="0.35", ha="left", va="bottom")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    return fig
+    return add_footer(fig, provenance_line)
 
 
 def style_headline(table: pd.DataFrame, device_label: str) -> Styler:
@@ -199,9 +210,14 @@ def style_headline(table: pd.DataFrame, device_label: str) -> Styler:
         "gap": np.select([table["vllm_us"].isna(), table["beyond_spread"]],
                          ["vLLM's strategy not timed", "beyond spread"], "within spread"),
     })  # fmt: skip
+    if "floor_us" in table and table["floor_us"].notna().any():
+        shown[f"floor µs ({MODELED})"] = table["floor_us"]
+        shown["best / floor"] = table["best_us"] / table["floor_us"]
+    formats = {"vLLM µs": "{:.0f}", "best µs": "{:.0f}", "speedup": "{:.2f}×", f"floor µs ({MODELED})": "{:.0f}",
+               "best / floor": "{:.2f}×"}  # fmt: skip
     top = max(2.0, float(np.nanmax(table["speedup"]))) if table["speedup"].notna().any() else 2.0
     return (
-        shown.style.format({"vLLM µs": "{:.0f}", "best µs": "{:.0f}", "speedup": "{:.2f}×"}, na_rep="—")
+        shown.style.format({k: v for k, v in formats.items() if k in shown}, na_rep="—")
         .background_gradient(subset=["speedup"], cmap="Reds", vmin=1.0, vmax=top)
         .set_caption(f"Measured on {device_label}: vLLM 0.33's choice against the fastest option timed")
         .hide(axis="index")

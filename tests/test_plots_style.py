@@ -1,0 +1,214 @@
+"""One look for every chart (dsa_lab.plots.style) and the charts of notebooks 02 and 04 that use it:
+strategy ↔ colour, backend ↔ marker, measured solid / modeled dashed or hatched and labelled,
+legends outside the data, a provenance footer, releases by version."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from dsa_lab import store  # noqa: E402
+from dsa_lab.analysis import frames, headline  # noqa: E402
+from dsa_lab.analysis.modeled import modeled_rows_like  # noqa: E402
+from dsa_lab.analysis.runs import profile_run  # noqa: E402
+from dsa_lab.paths import resolve_data_path  # noqa: E402
+from dsa_lab.plots import kernel, latency, profiles, style, tour  # noqa: E402
+from dsa_lab.policy import RELEASES  # noqa: E402
+from dsa_lab.roofline import get_gpu  # noqa: E402
+
+SHIPPED = "h200/h200-full-20261129"
+PROFILES = "h200/profiles"
+PROVENANCE = {
+    "source": "measured", "device_name": "NVIDIA H200", "run_id": "h200-full-1", "created": "2026-11-29T10:00:00",
+    "git": {"sha": "abcdef123456", "dirty": True},
+    "environment": {"torch": "2.11.0", "triton": "3.6.0", "deep_gemm": "2.8.1", "cuda": "13.0"},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def shipped() -> store.Run:
+    path = resolve_data_path(SHIPPED)
+    if not path.is_dir():
+        pytest.skip(f"the shipped run {SHIPPED} is not in this checkout's data folder")
+    return store.load_run(path)
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def _boxes(fig: Figure, artists: list) -> list:
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    return [artist.get_window_extent(renderer) for artist in artists]
+
+
+def _footer_below_everything(fig: Figure) -> bool:
+    footer = next(t for t in fig.texts if t.get_gid() == style.FOOTER_GID)
+    (box,) = _boxes(fig, [footer])
+    others = [a for a in [*fig.axes, *fig.legends] if a.get_visible()]
+    return all(box.y1 <= other.y0 + 1 for other in _boxes(fig, others))
+
+
+# ---------------------------------------------------------------- the style itself
+
+
+def test_one_colour_per_strategy_one_marker_per_backend() -> None:
+    native_dg, native_tr = style.series_style("native", "deepgemm"), style.series_style("native", "triton")
+    assert native_dg["color"] == native_tr["color"] == style.STRATEGY_COLORS["native"]
+    assert (native_dg["marker"], native_tr["marker"]) == ("o", "s")
+    assert native_dg["linestyle"] == native_tr["linestyle"] == "-"  # measured: solid for every backend
+    modeled = style.series_style("atom", "model (H200)", modeled=True)
+    assert modeled["linestyle"] == "--" and modeled["markerfacecolor"] == "none"
+    assert modeled["color"] == style.STRATEGY_COLORS["atom"]
+    assert style.series_label("native", "model (B200)", "modeled").endswith(", modeled")
+    assert len(set(style.STRATEGY_COLORS.values())) == 3 and len(set(style.BACKEND_MARKERS.values())) == 4
+    assert style.VLLM_RELEASE == RELEASES["vllm_0_33_0"][0] == "vLLM 0.33.0"  # a version, never a PR number
+
+
+def test_provenance_line_names_gpu_run_sha_and_versions() -> None:
+    line = style.provenance_line(PROVENANCE)
+    for part in ("measured on NVIDIA H200", "run h200-full-1", "2026-11-29", "git abcdef1+dirty", "torch 2.11.0",
+                 "triton 3.6.0", "deep_gemm 2.8.1"):  # fmt: skip
+        assert part in line
+    assert kernel.caption(PROVENANCE) == profiles.provenance_caption(PROVENANCE) == line  # one helper behind both
+
+
+def test_footer_sits_under_legends_below_the_axes() -> None:
+    fig, ax = plt.subplots(figsize=(6, 3), constrained_layout=True)
+    for i in range(8):
+        ax.plot([0, 1], [i, i], label=f"series {i}")
+    style.legend_outside(fig, *ax.get_legend_handles_labels(), where="below", ncol=3)
+    style.add_footer(fig, "measured on X | run r")
+    assert style.footer_text(fig) == "measured on X | run r" and _footer_below_everything(fig)
+    bare = style.add_footer(plt.figure(), None)
+    assert style.footer_text(bare) == ""
+
+
+# ---------------------------------------------------------------- notebook 02
+
+
+def test_few_contexts_and_their_titles() -> None:
+    labels = ["8192", "65536", "131072", "mixed:1024-65536", "32768"]
+    assert latency.few_contexts(labels, "64K") == ["8192", "65536", "mixed:1024-65536"]
+    assert latency.few_contexts(labels) == ["8192", "131072", "mixed:1024-65536"]
+    assert latency.context_title("65536") == "64K" and latency.context_title("mixed:1024-65536") == "mixed 1K-64K"
+
+
+def test_small_multiples_share_one_y_scale(shipped: store.Run) -> None:
+    results, line = shipped.results, style.provenance_line(shipped.provenance)
+    contexts = latency.few_contexts(results.loc[results["status"] == "ok", "context"], "64K")
+    fig = latency.plot_vs_vllm(results, "NVIDIA H200", line, "deepgemm", contexts)
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(axes) == 4 * 3  # batch 1, 16, 64, 128 x three contexts: a few small multiples, not 20
+    assert len({ax.get_ylim() for ax in axes}) == 1 and all(ax.get_yscale() == "log" for ax in axes)
+    assert "one y scale for every panel" in fig.get_suptitle() and "vLLM 0.33.0" in fig.get_suptitle()
+    drawn = [ln for ln in axes[0].get_lines() if not ln.get_label().startswith("_")]
+    assert {ln.get_color() for ln in drawn} <= set(style.STRATEGY_COLORS.values())
+    assert {ln.get_marker() for ln in drawn} == {"o", "s"} and {ln.get_linestyle() for ln in drawn} == {"-"}
+    (legend,) = fig.legends
+    assert _boxes(fig, [legend])[0].x0 >= max(box.x1 for box in _boxes(fig, axes)) - 1  # outside the panels
+    assert style.footer_text(fig) == line and _footer_below_everything(fig)
+
+
+def test_measured_and_modeled_speedups_never_share_a_colour_scale(shipped: store.Run) -> None:
+    results = shipped.results
+    gpu = get_gpu("H200-measured")
+    both = pd.concat([results, modeled_rows_like(results, gpu, shipped.provenance["seed"])], ignore_index=True)
+    fig = latency.plot_speedup(both, "NVIDIA H200", provenance_line="run x")
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert len(titles) == 4 and not any("modeled" in t for t in titles)  # measured panels only
+    measured_max = latency.speedup_table(results)["speedup"].max()
+    assert fig.axes[0].collections[0].norm.vmax == pytest.approx(max(measured_max, 1.05))
+    modeled = latency.plot_modeled_speedup(both, "NVIDIA H200")
+    (ax, _) = modeled.axes
+    assert "modeled" in ax.get_title() and "not measured" in ax.get_title()
+    assert all("(modeled)" in t.get_text() for t in ax.get_yticklabels())
+    assert any(p.get_hatch() == style.MODELED_HATCH for p in ax.patches)  # hatched cells
+    with pytest.raises(ValueError, match="no modeled point"):
+        latency.plot_modeled_speedup(results, "NVIDIA H200")
+
+
+def test_headline_shows_the_floor_and_keeps_its_legend_outside(shipped: store.Run) -> None:
+    table = headline.headline_table(shipped.results, 128, "65536")
+    assert (table["floor_us"] < table["best_us"]).all() and set(table["floor_bound"]) == {"memory", "compute"}
+    fig = tour.plot_headline(shipped.results, table, 128, "65536", "NVIDIA H200", "measured on NVIDIA H200 | run x")
+    (ax,) = fig.axes
+    floor = [ln for ln in ax.get_lines() if ln.get_label().startswith("floor, modeled")]
+    assert len(floor) == 1 and floor[0].get_linestyle() == "--"
+    assert "context = 64K" in ax.get_title() and "vLLM 0.33.0" in ax.get_title()
+    legend = ax.get_legend()
+    assert _boxes(fig, [legend])[0].x0 >= _boxes(fig, [ax])[0].x1  # right of the data
+    assert style.footer_text(fig) == "measured on NVIDIA H200 | run x"
+    html = tour.style_headline(table, "NVIDIA H200").to_html()
+    assert "floor µs (modeled)" in html
+
+
+def test_the_mixed_context_outlier_is_explained_from_the_run(shipped: store.Run) -> None:
+    gap = frames.mixed_context_gap(shipped.results, shipped.provenance["seed"]).set_index("batch")
+    b16 = gap.loc[16]
+    assert b16["vs_best"] == pytest.approx((0.32, 0.524), abs=0.005)  # the 0.32-0.52x of notebook 03's heatmap
+    assert (b16["busy_programs"], b16["programs"]) == (80, 336)  # fewer busy programs than the H200's 132 SMs
+    assert b16["token_share"] == pytest.approx(0.144, abs=0.001)
+    assert b16["baseline_scale"][1] < b16["candidate_scale"][0]  # DeepGEMM's time falls with the tokens, Triton's less
+    assert gap.loc[128, "busy_programs"] > 132 * 2
+    text = kernel.mixed_context_reading(gap.reset_index(), "NVIDIA H200")
+    assert "B = 16" in text and "80 of its 336 programs" in text and "0.32–0.52×" in text
+    assert kernel.mixed_context_reading(gap.iloc[:0], "NVIDIA H200") == ""
+
+
+# ---------------------------------------------------------------- notebook 04
+
+
+@pytest.fixture(scope="module")
+def profile() -> object:
+    if not resolve_data_path(PROFILES).is_dir():
+        pytest.skip(f"no shipped profile runs under {PROFILES}")
+    chosen = profile_run(PROFILES)
+    if not chosen.measured:
+        pytest.skip("no readable shipped profile run")
+    return chosen.run
+
+
+def test_dram_chart_one_figure_titles_apart(profile: object) -> None:
+    summary, line = profile.ncu_summary, profiles.provenance_caption(profile.provenance)
+    fig = profiles.plot_dram_vs_unique(summary, line)
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(axes) == summary["backend"].nunique() * summary["batch"].nunique()
+    titles = _boxes(fig, [ax.title for ax in axes])
+    assert len({ax.get_title() for ax in axes}) == len(axes)
+    assert not any(a.overlaps(b) for i, a in enumerate(titles) for b in titles[i + 1 :])  # facet titles apart
+    assert any(p.get_hatch() == style.MODELED_HATCH for ax in axes for p in ax.patches)  # the model, hatched
+    (legend,) = fig.legends
+    assert any("modeled" in t.get_text() for t in legend.get_texts())
+    assert style.footer_text(fig) == line and "torch" in line
+
+
+def test_tensor_pipe_axis_names_the_counter_it_shows(profile: object) -> None:
+    summary = profile.ncu_summary
+    column = profiles.tensor_column(summary)
+    assert column == "tensor_hmma_pct"  # the shipped H200 rows: ncu 2025.3.1 offers only the hmma-named counter
+    label = profiles.tensor_pipe_label(summary, profile.provenance)
+    assert "sm__pipe_tensor_op_hmma_cycles_active" in label and "GMMA" in label and "no gmma-named counter" in label
+    fig = profiles.plot_tensor_pipe(summary, "run x", profile.provenance)
+    assert label in fig.get_suptitle()
+    drawn = [ln for ax in fig.axes for ln in ax.get_lines()]
+    assert {ln.get_color() for ln in drawn} <= set(style.STRATEGY_COLORS.values())
+    assert {ln.get_marker() for ln in drawn} == {"o", "s"}
+
+
+def test_tensor_pipe_prefers_the_gmma_counter_where_a_run_has_it() -> None:
+    summary = pd.DataFrame({"tensor_gmma_pct": [50.0], "tensor_hmma_pct": [np.nan]})
+    assert profiles.tensor_column(summary) == "tensor_gmma_pct"
+    assert profiles.tensor_pipe_label(summary) == "ncu counter sm__pipe_tensor_op_gmma_cycles_active"
+    with pytest.raises(ValueError, match="no tensor-pipe"):
+        profiles.tensor_column(pd.DataFrame({"tensor_gmma_pct": [np.nan], "tensor_hmma_pct": [np.nan]}))
