@@ -19,10 +19,7 @@ import argparse
 import functools
 import json
 import os
-import re
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,35 +29,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from dsa_lab.kernels import gluon_native as gn  # noqa: E402
+from dsa_lab.kernels.cubin import resource_counts  # noqa: E402
 
 TOLERANCE = 1e-3
 
 
-def cuobjdump(cubin: bytes, flag: str) -> str:
-    import triton
-
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True, check=True).stdout
-
-
 def resources(kernel) -> dict:
     """Registers, spills, shared memory and MMA count of a compiled kernel (its cubin)."""
-    usage = cuobjdump(kernel.asm["cubin"], "-res-usage")
-    sass = cuobjdump(kernel.asm["cubin"], "-sass")
-    fields = dict(re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage))
-    return {
-        "registers": int(fields["REG"]),
-        "stack_bytes": int(fields["STACK"]),
-        "sass_local_accesses": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
-        "shared_bytes": kernel.metadata.shared,
-        "sass_qgmma": len(re.findall(r"\bQGMMA\.\S*E4M3\.E4M3", sass)),
-        "setmaxnreg": sorted(
-            {int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", kernel.asm["ptx"])}
-        ),
-    }
+    counts = resource_counts(kernel)
+    kept = ("registers", "stack_bytes", "sass_local_accesses", "shared_bytes", "setmaxnreg")
+    return {**{key: counts[key] for key in kept}, "sass_qgmma": counts["sass_qgmma_e4m3"]}
 
 
 def config_from(text: str, next_n: int, heads: int, dim: int) -> gn.GluonConfig:

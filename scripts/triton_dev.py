@@ -19,9 +19,7 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,6 +33,7 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
 from dsa_lab.kernels import triton_native as tn  # noqa: E402
+from dsa_lab.kernels.cubin import cuobjdump  # noqa: E402
 from dsa_lab.kernels.reference import paged_mqa_logits  # noqa: E402
 from dsa_lab.roofline import GPUS  # noqa: E402
 
@@ -50,15 +49,6 @@ def floor_us(batch: int, length: int, next_n: int, heads: int = 64, head_dim: in
     return bytes_moved / HBM_BYTES_PER_S * 1e6, flops / FP8_FLOPS_PER_S * 1e6
 
 
-def cuobjdump(cubin: bytes, flag: str) -> str:
-    """cuobjdump (the one in Triton's own package) on a cubin: `-sass` or `-res-usage`."""
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True, check=True).stdout
-
-
 def sass_counts(sass: str) -> dict[str, int]:
     """How often the instructions that matter occur (QGMMA = FP8 wgmma; LDL/STL = spills)."""
     return {op: len(re.findall(rf"\b{re.escape(op)}\b", sass)) for op in SASS_OPS}
@@ -66,34 +56,7 @@ def sass_counts(sass: str) -> dict[str, int]:
 
 # %% Offline compile (no GPU): what ptxas makes of each config.
 def compile_sm90(next_n: int, heads: int, head_dim: int, config: tn.KernelConfig, dump: str = "") -> dict:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    ints = ("table_stride", "out_stride", "max_context_len", "col_blocks", "blocks_per_prog")
-    pointers = {
-        "q_ptr": "*fp8e4nv",
-        "kv_ptr": "*fp8e4nv",
-        "w_ptr": "*fp32",
-        "ctx_ptr": "*i32",
-        "table_ptr": "*i32",
-        "out_ptr": "*fp32",
-    }
-    constexprs = dict(
-        NEXT_N=next_n,
-        N_POW2=triton.next_power_of_2(next_n),
-        H=heads,
-        D=head_dim,
-        BLOCK=tn.BLOCK_SIZE,
-        PLAN=tn.chunk_plan(next_n, heads, config.dot_rows),
-        RESIDENT_WEIGHTS=config.resident_weights,
-    )
-    signature = pointers | dict.fromkeys(ints, "i32") | dict.fromkeys(constexprs, "constexpr")
-    aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(pointers) + 3)}  # as the JIT sees B=128, L=64K
-    src = ASTSource(
-        fn=triton.jit(tn._paged_mqa_logits_kernel), signature=signature, attrs=aligned, constexprs=constexprs
-    )
-    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    kernel = tn.compile_for(90, next_n, heads, head_dim, config)
     if dump:  # keep the IR and assembly for reading
         for kind in ("ttgir", "ptx"):
             Path(f"{dump}.{kind}").write_text(kernel.asm[kind])

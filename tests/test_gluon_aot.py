@@ -27,15 +27,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
+from aot_support import compile_in_child, report_cases
 
 from dsa_lab.errors import BackendUnavailable, UnsupportedShape
 from dsa_lab.kernels import get_backend
@@ -46,22 +43,9 @@ NEXT_N = (1, 2, 3, 4, 5, 8)
 SPILL_FREE_UP_TO = 4  # next_n <= this: no local memory at all
 MAX_STACK_BYTES = 128
 MAX_REGISTERS = 255
-CHILD_TIMEOUT_S = 600
-REPORT_PREFIX = "GLUON-AOT "
 
 
 # --- the child: compile and read the cubins ---------------------------------------------------
-
-
-def cuobjdump(cubin: bytes, flag: str) -> str:
-    import triton
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run(
-            [triton.knobs.nvidia.cuobjdump.path, flag, f.name], capture_output=True, text=True, check=True
-        ).stdout
 
 
 def local_accesses_in_mma_spans(sass: str) -> int:
@@ -80,38 +64,18 @@ def local_accesses_in_mma_spans(sass: str) -> int:
 def compile_case(next_n: int) -> dict:
     import triton
 
+    from dsa_lab.kernels.cubin import cuobjdump, resource_counts
+
     config = gn.choose_gluon_config(next_n, HEADS, HEAD_DIM)
     kernel = gn.compile_for(90, next_n, HEADS, HEAD_DIM, config)
-    usage = cuobjdump(kernel.asm["cubin"], "-res-usage")
-    sass = cuobjdump(kernel.asm["cubin"], "-sass")
-    ptx = kernel.asm["ptx"]
-    fields = dict(re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage))
     return {
         "next_n": next_n,
         "config": config.describe(),
         "triton": triton.__version__,
-        "registers": int(fields["REG"]),
-        "stack_bytes": int(fields["STACK"]),
-        "local_bytes": int(fields["LOCAL"]),
-        "sass_local_accesses": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
-        "mma_span_local_accesses": local_accesses_in_mma_spans(sass),
-        "shared_bytes": kernel.metadata.shared,
+        **resource_counts(kernel),
+        "mma_span_local_accesses": local_accesses_in_mma_spans(cuobjdump(kernel.asm["cubin"], "-sass")),
         "expected_shared_bytes": gn.shared_bytes(next_n, HEADS, HEAD_DIM, config),
-        "ptx_wgmma_e4m3": len(re.findall(r"wgmma\.mma_async\S*\.e4m3\.e4m3", ptx)),
-        "sass_qgmma_e4m3": len(re.findall(r"\bQGMMA\.\S*E4M3\.E4M3", sass)),
-        "setmaxnreg": sorted({int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
-        "tma_loads": len(re.findall(r"\bUTMALDG\b", sass)),
     }
-
-
-def child_main(cases: list[int]) -> None:
-    reports = []
-    for next_n in cases:
-        try:
-            reports.append(compile_case(next_n))
-        except Exception as exc:  # report per case: one failed compile must not hide the others
-            reports.append({"next_n": next_n, "error": f"{type(exc).__name__}: {exc}"[-4000:]})
-    print(REPORT_PREFIX + json.dumps(reports), flush=True)
 
 
 # --- the AOT tests ----------------------------------------------------------------------------------
@@ -122,20 +86,8 @@ def reports(tmp_path_factory) -> dict[int, dict]:
     """Every case's report, from one child process (no TRITON_INTERPRET, a fresh Triton cache)."""
     if importlib.util.find_spec("triton") is None or gn.gluon is None:
         pytest.skip(f"no Gluon here: {gn.GLUON_IMPORT_ERROR or 'triton is not installed'}")
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton_cache"))
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), json.dumps(list(NEXT_N))],
-        env=env,
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(REPORT_PREFIX)]
-    if proc.returncode != 0 or not lines:
-        pytest.fail(f"AOT child exited {proc.returncode}:\n{proc.stderr[-4000:]}")
-    return {r["next_n"]: r for r in json.loads(lines[-1][len(REPORT_PREFIX) :])}
+    found = compile_in_child(__file__, [[n] for n in NEXT_N], tmp_path_factory.mktemp("triton_cache"))
+    return {r["next_n"]: r for r in found}
 
 
 def _report(reports: dict, next_n: int) -> dict:
@@ -289,4 +241,4 @@ def test_rule_fits_shared_memory_and_descriptors_are_valid(heads, dim):
 
 
 if __name__ == "__main__":
-    child_main(json.loads(sys.argv[1]))
+    report_cases(("next_n",), json.loads(sys.argv[1]), compile_case)

@@ -20,14 +20,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import re
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
+from aot_support import compile_in_child, report_cases
 
 HEADS, HEAD_DIM = 64, 128
 SM90_NEXT_N = (1, 2, 3, 4, 5, 8)
@@ -36,110 +32,24 @@ SM100_NEXT_N = (1, 3, 4, 8)
 # 272-byte stack frame under Triton 3.8); choose_config's SM100 rule reloads the weights there instead.
 MAX_REGISTERS = 255
 MAX_SHARED_BYTES = 227 * 1024  # the most shared memory one block may opt in to on sm_90 (and sm_100)
-CHILD_TIMEOUT_S = 600
-REPORT_PREFIX = "AOT-REPORT "
 
-# The kernel's runtime arguments, as paged_mqa_logits_triton's _launch passes them.
-POINTER_TYPES = {
-    "q_ptr": "*fp8e4nv",
-    "kv_ptr": "*fp8e4nv",
-    "w_ptr": "*fp32",
-    "ctx_ptr": "*i32",
-    "table_ptr": "*i32",
-    "out_ptr": "*fp32",
-}
-INT_ARGS = ("table_stride", "out_stride", "max_context_len", "col_blocks", "blocks_per_prog")
-ALIGNED_INTS = ("table_stride", "out_stride", "max_context_len")  # multiples of 16 at B=128, L=64K
 CASES = [(90, n) for n in SM90_NEXT_N] + [(100, n) for n in SM100_NEXT_N]
 
 
 # --- the child: compile and read the cubins ---------------------------------------------------
 
 
-def kernel_constexprs(next_n: int, config) -> dict:
-    """The compile-time arguments `_launch` passes for this shape and config."""
-    import triton
-
-    from dsa_lab.kernels import triton_native as tn
-
-    return {
-        "NEXT_N": next_n,
-        "N_POW2": triton.next_power_of_2(next_n),
-        "H": HEADS,
-        "D": HEAD_DIM,
-        "BLOCK": tn.BLOCK_SIZE,
-        "PLAN": tn.chunk_plan(next_n, HEADS, config.dot_rows),
-        "RESIDENT_WEIGHTS": config.resident_weights,
-    }
-
-
-def cuobjdump(cubin: bytes, flag: str) -> str:
-    import triton
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run(
-            [triton.knobs.nvidia.cuobjdump.path, flag, f.name], capture_output=True, text=True, check=True
-        ).stdout
-
-
 def compile_case(arch: int, next_n: int) -> dict:
     """Compile the kernel for `sm_<arch>` with the backend's config for `next_n`; what the cubin holds."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from dsa_lab.kernels import triton_native as tn
+    from dsa_lab.kernels.cubin import resource_counts
 
     config = tn.choose_config(next_n, HEADS, HEAD_DIM, (arch // 10, arch % 10))
-    fn = triton.jit(tn._paged_mqa_logits_kernel)
-    constexprs = kernel_constexprs(next_n, config)
-    signature, attrs = {}, {}
-    for index, param in enumerate(fn.params):
-        if param.is_constexpr:
-            if param.name not in constexprs:
-                raise KeyError(f"kernel constexpr {param.name!r}: this test gives it no value (match _launch)")
-            signature[param.name] = "constexpr"
-        elif param.name in POINTER_TYPES:
-            signature[param.name] = POINTER_TYPES[param.name]
-        elif param.name in INT_ARGS:
-            signature[param.name] = "i32"
-        else:
-            raise KeyError(f"kernel argument {param.name!r}: this test gives it no type (match _launch)")
-        if param.name in POINTER_TYPES or param.name in ALIGNED_INTS:
-            attrs[(index,)] = [["tt.divisibility", 16]]
-    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
-    usage = cuobjdump(kernel.asm["cubin"], "-res-usage")
-    sass = cuobjdump(kernel.asm["cubin"], "-sass")
-    fields = dict(re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage))
-    ptx = kernel.asm["ptx"]
-    return {
-        "arch": arch,
-        "next_n": next_n,
-        "config": config.describe(),
-        "triton": triton.__version__,
-        "registers": int(fields["REG"]),
-        "stack_bytes": int(fields["STACK"]),
-        "local_bytes": int(fields["LOCAL"]),
-        "sass_local_accesses": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
-        "shared_bytes": kernel.metadata.shared,
-        "ptx_wgmma_e4m3": len(re.findall(r"wgmma\.mma_async\S*\.e4m3\.e4m3", ptx)),
-        "sass_qgmma_e4m3": len(re.findall(r"\bQGMMA\.\S*E4M3\.E4M3", sass)),
-        "ptx_tcgen05_f8": len(re.findall(r"tcgen05\.mma\S*kind::f8f6f4", ptx)),
-    }
-
-
-def child_main(cases: list[list[int]]) -> None:
-    reports = []
-    for arch, next_n in cases:
-        try:
-            reports.append(compile_case(arch, next_n))
-        except Exception as exc:  # report per case: one failed compile must not hide the others
-            reports.append({"arch": arch, "next_n": next_n, "error": f"{type(exc).__name__}: {exc}"[:4000]})
-    print(REPORT_PREFIX + json.dumps(reports), flush=True)
+    kernel = tn.compile_for(arch, next_n, HEADS, HEAD_DIM, config)
+    return {"arch": arch, "next_n": next_n, "config": config.describe(), "triton": triton.__version__,
+            **resource_counts(kernel)}  # fmt: skip
 
 
 # --- the tests ------------------------------------------------------------------------------------
@@ -150,20 +60,8 @@ def reports(tmp_path_factory) -> dict[tuple[int, int], dict]:
     """Every case's report, from one child process (no TRITON_INTERPRET, a fresh Triton cache)."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton_cache"))
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), json.dumps(CASES)],
-        env=env,
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(REPORT_PREFIX)]
-    if proc.returncode != 0 or not lines:
-        pytest.fail(f"AOT child exited {proc.returncode}:\n{proc.stderr[-4000:]}")
-    return {(r["arch"], r["next_n"]): r for r in json.loads(lines[-1][len(REPORT_PREFIX) :])}
+    found = compile_in_child(__file__, CASES, tmp_path_factory.mktemp("triton_cache"))
+    return {(r["arch"], r["next_n"]): r for r in found}
 
 
 def _report(reports: dict, arch: int, next_n: int) -> dict:
@@ -212,4 +110,4 @@ def test_sm100_compile_fits_and_uses_fp8_tcgen05(reports, next_n: int) -> None:
 
 
 if __name__ == "__main__":
-    child_main(json.loads(sys.argv[1]))
+    report_cases(("arch", "next_n"), json.loads(sys.argv[1]), compile_case)

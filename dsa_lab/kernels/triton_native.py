@@ -228,6 +228,62 @@ def _jitted(interpret: bool) -> Any:
     return triton.jit(_paged_mqa_logits_kernel)
 
 
+# The kernel's runtime arguments as `_launch` passes them: the types and the 16-byte alignment an
+# ahead-of-time compile assumes (the three strides are multiples of 16 at the study's shapes).
+POINTER_ARGS = {
+    "q_ptr": "*fp8e4nv",
+    "kv_ptr": "*fp8e4nv",
+    "w_ptr": "*fp32",
+    "ctx_ptr": "*i32",
+    "table_ptr": "*i32",
+    "out_ptr": "*fp32",
+}
+INT_ARGS = ("table_stride", "out_stride", "max_context_len", "col_blocks", "blocks_per_prog")
+ALIGNED_INT_ARGS = ("table_stride", "out_stride", "max_context_len")
+
+
+def kernel_constexprs(next_n: int, heads: int, head_dim: int, config: KernelConfig) -> dict[str, Any]:
+    """The compile-time arguments of one shape and config: what `_launch` and `compile_for` pass."""
+    return {
+        "NEXT_N": next_n,
+        "N_POW2": triton.next_power_of_2(next_n),
+        "H": heads,
+        "D": head_dim,
+        "BLOCK": BLOCK_SIZE,
+        "PLAN": chunk_plan(next_n, heads, config.dot_rows),
+        "RESIDENT_WEIGHTS": config.resident_weights,
+    }
+
+
+def compile_for(arch: int, next_n: int, heads: int, head_dim: int, config: KernelConfig) -> Any:
+    """Compile the kernel ahead of time for `sm_<arch>` (no GPU needed); Triton's CompiledKernel.
+
+    Call it where TRITON_INTERPRET is unset: triton.jit picks the interpreter otherwise.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = triton.jit(_paged_mqa_logits_kernel)
+    constexprs = kernel_constexprs(next_n, heads, head_dim, config)
+    signature, attrs = {}, {}
+    for index, param in enumerate(fn.params):
+        if param.is_constexpr:
+            if param.name not in constexprs:
+                raise KeyError(f"kernel constexpr {param.name!r}: kernel_constexprs gives it no value")
+            signature[param.name] = "constexpr"
+        elif param.name in POINTER_ARGS:
+            signature[param.name] = POINTER_ARGS[param.name]
+        elif param.name in INT_ARGS:
+            signature[param.name] = "i32"
+        else:
+            raise KeyError(f"kernel argument {param.name!r}: POINTER_ARGS / INT_ARGS give it no type")
+        if param.name in POINTER_ARGS or param.name in ALIGNED_INT_ARGS:
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
 def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
@@ -350,13 +406,7 @@ def _launch(
         max_context_len,
         col_blocks,
         bpp,
-        NEXT_N=next_n,
-        N_POW2=triton.next_power_of_2(next_n),
-        H=heads,
-        D=dim,
-        BLOCK=BLOCK_SIZE,
-        PLAN=chunk_plan(next_n, heads, config.dot_rows),
-        RESIDENT_WEIGHTS=config.resident_weights,
+        **kernel_constexprs(next_n, heads, dim, config),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
