@@ -155,54 +155,59 @@ def _cpu_stand_in(
     return ChosenRun(store.load_run(folder), False, CPU_STAND_IN, get_gpu("H200-measured"), missing, ignored)
 
 
-def latency_run(run_path: str = "", device: str = "h200", seed: int = 0) -> ChosenRun:
-    """Notebook 02's data: `run_path` (relative to data/) if it is there, else the newest measured run.
-
-    With neither, a tiny CPU reference sweep stands in, labelled as such; a `run_path` that
-    is absent is listed among the ignored runs, never passed over silently.
-    """
+def _stored_or_stand_in(
+    run_path: str,
+    device: str,
+    needs: str,
+    accept: Callable[[store.Run], bool],
+    stand_in: Callable[[], object],
+    prefix: str,
+) -> ChosenRun:
+    """`run_path` (relative to data/) if it is there, else the newest measured run of `device` that
+    `accept` takes, else a CPU reference sweep of `stand_in()`, labelled as such. A `run_path` that is
+    there but not accepted is an error; one that is absent is listed among the ignored runs."""
     if run_path and resolve_data_path(run_path).is_dir():
-        return _measured(store.load_run(resolve_data_path(run_path)), [])
-    run, ignored = newest_measured_run(device)
+        run = store.load_run(resolve_data_path(run_path))
+        if not accept(run):
+            raise ValueError(
+                f"run_path={run_path!r}: a {run.source} run whose timed backends are {sorted(timed_backends(run))}; "
+                f"this notebook needs a {needs}"
+            )
+        return _measured(run, [])
+    run, ignored = newest_measured_run(device, accept)
     ignored = _absent(run_path) + ignored
     if run is not None:
         return _measured(run, ignored)
+    missing = (
+        f"No {needs} under {shown_path(resolve_data_path(device))}; the charts show a CPU reference sweep run "
+        f"just now and roofline-modeled times. {SWEEP_HOW}"
+    )
+    return _cpu_stand_in(stand_in, prefix, missing, ignored)
+
+
+def latency_run(run_path: str = "", device: str = "h200", seed: int = 0) -> ChosenRun:
+    """Notebook 02's data: `run_path` if it is there, else the newest measured run, else a CPU stand-in."""
     from dsa_lab.bench.point import preset
 
-    missing = (
-        f"No measured {device.upper()} run under {shown_path(resolve_data_path(device))}; the charts show a CPU "
-        f"reference sweep run just now and roofline-modeled times. {SWEEP_HOW}"
-    )
-    spec = lambda: preset("ci").with_axes(next_n=(1, 2, 3, 4), context=("128", "mixed:64-256"), seed=seed)  # noqa: E731
-    return _cpu_stand_in(spec, "nb02", missing, ignored)
+    def stand_in() -> object:
+        return preset("ci").with_axes(next_n=(1, 2, 3, 4), context=("128", "mixed:64-256"), seed=seed)
+
+    return _stored_or_stand_in(run_path, device, f"measured {device.upper()} run", lambda run: True, stand_in, "nb02")
 
 
 def kernel_run(run_path: str = "", device: str = "h200", backend: str = "triton", seed: int = 0) -> ChosenRun:
     """Notebook 03's data: a measured run in which `backend` was timed, else a CPU stand-in."""
-    if run_path and resolve_data_path(run_path).is_dir():
-        run = store.load_run(resolve_data_path(run_path))
-        if run.source != "measured" or backend not in timed_backends(run):
-            raise ValueError(
-                f"run_path={run_path!r}: a {run.source} run whose timed backends are {sorted(timed_backends(run))}; "
-                f"notebook 03 needs a measured run with backend {backend!r}"
-            )
-        return _measured(run, [])
-    run, ignored = newest_measured_run(device, lambda candidate: backend in timed_backends(candidate))
-    ignored = _absent(run_path) + ignored
-    if run is not None:
-        return _measured(run, ignored)
     from dsa_lab.bench.point import preset
 
-    missing = (
-        f"No measured {device.upper()} run with the {backend!r} backend under {shown_path(resolve_data_path(device))};"
-        f" the charts show a CPU reference sweep run just now and roofline-modeled times. {SWEEP_HOW}"
-    )
-
-    def spec() -> object:
+    def stand_in() -> object:
         ci = preset("ci")  # two warm-up calls: a CPU process's first call is slow for reasons unrelated to the strategy
         return ci.with_axes(next_n=(1, 2, 3, 4), seed=seed, timing=dataclasses.replace(ci.timing, warmup=2))
 
-    return _cpu_stand_in(spec, "nb03", missing, ignored)
+    def accept(run: store.Run) -> bool:
+        return run.source == "measured" and backend in timed_backends(run)
+
+    needs = f"measured {device.upper()} run with the {backend!r} backend"
+    return _stored_or_stand_in(run_path, device, needs, accept, stand_in, "nb03")
 
 
 @dataclass
