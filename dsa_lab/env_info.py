@@ -60,10 +60,12 @@ def _gpu_facts() -> dict[str, Any]:
 @functools.cache
 def environment_facts() -> dict[str, Any]:
     """GPU, driver, CUDA/HIP, library versions, python and OS; cached (importing deep_gemm is slow)."""
+    from dsa_lab.kernels.deepgemm_pr340 import import_pr340
     from dsa_lab.policy import Platform, import_deep_gemm
 
     policy_platform = Platform.detect()
     deep_gemm, origin = import_deep_gemm()
+    pr340, pr340_origin = import_pr340()
     return {
         **_gpu_facts(),
         "driver": _nvidia_driver(),
@@ -74,6 +76,8 @@ def environment_facts() -> dict[str, Any]:
         "vllm": _package_version("vllm"),
         "deep_gemm": getattr(deep_gemm, "__version__", "unknown") if deep_gemm else None,
         "deep_gemm_origin": origin if deep_gemm else None,
+        "deepgemm_pr340": getattr(pr340, "__version__", "unknown") if pr340 else None,
+        "deepgemm_pr340_origin": pr340_origin if pr340 else None,
         "python": host_platform.python_version(),
         "os": host_platform.platform(),
         "policy_platform": policy_platform.family,
@@ -102,7 +106,20 @@ def _print_env(args: argparse.Namespace) -> int:
     versions = Table(title="versions")
     versions.add_column("component")
     versions.add_column("version")
-    for key in ("python", "torch", "cuda", "hip", "triton", "vllm", "deep_gemm", "deep_gemm_origin", "dsa_lab", "os"):
+    for key in (
+        "python",
+        "torch",
+        "cuda",
+        "hip",
+        "triton",
+        "vllm",
+        "deep_gemm",
+        "deep_gemm_origin",
+        "deepgemm_pr340",
+        "deepgemm_pr340_origin",
+        "dsa_lab",
+        "os",
+    ):
         versions.add_row(key, str(facts[key]))
     console.print(versions)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -136,7 +136,7 @@ def test_triton_function_refuses_bad_input_by_name(case: str) -> None:
 
 def test_deepgemm_on_cpu_says_why_it_cannot_run() -> None:
     backend = get_backend("deepgemm")
-    with pytest.raises(BackendUnavailable, match=r"deepgemm.*unavailable on cpu: DeepGEMM needs a CUDA GPU"):
+    with pytest.raises(BackendUnavailable, match=r"deepgemm.*unavailable on cpu: backend .deepgemm. needs a CUDA GPU"):
         backend.logits(**GOOD)
     with pytest.raises(BackendUnavailable, match=r"needs a CUDA GPU"):
         backend.schedule(GOOD["context_lens"], 64)

@@ -71,7 +71,7 @@ def test_one_colour_per_strategy_one_marker_per_backend() -> None:
     assert modeled["linestyle"] == "--" and modeled["markerfacecolor"] == "none"
     assert modeled["color"] == style.STRATEGY_COLORS["atom"]
     assert style.series_label("native", "model (B200)", "modeled").endswith(", modeled")
-    assert len(set(style.STRATEGY_COLORS.values())) == 3 and len(set(style.BACKEND_MARKERS.values())) == 4
+    assert len(set(style.STRATEGY_COLORS.values())) == 3 and len(set(style.BACKEND_MARKERS.values())) == len(style.BACKEND_MARKERS)
     assert style.VLLM_RELEASE == RELEASES["vllm_0_33_0"][0] == "vLLM 0.33.0"  # a version, never a PR number
 
 

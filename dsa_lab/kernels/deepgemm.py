@@ -86,10 +86,16 @@ class _Derived:
 
 @register_backend
 class DeepGemmBackend(LogitsBackend):
-    """`deep_gemm.fp8_fp4_paged_mqa_logits` (or the older `fp8_paged_mqa_logits`)."""
+    """`deep_gemm.fp8_fp4_paged_mqa_logits` (or the older `fp8_paged_mqa_logits`).
+
+    Another build of DeepGEMM is a subclass that says where its module comes from (`_import`),
+    which majors it runs on, its SM90 native next_n and its SM90 schedule slots.
+    """
 
     name = "deepgemm"
     cleans_tail = False
+    supported_majors: ClassVar[tuple[int, ...]] = SUPPORTED_MAJORS
+    sm90_native: ClassVar[frozenset[int]] = SM90_NATIVE_NEXT_N
     heads: ClassVar[tuple[int, ...]] = (32, 64)
     head_dims: ClassVar[tuple[int, ...]] = (128,)
     cache_dtypes: ClassVar[tuple[str, ...]] = ("fp8",)
@@ -104,13 +110,21 @@ class DeepGemmBackend(LogitsBackend):
     def module(self) -> ModuleType | None:
         """deep_gemm, imported on first use (never at package import), with PDL on as vLLM sets it."""
         if not self._loaded:
-            from dsa_lab.policy import import_deep_gemm  # policy owns the import order vLLM uses
-
-            self._module, self._origin = import_deep_gemm()
+            self._module, self._origin = self._import()
             self._loaded = True
             if self._module is not None and hasattr(self._module, "set_pdl"):
                 self._module.set_pdl(True)
         return self._module
+
+    def _import(self) -> tuple[ModuleType | None, str]:
+        """deep_gemm as vLLM finds it: the module and its name, or None and every error."""
+        from dsa_lab.policy import import_deep_gemm  # policy owns the import order vLLM uses
+
+        return import_deep_gemm()
+
+    def _sm90_slots(self, next_n: int, num_sms: int) -> int:
+        """Schedule slots on SM90: next_n = 4 runs two CTAs a cluster sharing KV by multicast."""
+        return num_sms // 2 if next_n == 4 else num_sms
 
     @property
     def origin(self) -> str:
@@ -125,15 +139,14 @@ class DeepGemmBackend(LogitsBackend):
 
     def availability(self, device: torch.device) -> Availability:
         device = torch.device(device)
+        needs = ", ".join(f"SM{m}0" for m in self.supported_majors)
         if device.type != "cuda":
-            return Availability(False, f"DeepGEMM needs a CUDA GPU (SM90, SM100 or SM120); got device {device.type}")
+            return Availability(False, f"backend {self.name!r} needs a CUDA GPU ({needs}); got device {device.type}")
         if not torch.cuda.is_available():
             return Availability(False, "torch.cuda.is_available() is False")
         major, minor = torch.cuda.get_device_capability(device)
-        if major not in SUPPORTED_MAJORS:
-            return Availability(
-                False, f"compute capability {major}.{minor}; DeepGEMM's paged MQA logits needs SM90, SM100 or SM120"
-            )
+        if major not in self.supported_majors:
+            return Availability(False, f"compute capability {major}.{minor}; backend {self.name!r} needs {needs}")
         module = self.module()
         if module is None:
             return Availability(False, f"deep_gemm could not be imported ({self._origin})")
@@ -146,7 +159,7 @@ class DeepGemmBackend(LogitsBackend):
     def native_next_n(self, device: torch.device) -> frozenset[int] | None:
         device = torch.device(device)
         if device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == 9:
-            return SM90_NATIVE_NEXT_N
+            return self.sm90_native
         return None
 
     def schedule(self, context_lens: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -163,7 +176,7 @@ class DeepGemmBackend(LogitsBackend):
                 context_lens.reshape(-1, 1).contiguous(), block_size, num_sms, indices
             )
         next_n = context_lens.shape[1]
-        slots = num_sms // 2 if (major == 9 and next_n == 4) else num_sms
+        slots = self._sm90_slots(next_n, num_sms) if major == 9 else num_sms
         return module.get_paged_mqa_logits_metadata(context_lens.contiguous(), block_size, slots)
 
     def logits(
@@ -235,5 +248,5 @@ class DeepGemmBackend(LogitsBackend):
         state = self.availability(device)
         module = self.module() if state.ok else None
         if module is None:
-            raise BackendUnavailable(f"backend 'deepgemm' unavailable on {device}: {state.reason}")
+            raise BackendUnavailable(f"backend {self.name!r} unavailable on {device}: {state.reason}")
         return module

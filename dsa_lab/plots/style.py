@@ -28,7 +28,7 @@ from dsa_lab.policy import RELEASES
 
 STRATEGY_ORDER = ("native", "atom", "flatten")
 STRATEGY_COLORS = {"native": "#1f77b4", "atom": "#2ca02c", "flatten": "#d62728"}
-BACKEND_MARKERS = {"deepgemm": "o", "triton": "s", "reference": "^", "gluon": "P"}
+BACKEND_MARKERS = {"deepgemm": "o", "deepgemm-pr340": "X", "triton": "s", "reference": "^", "gluon": "P"}
 BACKEND_LINESTYLES = {backend: "-" for backend in BACKEND_MARKERS}  # measured: solid, whatever the backend
 MEASURED_LINESTYLE = "-"
 MODELED_LINESTYLE = "--"
