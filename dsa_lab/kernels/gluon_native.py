@@ -289,9 +289,7 @@ if gluon is not None:
         loads, smem, NEXT_N: gl.constexpr, H: gl.constexpr, D: gl.constexpr, BLOCK: gl.constexpr, STAGES: gl.constexpr,
         Q_ROWS: gl.constexpr, Q_BOX: gl.constexpr,
     ):  # fmt: skip
-        q_desc, w_desc, kv_desc, sc_desc, ctx_ptr, table_ptr, table_stride, table_width, col_blocks, total_blocks = (
-            loads
-        )
+        q_desc, w_desc, kv_desc, sc_desc, ctx_ptr, table_ptr, table_stride, col_blocks, total_blocks = loads
         q_smem, w_smem, kv_smem, sc_smem, q_full, q_empty, kv_full, kv_empty = smem
         ROWS_PER_PAGE: gl.constexpr = BLOCK + BLOCK * 4 // D  # rows of the 2-D fp8 view a page takes
         SCALE_COL: gl.constexpr = BLOCK * D // 4  # the scales' first f32 column in a page's row
@@ -301,13 +299,6 @@ if gluon is not None:
         it = 0
         qi = 0
         for b in range(b0, b1):
-            # The first 32 page ids go out with the context-length reads, not after them (one
-            # memory round trip less before the first K tile; what a small batch waits on): their
-            # mask needs only the slice and the table's width.
-            first = gl.maximum(g0 - b * col_blocks, 0)
-            row = table_ptr + b * table_stride + first
-            width = gl.minimum(gl.minimum(g1 - b * col_blocks, col_blocks), table_width) - first
-            ids = gl.load(row + lanes, mask=lanes < width, other=0)
             lo, hi, scored, n_items = _request_span(b, g0, g1, col_blocks, ctx_ptr, NEXT_N, BLOCK)
             if n_items > 0:
                 # Q_b: wait until every consumer is done with the previous request's Q.
@@ -320,12 +311,11 @@ if gluon is not None:
                     tma.async_copy_global_to_shared(q_desc, [q_row * H, 0], q_full, q_smem.slice(r * H, Q_BOX * H))
                     tma.async_copy_global_to_shared(w_desc, [q_row, 0], q_full, w_smem.slice(r, Q_BOX))
                 qi += 1
+                row = table_ptr + b * table_stride + lo
                 for g in range(0, n_items, 32):
-                    # The next 32 ids are read while these 32 tiles are issued.
-                    current = ids
-                    ids = gl.load(row + g + 32 + lanes, mask=g + 32 + lanes < n_items, other=0)
+                    ids = gl.load(row + g + lanes, mask=g + lanes < n_items, other=0)
                     for k in range(gl.minimum(n_items - g, 32)):
-                        page = gl.sum(gl.where(lanes == k, current, 0), axis=0)
+                        page = gl.sum(gl.where(lanes == k, ids, 0), axis=0)
                         item = it + g + k
                         s = item % STAGES
                         mbarrier.wait(kv_empty.index(s), ((item // STAGES) & 1) ^ 1)
@@ -486,7 +476,7 @@ if gluon is not None:
     @gluon.jit
     def _paged_mqa_logits_gluon_kernel(
         q_desc, w_desc, kv_desc, sc_desc, ctx_ptr, table_ptr, out_ptr,
-        table_stride, table_width, out_stride, max_context_len, col_blocks, total_blocks,
+        table_stride, out_stride, max_context_len, col_blocks, total_blocks,
         NEXT_N: gl.constexpr, H: gl.constexpr, D: gl.constexpr, BLOCK: gl.constexpr, Q_ROWS: gl.constexpr, Q_BOX: gl.constexpr,
         STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PLAN_MODE: gl.constexpr, MMA_COLUMNS: gl.constexpr,
         GROUP_COLUMNS: gl.constexpr, RESIDENT_WEIGHTS: gl.constexpr,
@@ -508,18 +498,7 @@ if gluon is not None:
 
         smem = (q_smem, w_smem, kv_smem, sc_smem, q_full, q_empty, kv_full, kv_empty)
         outs = (ctx_ptr, out_ptr, out_stride, max_context_len, col_blocks, total_blocks)
-        loads = (
-            q_desc,
-            w_desc,
-            kv_desc,
-            sc_desc,
-            ctx_ptr,
-            table_ptr,
-            table_stride,
-            table_width,
-            col_blocks,
-            total_blocks,
-        )
+        loads = (q_desc, w_desc, kv_desc, sc_desc, ctx_ptr, table_ptr, table_stride, col_blocks, total_blocks)
         # One branch per consumer count: partition arguments must be tuple literals (constexprs kept).
         # fmt: off
         if CONSUMERS == 2:
@@ -586,7 +565,7 @@ def launch_options(config: GluonConfig) -> dict[str, int]:
 # The kernel's runtime arguments in order, with the types the launch gives them (descriptors
 # are typed by `descriptor_layouts`); the AOT test and the dev script compile from this.
 POINTER_ARGS = {"ctx_ptr": "*i32", "table_ptr": "*i32", "out_ptr": "*fp32"}
-INT_ARGS = ("table_stride", "table_width", "out_stride", "max_context_len", "col_blocks", "total_blocks")
+INT_ARGS = ("table_stride", "out_stride", "max_context_len", "col_blocks", "total_blocks")
 
 
 def descriptor_blocks(next_n: int, heads: int, head_dim: int, config: GluonConfig) -> dict[str, tuple[str, list[int]]]:
@@ -770,7 +749,6 @@ def launch(
         block_table,
         out,
         block_table.stride(0),
-        block_table.shape[1],
         out.stride(0),
         max_context_len,
         col_blocks,
