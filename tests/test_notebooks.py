@@ -83,6 +83,9 @@ def test_notebook_executes_and_draws(path: Path, workdir: str, tmp_path: Path) -
         assert "Latency explorer" in text and "speedup over vLLM" in text
     if path.name.startswith("03_"):
         assert outputs(nb, PROVENANCE_MIME)[0]["source"] == "measured"
+        assert "Gluon goals run" in [p["label"] for p in outputs(nb, PROVENANCE_MIME)]
+        assert "**Goal 1" in text and "**Goal 4" in text and "Round 5 (issue 13)" in text
+        assert "_paged_mqa_logits_gluon_kernel" in text  # the Nsight Compute table
     if path.name.startswith("04_"):
         assert outputs(nb, PROVENANCE_MIME)[0]["device_name"] == "NVIDIA H200"
         assert "Profile explorer" in text
@@ -147,6 +150,9 @@ def test_03_without_a_shipped_triton_run_shows_a_banner_and_falls_back(empty_dat
     banner = outputs(nb, FALLBACK_MIME)
     assert len(banner) == 1 and "with the 'triton' backend" in banner[0]["missing"]
     assert "CPU reference, not H200" in text_of(nb) and "modeled" in text_of(nb)
+    # the Gluon section has no stand-in: one line each saying what is missing and the command that makes it
+    assert "No measured H200 run with the 'gluon' backend" in text_of(nb) and "scripts/h200_sweep.sh" in text_of(nb)
+    assert "No Nsight Compute run at" in text_of(nb)
     assert len(outputs(nb, "image/png")) >= 3
 
 

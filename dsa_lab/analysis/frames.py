@@ -6,7 +6,7 @@ Pure pandas over a results frame (`store.load_run(...).results`, measured or mod
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
@@ -15,6 +15,7 @@ from dsa_lab.workload import ContextSpec
 
 SM90_DEEPGEMM = Platform("sm90", True)
 BASELINE = "deepgemm"
+DEEPGEMM_BACKENDS = ("deepgemm", "deepgemm-pr340")  # the vendored release and a build of its PR #340
 POINT = ["batch", "context", "next_n"]
 
 
@@ -67,14 +68,19 @@ def measured_ok(frame: pd.DataFrame) -> pd.DataFrame:
     return data[data["source"] == "measured"].reset_index(drop=True)
 
 
-def best_option(frame: pd.DataFrame, backend: str = BASELINE) -> pd.DataFrame:
-    """Per (batch, context, next_n): `backend`'s fastest timed strategy (`best_strategy`, `best_ms`, its IQR)."""
+def best_option(
+    frame: pd.DataFrame, backend: str | Sequence[str] = BASELINE, strategies: Sequence[str] | None = None
+) -> pd.DataFrame:
+    """Per (batch, context, next_n): the fastest timed row of `backend` (one name, or several: the best
+    over all of them), among `strategies` if given: `best_strategy`, `best_backend`, `best_ms`, its IQR."""
+    backends = [backend] if isinstance(backend, str) else list(backend)
     data = measured_ok(frame)
-    data = data[data["backend"] == backend]
-    if data.empty:
-        return pd.DataFrame(columns=[*POINT, "best_strategy", "best_ms", "best_p25_ms", "best_p75_ms"])
-    best = data.loc[data.groupby(POINT)["median_ms"].idxmin()]
-    renamed = {"strategy": "best_strategy", "median_ms": "best_ms", "p25_ms": "best_p25_ms", "p75_ms": "best_p75_ms"}
+    data = data[data["backend"].isin(backends)]
+    if strategies is not None:
+        data = data[data["strategy"].isin(list(strategies))]
+    best = data.loc[data.groupby(POINT)["median_ms"].idxmin()] if not data.empty else data
+    renamed = {"strategy": "best_strategy", "backend": "best_backend", "median_ms": "best_ms",
+               "p25_ms": "best_p25_ms", "p75_ms": "best_p75_ms"}  # fmt: skip
     return by_point(best[[*POINT, *renamed]].rename(columns=renamed))
 
 

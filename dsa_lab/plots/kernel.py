@@ -9,6 +9,10 @@ of its strategies that ran). Modeled rows (roofline times, `analysis.modeled.mod
 never part of a comparison; charts draw them grey, dashed or hatched and say
 'modeled (roofline, not measured)'. Colours, markers and footers are the project's
 (`plots.style`). Nothing here times anything.
+
+Issue 13's goals for the Gluon kernel are read by `analysis.goals`; here they are drawn
+(`plot_goal_ratio_heatmap`: the candidate against the best option over every DeepGEMM
+backend) and styled for display (`style_goal_points`, `style_goal_summary`, `style_ncu_comparison`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from dsa_lab.analysis.frames import (
     vllm_path,
 )
 from dsa_lab.analysis.frames import context_order as _context_order
+from dsa_lab.analysis.goals import CANDIDATE as GOAL_CANDIDATE
+from dsa_lab.analysis.goals import GOAL_COLUMNS
 from dsa_lab.plots.latency import _sources_label, context_title
 from dsa_lab.plots.style import (
     BEST_MARKER,
@@ -240,6 +246,45 @@ def plot_speedup_heatmaps(
         ax.set(title=title, xlabel="next_n", ylabel="batch, context")
     fig.colorbar(axes[0].collections[0], ax=axes, label="speedup (×): other time / candidate time", shrink=0.8)
     title = f"{candidate[0]} {candidate[1]} speedup on {device} (measured); empty cell: the other side was not timed"
+    return _finish(fig, title, provenance_line)
+
+
+def _ratio_norm(values: np.ndarray) -> TwoSlopeNorm:
+    """Diverging at 1.0, symmetric, so that equal distances from 1 get equal colours."""
+    span = max(np.nanmax(np.abs(values - 1.0)), 0.05)
+    return TwoSlopeNorm(vcenter=1.0, vmin=1.0 - span, vmax=1.0 + span)
+
+
+def plot_goal_ratio_heatmap(
+    points: pd.DataFrame, device: str, provenance_line: str | None = None, candidate: str = GOAL_CANDIDATE
+) -> Figure:
+    """The candidate's native time / the best DeepGEMM option's at every point (`analysis.goals.goal_points`):
+    rows batch x context, columns next_n, diverging colours centred at 1.0 (blue: the candidate faster).
+    Each cell names the option it is held to: its strategy, and its backend when more than one wins somewhere."""
+    shown = points.dropna(subset=["ratio"])
+    if shown.empty:
+        raise ValueError("points: no point has both a candidate and a DeepGEMM time (column 'ratio' all NaN)")
+    several = shown["best_backend"].nunique() > 1
+    text = [f"{r.ratio:.3f}\n{r.best_strategy}" + (f"\n{r.best_backend}" if several else "")
+            for r in shown.itertuples()]  # fmt: skip
+    keys = ["batch", "context"]
+    grid = shown.pivot_table(index=keys, columns="next_n", values="ratio")
+    notes = shown.assign(text=text).pivot(index=keys, columns="next_n", values="text")
+    contexts = _context_order(shown["context"])
+    order = [(b, c) for b in sorted(shown["batch"].unique()) for c in contexts if (b, c) in grid.index]
+    grid, notes = grid.reindex(order), notes.reindex(index=order, columns=grid.columns).fillna("")
+    grid.index = [f"B={b}, L={context_title(c)}" for b, c in grid.index]
+    rows, columns = grid.shape
+    fig, ax = plt.subplots(figsize=(3.5 + 1.0 * columns, 1.6 + (0.75 if several else 0.55) * rows),
+                           constrained_layout=True)  # fmt: skip
+    sns.heatmap(grid, annot=notes.to_numpy(), fmt="", annot_kws={"fontsize": 8}, cmap="RdBu_r",
+                norm=_ratio_norm(grid.to_numpy(dtype=float)), ax=ax, linewidths=0.5, linecolor="white",
+                cbar_kws={"label": f"{candidate} native / best DeepGEMM option (×)"})  # fmt: skip
+    ax.set(xlabel="next_n", ylabel="batch, context")
+    ax.tick_params(axis="y", rotation=0)
+    title = (f"{candidate} native / the best DeepGEMM option on {device} (measured; the fastest strategy over "
+             f"every DeepGEMM backend timed)\nbelow 1 (blue): {candidate} faster. Each cell: the ratio and the "
+             "option it is held to; empty: a side was not timed")  # fmt: skip
     return _finish(fig, title, provenance_line)
 
 
@@ -488,5 +533,61 @@ def style_comparison(table: pd.DataFrame) -> Any:
             na_rep="—",
         )  # fmt: skip
         .background_gradient(subset=speedups, cmap="RdBu", vmin=0.5, vmax=1.5)
+        .hide(axis="index")
+    )
+
+
+def style_goal_points(points: pd.DataFrame) -> Any:
+    """`analysis.goals.goal_points` for display: µs, ratios shaded around 1 (blue: the candidate wins),
+    the floor's share in %, verdicts as met / missed ('—': the goal does not apply, or a side was not timed)."""
+    shown = points[[*POINT, "candidate_us", "best_us", "best_strategy", "best_backend", "ratio", "flatten_atom_us",
+                    "flatten_atom_ratio", "floor_us", "floor_share", *GOAL_COLUMNS]]  # fmt: skip
+    verdict = lambda v: "met" if v else "missed"  # noqa: E731
+    colour = lambda v: "" if pd.isna(v) else f"color: {'#1a7f37' if v else '#cf222e'}; font-weight: bold"  # noqa: E731
+    return (
+        shown.style.format(
+            {
+                "candidate_us": "{:.1f}",
+                "best_us": "{:.1f}",
+                "flatten_atom_us": "{:.1f}",
+                "floor_us": "{:.1f}",
+                "ratio": "{:.3f}",
+                "flatten_atom_ratio": "{:.3f}",
+                "floor_share": "{:.1%}",
+                **dict.fromkeys(GOAL_COLUMNS, verdict),
+            },
+            na_rep="—",
+        )  # fmt: skip
+        .background_gradient(subset=["ratio", "flatten_atom_ratio"], cmap="RdBu_r", vmin=0.8, vmax=1.2)
+        .map(colour, subset=list(GOAL_COLUMNS))
+        .hide(axis="index")
+    )
+
+
+def style_goal_summary(summary: pd.DataFrame) -> Any:
+    """`analysis.goals.goal_summary` for display: the min and max ratio per next_n shaded around 1."""
+    return (
+        summary.style.format({"ratio_min": "{:.3f}", "ratio_max": "{:.3f}"}, na_rep="—")
+        .background_gradient(subset=["ratio_min", "ratio_max"], cmap="RdBu_r", vmin=0.8, vmax=1.2)
+        .hide(axis="index")
+    )
+
+
+def style_ncu_comparison(table: pd.DataFrame) -> Any:
+    """`analysis.goals.ncu_comparison` for display, its caption naming ncu's tensor-pipe counter."""
+    counter = table.attrs.get("tensor_counter", "?")
+    return (
+        table.style.format(
+            {
+                "us": "{:.1f}",
+                "dram_read_per_unique": "{:.3f}",
+                "l2_hit_pct": "{:.1f}",
+                "occupancy_pct": "{:.2f}",
+                "tensor_pipe_pct": "{:.1f}",
+                "useful_tflops": "{:.0f}",
+            },
+            na_rep="—",
+        )  # fmt: skip
+        .set_caption(f"Nsight Compute (kernel replay, caches flushed); tensor pipe busy: ncu counter {counter}")
         .hide(axis="index")
     )

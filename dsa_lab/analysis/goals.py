@@ -1,0 +1,321 @@
+"""Issue 13's goals for a candidate kernel (Gluon by default) against every DeepGEMM option, read from one run.
+
+The candidate is its backend's *native* strategy; "the best DeepGEMM option" at a point is the
+fastest timed row of every DeepGEMM strategy (native, atom, flatten) over every DeepGEMM backend
+(`frames.DEEPGEMM_BACKENDS`: the vendored release and the PR #340 build), so a backend missing
+from a run simply does not compete. The floor is the roofline time of a kernel that reads the KV
+cache once, at the run's measured ceilings (`analysis.modeled.modeled_native_rows`); a run
+without ceilings falls back to its GPU's table row (`roofline.gpu_for_device`), named in
+`floor_gpu`. Every time comes from the run; `Goals` holds the issue's thresholds only.
+
+Goals 1-3 speak of one context length L, so they apply to uniform contexts only; goal 4 applies
+to any context at its batch sizes. A verdict is True or False where the goal applies and both
+sides were timed, NA otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from dsa_lab import store
+from dsa_lab.analysis import lab_notes
+from dsa_lab.analysis.frames import DEEPGEMM_BACKENDS, POINT, best_option, by_point, measured_ok
+from dsa_lab.analysis.modeled import modeled_native_rows
+from dsa_lab.analysis.runs import ChosenRun, newest_measured_run, timed_backends
+from dsa_lab.paths import resolve_data_path, shown_path
+from dsa_lab.profiling.ncu_tables import METRICS
+from dsa_lab.profiling.runs import load_profile_run
+from dsa_lab.roofline import gpu_for_device
+from dsa_lab.workload import ContextSpec
+
+CANDIDATE = "gluon"
+SMALL_BATCH_STRATEGIES = ("flatten", "atom")  # goal 4's rivals: the strategies any DeepGEMM runs at any next_n
+GOAL_COLUMNS = ("goal1", "goal2", "goal3", "goal4")
+NCU_HOW = (
+    "`dsa-lab profile --preset h200-full --tool ncu --backend gluon,deepgemm,deepgemm-pr340 --strategy native,atom --batch 128 "
+    "--context 64K --next-n 3,4 --device cuda --no-trace` on an H200 (carry `.dg`)"
+)
+TENSOR_COLUMNS = ("tensor_gmma_pct", "tensor_hmma_pct")  # ncu's gmma-named counter where offered, else hmma's
+
+
+@dataclass(frozen=True)
+class Goals:
+    """Issue 13's thresholds (H200, one run): what the candidate's native time must meet, not measurements."""
+
+    ratio: float = 1.00  # goal 1: candidate / best DeepGEMM option at most this ...
+    min_batch: int = 64  # ... at B >= min_batch
+    min_context: int = 32 * 1024  # ... and L >= min_context
+    next_ns: tuple[int, ...] = tuple(range(1, 9))  # ... at every one of these next_n
+    point: tuple[int, int, int] = (128, 64 * 1024, 3)  # goal 2: (batch, context, next_n) ...
+    point_us: float = 400.0  # ... in at most this many µs
+    floor_share: float = 0.80  # goal 3: floor time / candidate time at least this ...
+    floor_tokens: int = 4 * 2**20  # ... wherever B * L >= floor_tokens
+    small_batches: tuple[int, ...] = (1, 16)  # goal 4: never slower than DeepGEMM flatten/atom here
+
+
+GOALS = Goals()
+
+
+def _k(tokens: int) -> str:
+    return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
+
+
+def _where(batch: int, context: str, next_n: int | None = None) -> str:
+    spec = ContextSpec.parse(context)
+    length = f"mixed {_k(spec.low)}-{_k(spec.high)}" if spec.mixed else _k(spec.low)
+    return (f"n={next_n} " if next_n is not None else "") + f"B={batch} L={length}"
+
+
+def _applicable(table: pd.DataFrame, goals: Goals) -> dict[str, pd.Series]:
+    """Per goal, the rows it applies to (goals 1-3: uniform contexts only)."""
+    specs = table["context"].map(ContextSpec.parse)
+    uniform = ~specs.map(lambda s: s.mixed).astype(bool)
+    length = specs.map(lambda s: s.high).astype(int)
+    batch, next_n = table["batch"].astype(int), table["next_n"].astype(int)
+    point_batch, point_context, point_n = goals.point
+    return {
+        "goal1": uniform & (batch >= goals.min_batch) & (length >= goals.min_context) & next_n.isin(goals.next_ns),
+        "goal2": uniform & (batch == point_batch) & (length == point_context) & (next_n == point_n),
+        "goal3": uniform & (batch * length >= goals.floor_tokens),
+        "goal4": batch.isin(goals.small_batches),
+    }
+
+
+def _verdict(applies: pd.Series, passed: pd.Series, known: pd.Series) -> pd.Series:
+    verdict = pd.Series(pd.NA, index=applies.index, dtype="boolean")
+    judged = applies & known
+    verdict[judged] = passed[judged].astype(bool)
+    return verdict
+
+
+def _floors(results: pd.DataFrame, provenance: Mapping[str, Any]) -> tuple[pd.DataFrame, str | None]:
+    """The floor (ms) per point at the run's ceilings, and the name of those ceilings (None: no GPU row)."""
+    name = provenance.get("device_name") or provenance.get("device") or ""
+    gpu = gpu_for_device(str(name), provenance.get("ceilings"))
+    if gpu is None:
+        return pd.DataFrame(columns=[*POINT, "floor_ms"]), None
+    if "seed" not in provenance:
+        raise ValueError("provenance: no 'seed'; the floor needs it to draw mixed contexts' lengths as the run did")
+    rows = modeled_native_rows(results, [gpu], int(provenance["seed"]))
+    return rows[[*POINT, "floor_ms"]], gpu.name
+
+
+def goal_points(
+    results: pd.DataFrame,
+    provenance: Mapping[str, Any],
+    candidate: str = CANDIDATE,
+    baselines: Sequence[str] = DEEPGEMM_BACKENDS,
+    goals: Goals = GOALS,
+) -> pd.DataFrame:
+    """One row per measured (batch, context, next_n) of a run: the candidate's native median (`candidate_us`),
+    the best option of `baselines` (`best_us`, `best_backend`, `best_strategy`) and `ratio` = candidate /
+    best (< 1: the candidate wins), the best of their flatten and atom (`flatten_atom_*`, `flatten_atom_ratio`),
+    the floor (`floor_us`, at `floor_gpu`'s ceilings) and `floor_share` = floor / candidate, and a verdict per
+    goal (`goal1`..`goal4`: True, False, or NA where the goal does not apply or a side was not timed).
+
+    Raises ValueError when the candidate's native strategy has no measured timed row in `results`.
+    """
+    data = measured_ok(results)
+    mine = data[(data["backend"] == candidate) & (data["strategy"] == "native")]
+    if mine.empty:
+        timed = sorted(set(data["backend"] + "/" + data["strategy"]))
+        raise ValueError(f"candidate={candidate!r}: no measured timed 'native' rows; timed (backend/strategy): {timed}")
+    table = data[POINT].drop_duplicates()
+    table = table.merge(mine[[*POINT, "median_ms"]].rename(columns={"median_ms": "candidate_ms"}), on=POINT, how="left")
+    kept = [*POINT, "best_backend", "best_strategy", "best_ms"]
+    best = best_option(results, baselines)[kept]
+    rivals = best_option(results, baselines, SMALL_BATCH_STRATEGIES)[kept]
+    rivals = rivals.rename(columns=lambda c: c.replace("best_", "flatten_atom_"))
+    floors, floor_gpu = _floors(results, provenance)
+    table = table.merge(best, on=POINT, how="left").merge(rivals, on=POINT, how="left")
+    table = table.merge(floors, on=POINT, how="left")
+    table["floor_gpu"] = floor_gpu
+    for column in ("candidate", "best", "flatten_atom", "floor"):
+        table[f"{column}_us"] = table.pop(f"{column}_ms").astype(float) * 1e3
+    table["ratio"] = table["candidate_us"] / table["best_us"]
+    table["flatten_atom_ratio"] = table["candidate_us"] / table["flatten_atom_us"]
+    table["floor_share"] = table["floor_us"] / table["candidate_us"]
+    applies = _applicable(table, goals)
+    mine_known = table["candidate_us"].notna()
+    table["goal1"] = _verdict(applies["goal1"], table["ratio"] <= goals.ratio, table["ratio"].notna())
+    table["goal2"] = _verdict(applies["goal2"], table["candidate_us"] <= goals.point_us, mine_known)
+    table["goal3"] = _verdict(applies["goal3"], table["floor_share"] >= goals.floor_share, table["floor_share"].notna())
+    table["goal4"] = _verdict(applies["goal4"], table["flatten_atom_ratio"] <= 1.0, table["flatten_atom_ratio"].notna())
+    return by_point(table)
+
+
+def goal_summary(points: pd.DataFrame, goals: Goals = GOALS) -> pd.DataFrame:
+    """Goal 1 per next_n over the shapes it applies to: `shapes` timed on both sides, `ratio_min`/`ratio_max`,
+    how many `met` it, and the `worst` shape. Every next_n of the goal gets a row (shapes 0: not measured)."""
+    shapes = points[_applicable(points, goals)["goal1"] & points["ratio"].notna()]
+    rows = []
+    for n in sorted({*goals.next_ns, *shapes["next_n"].astype(int)}):
+        part = shapes[shapes["next_n"] == n]
+        worst = part.loc[part["ratio"].idxmax()] if not part.empty else None
+        rows.append({
+            "next_n": n, "shapes": len(part), "ratio_min": part["ratio"].min(), "ratio_max": part["ratio"].max(),
+            "met": int(part["goal1"].sum()), "worst": _where(int(worst.batch), worst.context) if worst is not None else "",
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=["next_n", "shapes", "ratio_min", "ratio_max", "met", "worst"])
+
+
+def _span(values: pd.Series, fmt: str) -> str:
+    low, high = format(values.min(), fmt), format(values.max(), fmt)
+    return low if low == high else f"{low}–{high}"
+
+
+def _per_next_n(rows: pd.DataFrame, column: str, fmt: str, unit: str) -> str:
+    """'n=1 (1.01–1.02×), n=3 (0.89×)': `column`'s span per next_n."""
+    return ", ".join(f"n={n} ({_span(part[column], fmt)}{unit})" for n, part in rows.groupby("next_n"))
+
+
+def _judged(points: pd.DataFrame, goal: str, goals: Goals) -> tuple[pd.DataFrame, pd.DataFrame, int]:
+    """The rows a goal was judged at, those that missed it, and how many rows it applies to unjudged."""
+    applies = points[_applicable(points, goals)[goal]]
+    judged = applies[applies[goal].notna()]
+    return judged, judged[~judged[goal].astype(bool)], len(applies) - len(judged)
+
+
+def _sentence(
+    goal: int, head: str, judged: pd.DataFrame, missed: pd.DataFrame, unjudged: int, body: str, absent: str = ""
+) -> str:
+    """'**Goal N met|missed|not met|not judged** (head): body': 'not met' when nothing missed but part of
+    the goal went unmeasured (`unjudged` shapes without a time on one side, or `absent` said in words)."""
+    if judged.empty:
+        why = f"{unjudged} shape(s) it applies to lack a time on one side" if unjudged else "no shape it applies to"
+        return f"**Goal {goal} not judged** ({head}): {why} in this run."
+    verdict = "missed" if len(missed) else "not met" if unjudged or absent else "met"
+    more = f" Not judged at {unjudged} more shape(s): a side not timed." if unjudged else ""
+    return f"**Goal {goal} {verdict}** ({head}): {body}{absent}{more}"
+
+
+def goal_sentences(points: pd.DataFrame, candidate: str = CANDIDATE, goals: Goals = GOALS) -> list[str]:
+    """One markdown sentence per goal from `goal_points`: met, missed (where, by how much) or not judged."""
+    name = f"{candidate} native"
+    sentences = []
+
+    judged, missed, unjudged = _judged(points, "goal1", goals)
+    absent = sorted(set(goals.next_ns) - set(judged["next_n"].astype(int)))
+    head = (f"{name} ≤ {goals.ratio:.2f}× the best DeepGEMM option at B ≥ {goals.min_batch}, "
+            f"L ≥ {_k(goals.min_context)}, every next_n in {goals.next_ns[0]}..{goals.next_ns[-1]}")  # fmt: skip
+    body = f"{name} / best {_span(judged['ratio'], '.3f')}× over {len(judged)} shapes"
+    if not missed.empty:
+        worst = missed.loc[missed["ratio"].idxmax()]
+        body += (f"; above {goals.ratio:.2f}× at {len(missed)}, by next_n: {_per_next_n(missed, 'ratio', '.3f', '×')} "
+                 f"(worst {_where(worst.batch, worst.context, worst.next_n)}: {worst.candidate_us:.1f} µs against "
+                 f"{worst.best_strategy} ({worst.best_backend}) {worst.best_us:.1f} µs)")  # fmt: skip
+    sentences.append(_sentence(1, head, judged, missed, unjudged, body + ".",
+                               f" next_n {absent} not measured." if absent else ""))  # fmt: skip
+
+    judged, missed, unjudged = _judged(points, "goal2", goals)
+    batch, context, n = goals.point
+    head = f"next_n = {n} at B = {batch}, L = {_k(context)} in ≤ {goals.point_us:.0f} µs"
+    us = float(judged["candidate_us"].iloc[0]) if not judged.empty else float("nan")
+    body = f"{name} takes {us:.1f} µs ({us / goals.point_us:.2f}× the goal)."
+    sentences.append(_sentence(2, head, judged, missed, unjudged, body))
+
+    judged, missed, unjudged = _judged(points, "goal3", goals)
+    head = f"≥ {100 * goals.floor_share:.0f} % of the floor wherever B·L ≥ {goals.floor_tokens / 2**20:g}M tokens"
+    ceilings = ", ".join(dict.fromkeys(judged["floor_gpu"].dropna()))
+    body = (
+        f"{_span(100 * judged['floor_share'], '.1f')} % of the floor at {ceilings} ceilings over {len(judged)} shapes"
+    )
+    if not missed.empty:
+        shares = missed.assign(share=100 * missed["floor_share"])
+        body += f"; below at {len(missed)}, by next_n: {_per_next_n(shares, 'share', '.1f', ' %')}"
+    sentences.append(_sentence(3, head, judged, missed, unjudged, body + "."))
+
+    judged, missed, unjudged = _judged(points, "goal4", goals)
+    batches = " and ".join(str(b) for b in goals.small_batches)
+    head = f"at B = {batches}, {name} never slower than the best DeepGEMM flatten or atom"
+    body = f"{name} / best flatten or atom {_span(judged['flatten_atom_ratio'], '.3f')}× over {len(judged)} shapes"
+    if not missed.empty:
+        worst = missed.loc[missed["flatten_atom_ratio"].idxmax()]
+        body += (f"; slower at {len(missed)}, by next_n: {_per_next_n(missed, 'flatten_atom_ratio', '.3f', '×')} "
+                 f"(worst {_where(worst.batch, worst.context, worst.next_n)}: against {worst.flatten_atom_strategy} "
+                 f"({worst.flatten_atom_backend}) {worst.flatten_atom_us:.1f} µs)")  # fmt: skip
+    sentences.append(_sentence(4, head, judged, missed, unjudged, body + "."))
+    return sentences
+
+
+# ---------------------------------------------------------------- the run, the lab notes, Nsight Compute
+
+
+def sweep_how(candidate: str = CANDIDATE) -> str:
+    """The command that makes a run these goals can be judged on (every DeepGEMM backend beside the candidate)."""
+    backends = ",".join(dict.fromkeys([*DEEPGEMM_BACKENDS, "triton", candidate]))
+    return (f"`RUN_NAME=h200-{candidate}-<date> scripts/h200_sweep.sh --backend {backends} --batch 1,16,64,128 "
+            "--context 32K,64K --next-n 1,2,3,4,5,6,7,8` on an H200 (carry `.dg`)")  # fmt: skip
+
+
+def goal_run(run_path: str = "", device: str = "h200", candidate: str = CANDIDATE) -> tuple[ChosenRun | None, str]:
+    """`run_path` (relative to data/) if it is there, else the newest measured run of `device` that timed
+    `candidate`; else None and one line saying what is missing and the command that makes it (no stand-in:
+    a CPU sweep says nothing about these goals). A `run_path` that is there without `candidate` is an error."""
+    if run_path and resolve_data_path(run_path).is_dir():
+        run = store.load_run(resolve_data_path(run_path))
+        if run.source != "measured" or candidate not in timed_backends(run):
+            raise ValueError(f"run_path={run_path!r}: a {run.source} run whose timed backends are "
+                             f"{sorted(timed_backends(run))}; the goals need a measured run with {candidate!r}")  # fmt: skip
+        ignored: list[tuple[str, str]] = []
+    else:
+        found, ignored = newest_measured_run(device, lambda run: candidate in timed_backends(run))
+        absent = f"not in the data folder {shown_path(resolve_data_path('.'))}/ (asked for by run_path)"
+        ignored = ([(run_path, absent)] if run_path else []) + ignored
+        if found is None:
+            asked = f" (run_path {run_path!r} is not there)" if run_path else ""
+            return None, (f"No measured {device.upper()} run with the {candidate!r} backend under "
+                          f"{shown_path(resolve_data_path(device))}{asked}: make one with {sweep_how(candidate)}.")  # fmt: skip
+        run = found
+    label = run.provenance.get("device_name") or run.provenance["device"]
+    return ChosenRun(run, True, label, gpu_for_device(label, run.provenance.get("ceilings")), ignored=ignored), ""
+
+
+def tuning_rounds(first: int = 5, document: str = "triton_kernel.md") -> str:
+    """The lab notes' sections 'Round N' from `first` on, up to the first N the document lacks.
+
+    Raises FileNotFoundError without the document and LookupError without round `first` (`lab_notes.sections`).
+    """
+    found = [lab_notes.sections(document, f"Round {first}")]
+    n = first + 1
+    while True:
+        try:
+            found.append(lab_notes.sections(document, f"Round {n}"))
+        except LookupError:
+            return "\n\n".join(found)
+        n += 1
+
+
+def _kernel_name(names: pd.Series) -> str:
+    """'void deep_gemm::sm90_fp8_paged_mqa_logits<4, 64, ...>(unsigned int, ...)' -> 'deep_gemm::sm90_fp8_paged_mqa_logits'."""
+    short = (n.removeprefix("void ").split("(")[0].split("<")[0] for n in names)
+    return " + ".join(dict.fromkeys(short))
+
+
+def ncu_comparison(path: str) -> pd.DataFrame:
+    """Nsight Compute's numbers per profiled step of a profile run at data/`path`: the logits kernel(s), µs,
+    DRAM bytes read per unique KV byte (1.0: KV from DRAM once), L2 hit %, occupancy %, tensor pipe busy %
+    (`tensor_counter` in the frame's attrs names ncu's counter) and useful TFLOP/s.
+
+    Raises FileNotFoundError naming what is missing and the command that makes it."""
+    folder = resolve_data_path(path)
+    if not (folder / store.PROVENANCE_FILE).is_file():
+        raise FileNotFoundError(f"No Nsight Compute run at {shown_path(folder)}: make one with {NCU_HOW}")
+    run = load_profile_run(folder)
+    if run.ncu.empty:
+        raise FileNotFoundError(f"{shown_path(folder)}: the run holds no Nsight Compute rows; make one with {NCU_HOW}")
+    summary = run.ncu_summary
+    tensor = next((c for c in TENSOR_COLUMNS if c in summary and summary[c].notna().any()), None)
+    keys = ["backend", "strategy", "batch", "context", "next_n"]
+    names = run.ncu.groupby(keys)["kernel"].agg(_kernel_name)
+    table = summary.merge(names.rename("kernel").reset_index(), on=keys)
+    table = table.assign(us=table["duration_ns"] / 1e3, tensor_pipe_pct=table[tensor] if tensor else float("nan"))
+    table = table.sort_values(["next_n", "backend", "strategy"]).reset_index(drop=True)
+    table = table[["next_n", "batch", "context", "backend", "strategy", "kernel", "us", "dram_read_per_unique",
+                   "l2_hit_pct", "occupancy_pct", "tensor_pipe_pct", "useful_tflops"]]  # fmt: skip
+    table.attrs["tensor_counter"] = METRICS[tensor] if tensor else "none collected"
+    return table
