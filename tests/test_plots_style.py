@@ -71,7 +71,9 @@ def test_one_colour_per_strategy_one_marker_per_backend() -> None:
     assert modeled["linestyle"] == "--" and modeled["markerfacecolor"] == "none"
     assert modeled["color"] == style.STRATEGY_COLORS["atom"]
     assert style.series_label("native", "model (B200)", "modeled").endswith(", modeled")
-    assert len(set(style.STRATEGY_COLORS.values())) == 3 and len(set(style.BACKEND_MARKERS.values())) == len(style.BACKEND_MARKERS)
+    assert len(set(style.STRATEGY_COLORS.values())) == 3 and len(set(style.BACKEND_MARKERS.values())) == len(
+        style.BACKEND_MARKERS
+    )
     assert style.VLLM_RELEASE == RELEASES["vllm_0_33_0"][0] == "vLLM 0.33.0"  # a version, never a PR number
 
 
@@ -212,3 +214,10 @@ def test_tensor_pipe_prefers_the_gmma_counter_where_a_run_has_it() -> None:
     assert profiles.tensor_pipe_label(summary) == "ncu counter sm__pipe_tensor_op_gmma_cycles_active"
     with pytest.raises(ValueError, match="no tensor-pipe"):
         profiles.tensor_column(pd.DataFrame({"tensor_gmma_pct": [np.nan], "tensor_hmma_pct": [np.nan]}))
+
+
+def test_the_footer_names_the_pr340_build_by_its_commit() -> None:
+    origin = "deepseek-ai/DeepGEMM@57b90e06933a7c66a6e3b2135becc54e01ec4f87 (PR #340 ...)"
+    provenance = {**PROVENANCE, "environment": {**PROVENANCE["environment"], "deepgemm_pr340_origin": origin}}
+    assert style.provenance_line(provenance).endswith(", deepgemm-pr340 @57b90e0")
+    assert "pr340" not in style.provenance_line(PROVENANCE)

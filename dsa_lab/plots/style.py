@@ -17,6 +17,7 @@ Legends sit outside the axes (`legend_outside`). Releases are named by version
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -111,6 +112,9 @@ def provenance_line(provenance: Mapping[str, Any]) -> str:
     sha = (git.get("sha") or provenance.get("git_sha") or "")[:7]
     env = provenance.get("environment") or {}
     versions = ", ".join(f"{k} {env[k]}" for k in VERSION_KEYS if env.get(k))
+    pr340 = re.search(r"@([0-9a-f]{7})", env.get("deepgemm_pr340_origin") or "")  # a build has no version of its own
+    if pr340:
+        versions += f", deepgemm-pr340 @{pr340.group(1)}"
     parts = [
         f"{provenance.get('source', 'measured')} on {provenance.get('device_name', provenance.get('device', '?'))}",
         f"run {provenance.get('run_id', '?')}",
