@@ -43,7 +43,9 @@ POINTS_FILE = "points.jsonl"
 LOCK_FILE = ".lock"
 AXES = ("backend", "strategy", "batch", "context", "next_n", "cache_dtype", "heads", "head_dim")
 TIME_COLUMNS = ("p25_ms", "median_ms", "p75_ms")  # in this order for every timed (status ok) row
-RESUME_ENVIRONMENT = ("gpu_name", "gpu_capability", "driver", "cuda", "torch", "triton", "deep_gemm", "python")
+RESUME_ENVIRONMENT = (
+    "gpu_name", "gpu_capability", "driver", "cuda", "torch", "triton", "deep_gemm", "deepgemm_pr340_origin", "python",
+)  # fmt: skip
 SOURCES = ("measured", "modeled")
 STATUSES = ("ok", "failed", "error", "skipped")
 PROVENANCE_KEYS = (

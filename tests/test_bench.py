@@ -529,7 +529,9 @@ def test_resume_refuses_a_folder_whose_rows_disagree_with_its_log(tmp_path):
 @pytest.mark.parametrize(
     ("change", "says"),
     [({"device": "cuda", "device_name": "NVIDIA H200"}, "device 'cuda' -> 'cpu'; device_name 'NVIDIA H200' -> 'cpu'"),
-     ({"environment": {"torch": "1.0.0"}}, "torch '1.0.0' -> ")],
+     ({"environment": {"torch": "1.0.0"}}, "torch '1.0.0' -> "),
+     ({"environment": {"deepgemm_pr340_origin": "deepseek-ai/DeepGEMM@57b90e0"}},
+      "deepgemm_pr340_origin 'deepseek-ai/DeepGEMM@57b90e0' -> None")],
 )  # fmt: skip
 def test_resume_refuses_another_device_or_environment(tmp_path, change, says):
     run_dir = tmp_path / "run"
