@@ -386,12 +386,17 @@ class NotebookPage:
     def explorers(self) -> list:
         return self.page.locator(EXPLORER).all()
 
-    def move_probe(self, explorer: Any, timeout: float = 120.0, quiet: float = 1.5) -> tuple[str, str]:
+    def move_probe(
+        self, explorer: Any, timeout: float = 120.0, quiet: float = 1.5, images: int | None = None
+    ) -> tuple[str, str]:
         """Select another option of the explorer's probe; wait until its output changed and settled.
 
         Settled: the kernel is idle, every image in the output is decoded, and the output's DOM
         has not changed for `quiet` seconds of the page's own clock (an ipywidgets Output receives
-        its outputs as widget state, which the page may apply after the kernel went idle).
+        its outputs as widget state, which the page may apply after the kernel went idle); with
+        `images`, also until the explorer holds that many images again (a busy machine can take
+        longer than `quiet` between clearing the output and drawing into it; the caller asserts
+        the count, so a redraw that never comes still fails there).
         Returns (old option, new option)."""
         probe = explorer.locator(PROBE).first
         output = explorer.locator(OUTPUT).first
@@ -416,6 +421,13 @@ class NotebookPage:
         except PlaywrightTimeout:
             raise AssertionError(f"{self.name}: after {moved}, the explorer's output did not settle "
                                  f"(kernel idle, {quiet} s without change) within {timeout:.0f} s") from None  # fmt: skip
+        if images is not None:
+            try:
+                self.page.wait_for_function("([el, n]) => el.querySelectorAll('img').length === n",
+                                            arg=[explorer.element_handle(), images], timeout=timeout * 1000,
+                                            polling=250)  # fmt: skip
+            except PlaywrightTimeout:
+                pass  # the caller's count assertion says what is there
         if output.inner_html() == before:
             raise AssertionError(f"{self.name}: {moved} redrew the explorer's output, but it shows the same as before")
         self.wait_images_painted()

@@ -172,7 +172,7 @@ def test_notebook_runs_in_jupyterlab_and_its_explorers_respond(
         for number, explorer in enumerate(explorers, start=1):
             charts = explorer.locator("img")
             charts_before = charts.count()
-            old, new = page.move_probe(explorer)
+            old, new = page.move_probe(explorer, images=charts_before)
             page.screenshot_explorer(explorer, screenshots / f"{path.stem}-explorer{number}.png")
             where = f"{path.name}, explorer {number}, probe moved from {old!r} to {new!r}"
             assert charts_before > 0, f"{path.name}, explorer {number}: drew no chart before the move"
