@@ -212,6 +212,11 @@ class ContextSpec:
     def label(self) -> str:
         return f"mixed:{self.low}-{self.high}" if self.mixed else str(self.low)
 
+    @property
+    def short(self) -> str:
+        """For people: '64K', 'mixed 1K-64K' (`label` is the canonical name runs store)."""
+        return f"mixed {format_tokens(self.low)}-{format_tokens(self.high)}" if self.mixed else format_tokens(self.low)
+
     @classmethod
     def parse(cls, value: str | int) -> ContextSpec:
         text = str(value).strip().lower()
@@ -236,6 +241,11 @@ class ContextSpec:
         if not self.mixed:
             return (self.low,) * check_range("batch", batch, 1, MAX_REQUESTS)
         return mixed_length_batch(batch, self.low, self.high, 1, seed).seq_lens
+
+
+def format_tokens(tokens: int) -> str:
+    """8192 -> '8K' (a K is 1024 tokens), 1000 -> '1000': the inverse of `parse_tokens`."""
+    return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
 
 
 def parse_tokens(text: str) -> int:

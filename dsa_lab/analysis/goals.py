@@ -25,12 +25,12 @@ from dsa_lab import store
 from dsa_lab.analysis import lab_notes
 from dsa_lab.analysis.frames import DEEPGEMM_BACKENDS, POINT, best_option, by_point, measured_ok
 from dsa_lab.analysis.modeled import modeled_native_rows
-from dsa_lab.analysis.runs import ChosenRun, newest_measured_run, timed_backends
+from dsa_lab.analysis.runs import ChosenRun, stored_run, timed_backends
 from dsa_lab.paths import resolve_data_path, shown_path
 from dsa_lab.profiling.ncu_tables import METRICS
 from dsa_lab.profiling.runs import load_profile_run
 from dsa_lab.roofline import gpu_for_device
-from dsa_lab.workload import ContextSpec
+from dsa_lab.workload import ContextSpec, format_tokens
 
 CANDIDATE = "gluon"
 SMALL_BATCH_STRATEGIES = ("flatten", "atom")  # goal 4's rivals: the strategies any DeepGEMM runs at any next_n
@@ -60,14 +60,8 @@ class Goals:
 GOALS = Goals()
 
 
-def _k(tokens: int) -> str:
-    return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
-
-
 def _where(batch: int, context: str, next_n: int | None = None) -> str:
-    spec = ContextSpec.parse(context)
-    length = f"mixed {_k(spec.low)}-{_k(spec.high)}" if spec.mixed else _k(spec.low)
-    return (f"n={next_n} " if next_n is not None else "") + f"B={batch} L={length}"
+    return (f"n={next_n} " if next_n is not None else "") + f"B={batch} L={ContextSpec.parse(context).short}"
 
 
 def _applicable(table: pd.DataFrame, goals: Goals) -> dict[str, pd.Series]:
@@ -201,7 +195,7 @@ def goal_sentences(points: pd.DataFrame, candidate: str = CANDIDATE, goals: Goal
     judged, missed, unjudged = _judged(points, "goal1", goals)
     absent = sorted(set(goals.next_ns) - set(judged["next_n"].astype(int)))
     head = (f"{name} ≤ {goals.ratio:.2f}× the best DeepGEMM option at B ≥ {goals.min_batch}, "
-            f"L ≥ {_k(goals.min_context)}, every next_n in {goals.next_ns[0]}..{goals.next_ns[-1]}")  # fmt: skip
+            f"L ≥ {format_tokens(goals.min_context)}, every next_n in {goals.next_ns[0]}..{goals.next_ns[-1]}")  # fmt: skip
     body = f"{name} / best {_span(judged['ratio'], '.3f')}× over {len(judged)} shapes"
     if not missed.empty:
         worst = missed.loc[missed["ratio"].idxmax()]
@@ -213,7 +207,7 @@ def goal_sentences(points: pd.DataFrame, candidate: str = CANDIDATE, goals: Goal
 
     judged, missed, unjudged = _judged(points, "goal2", goals)
     batch, context, n = goals.point
-    head = f"next_n = {n} at B = {batch}, L = {_k(context)} in ≤ {goals.point_us:.0f} µs"
+    head = f"next_n = {n} at B = {batch}, L = {format_tokens(context)} in ≤ {goals.point_us:.0f} µs"
     us = float(judged["candidate_us"].iloc[0]) if not judged.empty else float("nan")
     body = f"{name} takes {us:.1f} µs ({us / goals.point_us:.2f}× the goal)."
     sentences.append(_sentence(2, head, judged, missed, unjudged, body))
@@ -256,23 +250,15 @@ def goal_run(run_path: str = "", device: str = "h200", candidate: str = CANDIDAT
     """`run_path` (relative to data/) if it is there, else the newest measured run of `device` that timed
     `candidate`; else None and one line saying what is missing and the command that makes it (no stand-in:
     a CPU sweep says nothing about these goals). A `run_path` that is there without `candidate` is an error."""
-    if run_path and resolve_data_path(run_path).is_dir():
-        run = store.load_run(resolve_data_path(run_path))
-        if run.source != "measured" or candidate not in timed_backends(run):
-            raise ValueError(f"run_path={run_path!r}: a {run.source} run whose timed backends are "
-                             f"{sorted(timed_backends(run))}; the goals need a measured run with {candidate!r}")  # fmt: skip
-        ignored: list[tuple[str, str]] = []
-    else:
-        found, ignored = newest_measured_run(device, lambda run: candidate in timed_backends(run))
-        absent = f"not in the data folder {shown_path(resolve_data_path('.'))}/ (asked for by run_path)"
-        ignored = ([(run_path, absent)] if run_path else []) + ignored
-        if found is None:
-            asked = f" (run_path {run_path!r} is not there)" if run_path else ""
-            return None, (f"No measured {device.upper()} run with the {candidate!r} backend under "
-                          f"{shown_path(resolve_data_path(device))}{asked}: make one with {sweep_how(candidate)}.")  # fmt: skip
-        run = found
-    label = run.provenance.get("device_name") or run.provenance["device"]
-    return ChosenRun(run, True, label, gpu_for_device(label, run.provenance.get("ceilings")), ignored=ignored), ""
+    needs = f"measured {device.upper()} run with {candidate!r} timed"
+    chosen, _ = stored_run(
+        run_path, device, needs, lambda run: run.source == "measured" and candidate in timed_backends(run)
+    )
+    if chosen is None:
+        asked = f" (run_path {run_path!r} is not there)" if run_path else ""
+        return None, (f"No measured {device.upper()} run with the {candidate!r} backend under "
+                      f"{shown_path(resolve_data_path(device))}{asked}: make one with {sweep_how(candidate)}.")  # fmt: skip
+    return chosen, ""
 
 
 def tuning_rounds(first: int = 5, document: str = "triton_kernel.md") -> str:

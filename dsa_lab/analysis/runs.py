@@ -155,6 +155,25 @@ def _cpu_stand_in(
     return ChosenRun(store.load_run(folder), False, CPU_STAND_IN, get_gpu("H200-measured"), missing, ignored)
 
 
+def stored_run(
+    run_path: str, device: str, needs: str, accept: Callable[[store.Run], bool]
+) -> tuple[ChosenRun | None, list[tuple[str, str]]]:
+    """`run_path` (relative to data/) if it is there, else the newest measured run of `device` that
+    `accept` takes, else None; and the runs passed over. A `run_path` that is there but not accepted
+    is an error naming what is `needs`ed; one that is absent is listed among the passed-over runs."""
+    if run_path and resolve_data_path(run_path).is_dir():
+        run = store.load_run(resolve_data_path(run_path))
+        if not accept(run):
+            raise ValueError(
+                f"run_path={run_path!r}: a {run.source} run whose timed backends are {sorted(timed_backends(run))}; "
+                f"this notebook needs a {needs}"
+            )
+        return _measured(run, []), []
+    run, ignored = newest_measured_run(device, accept)
+    ignored = _absent(run_path) + ignored
+    return (_measured(run, ignored) if run is not None else None), ignored
+
+
 def _stored_or_stand_in(
     run_path: str,
     device: str,
@@ -163,21 +182,10 @@ def _stored_or_stand_in(
     stand_in: Callable[[], object],
     prefix: str,
 ) -> ChosenRun:
-    """`run_path` (relative to data/) if it is there, else the newest measured run of `device` that
-    `accept` takes, else a CPU reference sweep of `stand_in()`, labelled as such. A `run_path` that is
-    there but not accepted is an error; one that is absent is listed among the ignored runs."""
-    if run_path and resolve_data_path(run_path).is_dir():
-        run = store.load_run(resolve_data_path(run_path))
-        if not accept(run):
-            raise ValueError(
-                f"run_path={run_path!r}: a {run.source} run whose timed backends are {sorted(timed_backends(run))}; "
-                f"this notebook needs a {needs}"
-            )
-        return _measured(run, [])
-    run, ignored = newest_measured_run(device, accept)
-    ignored = _absent(run_path) + ignored
-    if run is not None:
-        return _measured(run, ignored)
+    """`stored_run`, else a CPU reference sweep of `stand_in()`, labelled as such."""
+    chosen, ignored = stored_run(run_path, device, needs, accept)
+    if chosen is not None:
+        return chosen
     missing = (
         f"No {needs} under {shown_path(resolve_data_path(device))}; the charts show a CPU reference sweep run "
         f"just now and roofline-modeled times. {SWEEP_HOW}"

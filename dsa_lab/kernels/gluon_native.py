@@ -769,9 +769,6 @@ class GluonNativeBackend(LogitsBackend):
     def availability(self, device: torch.device) -> Availability:
         return availability(device)
 
-    def native_next_n(self, device: torch.device) -> frozenset[int] | None:
-        return None
-
     def logits(
         self,
         q,

@@ -437,9 +437,6 @@ class TritonNativeBackend(LogitsBackend):
             )
         return Availability(True, "")
 
-    def native_next_n(self, device: torch.device) -> frozenset[int] | None:
-        return None
-
     def logits(
         self,
         q,

@@ -48,9 +48,7 @@ def _sources_label(frame: pd.DataFrame) -> str:
 
 def context_title(label: str) -> str:
     """'65536' -> '64K'; 'mixed:1024-65536' -> 'mixed 1K-64K' (tokens cached per request)."""
-    spec = ContextSpec.parse(label)
-    short = lambda n: f"{n // 1024}K" if n % 1024 == 0 else str(n)  # noqa: E731
-    return f"mixed {short(spec.low)}-{short(spec.high)}" if spec.mixed else short(spec.low)
+    return ContextSpec.parse(label).short
 
 
 def few_contexts(labels: Sequence[str], focus: str | None = None) -> list[str]:
