@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +19,7 @@ from dsa_lab.cli import main
 
 FAST_BENCH = ["bench", "--preset", "ci", "--backend", "reference", "--batch", "1", "--context", "64", "--next-n", "1",
               "--strategy", "native", "--no-progress", "--device", "cpu"]  # fmt: skip
+ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ["profile", "--tool", "torch", "--device", "cpu", "--batch", "1", "--context", "64", "--next-n", "1"]
 
 CASES = {  # argv after the command, what stderr must name
@@ -159,3 +162,17 @@ def test_bench_never_writes_outside_its_root(run_id: str) -> None:
         if code == 0:
             assert json.loads(written[0].read_text())["run_id"] == run_id
             assert len(pd.read_parquet(written[0].parent / store.RESULTS_FILE)) == 1
+
+
+@pytest.mark.parametrize(
+    ("min_free", "status", "says"),
+    [("1000000", 1, r"needs about 1000000 GiB free; .* has \d+ GiB"), ("12G", 2, r"DSA_LAB_MIN_FREE_GIB .* got '12G'")],
+)
+def test_lab_refuses_a_first_install_it_cannot_finish(tmp_path: Path, min_free: str, status: int, says: str) -> None:
+    """A disk too full for the ~11 GiB venv is named before pip starts, not as ENOSPC halfway through."""
+    venv = tmp_path / "venv"
+    env = {**os.environ, "DSA_LAB_VENV": str(venv), "DSA_LAB_MIN_FREE_GIB": min_free}
+    done = subprocess.run(["bash", str(ROOT / "lab"), "--version"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == status
+    assert re.search(says, done.stderr), done.stderr
+    assert not venv.exists()
