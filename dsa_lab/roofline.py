@@ -54,8 +54,16 @@ def from_model(name: str) -> GpuSpec:
     return GpuSpec(name, gpu.hbm_tbps.value, gpu.fp8_tflops.value, f"{gpu.hbm_tbps.source}; {gpu.fp8_tflops.source}")
 
 
+def measured_from_model(name: str) -> GpuSpec:
+    """The row of what this project measured on `name` (its sustained read and FP8 GEMM rate), kept
+    beside the spec in `dsa_lab.model.gpus` with the run that measured them: one set of H200 ceilings."""
+    gpu = model_gpus.get_gpu(name)
+    hbm, fp8 = gpu.measured["hbm_tbps"], gpu.measured["fp8_tflops"]
+    return GpuSpec(f"{name}-measured", hbm.value, fp8.value, f"{hbm.source}; {fp8.source}", measured=True)
+
+
 # H200, B200 and GB200 come from model.gpus (B200's 7.67 TB/s: the driver's 7680-bit bus x 3996 MHz x 2,
-# not the datasheet's rounded 8); the rows the model does not cover are kept here.
+# not the datasheet's rounded 8), and so do the H200's measured ceilings; H100 is kept here.
 GPUS: dict[str, GpuSpec] = {
     spec.name: spec
     for spec in (
@@ -66,13 +74,7 @@ GPUS: dict[str, GpuSpec] = {
             "NVIDIA H100 SXM datasheet: 3.35 TB/s HBM3, 3,958 TFLOPS FP8 with sparsity (half dense)",
         ),
         *(from_model(name) for name in model_gpus.GPUS),
-        GpuSpec(
-            "H200-measured",
-            4.2,
-            1310.0,
-            "measured on this project's H200: 4 GiB device read 4.2 TB/s; 8192^3 torch._scaled_mm FP8 1.31 PFLOP/s",
-            measured=True,
-        ),
+        measured_from_model("H200"),
     )
 }
 

@@ -11,17 +11,18 @@
 # L = 64K, next_n in {4, 2, 8, 1, 3} (most telling first, so a time limit cuts the least useful
 # points), strategies native, flatten, atom (an atom plan of one native piece is skipped).
 # Every point is checked against the reference before it is profiled.
-# Writes (8 files, flat enough for the device's copy-back):
-#   $OUT/log.txt                          everything printed, ncu's choice of path included
-#   $OUT/profile/provenance.json          store-format provenance + every config's status/reason
-#   $OUT/profile/torch_kernels.parquet    torch.profiler: (config, phase, kernel, grid) rows
-#   $OUT/profile/torch_phases.parquet     torch.profiler: (config, phase) rows
-#   $OUT/profile/ncu_kernels.parquet      ncu: one row per logits kernel, config attached
-#   $OUT/profile/ncu_raw.txt.gz           ncu's own output, to re-parse
-#   $OUT/profile/trace_<backend>.json.gz  B=128, n=4: a native step then a flatten step
-#   $OUT/profile/ncu_<backend>.ncu-rep    the Nsight Compute reports, for the GUI (two more files: bring
-#                                          them back in a second copy, or set BACKENDS to one backend)
-# Afterwards copy $OUT/profile to data/h200/profiles/<run_id>/ (run_id is in provenance.json).
+# Writes two files, whatever the number of backends (the device copies back a few files only):
+#   $OUT/log.txt             everything printed, ncu's choice of path included
+#   $OUT/profile.tar.gz      the folder profile/:
+#     provenance.json          store-format provenance + every config's status/reason
+#     torch_kernels.parquet    torch.profiler: (config, phase, kernel, grid) rows
+#     torch_phases.parquet     torch.profiler: (config, phase) rows
+#     ncu_kernels.parquet      ncu: one row per logits kernel, config attached
+#     ncu_raw.txt.gz           ncu's own output, to re-parse
+#     trace_<backend>.json.gz  B=128, n=4: a native step then a flatten step
+#     ncu_<backend>.ncu-rep    the Nsight Compute reports, for the GUI
+# Afterwards: tar xzf profile.tar.gz, then move profile/ to data/h200/profiles/<run_id>/ (run_id is
+# in profile/provenance.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder whose files come back}"
@@ -41,3 +42,6 @@ mkdir -p "$OUT"
     --repeats 1 --torch-budget "$TORCH_BUDGET" --ncu-timeout "$NCU_TIMEOUT" --out "$OUT/profile"
   echo "== dsa_lab.profile exit $?"
 } 2>&1 | tee "$OUT/log.txt"
+if [ -d "$OUT/profile" ]; then
+  tar czf "$OUT/profile.tar.gz" -C "$OUT" profile && rm -rf "$OUT/profile"
+fi

@@ -112,7 +112,7 @@ def test_sm90_compile_fits(reports, next_n: int) -> None:
     where = f"n={next_n} {report['config']} (triton {report['triton']})"
     assert report["registers"] <= MAX_REGISTERS, f"{where}: {report['registers']} registers"
     assert report["shared_bytes"] <= gn.MAX_SHARED_BYTES, f"{where}: {report['shared_bytes']} B shared memory"
-    # Our own estimate (what check_gluon_args refuses by) must not undercount by more than alignment.
+    # Our own estimate (what check_gluon_config refuses by) must not undercount by more than alignment.
     assert report["shared_bytes"] <= report["expected_shared_bytes"] + 2048, f"{where}: estimate too low: {report}"
     assert report["mma_span_local_accesses"] == 0, f"{where}: local memory between an MMA and its slot release"
     assert report["stack_bytes"] <= MAX_STACK_BYTES, f"{where}: {report['stack_bytes']} B stack frame"

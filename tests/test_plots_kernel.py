@@ -185,7 +185,7 @@ def test_plot_roofline_intensity(with_modeled: pd.DataFrame) -> None:
     assert "unique bytes" in ax.get_xlabel() and "TFLOP/s" in ax.get_ylabel()
     legend = ax.get_legend()
     texts = _legend_texts(ax)
-    assert any(t.startswith("HBM slope 4.2 TB/s") for t in texts) and any(t.startswith("FP8 roof 1310") for t in texts)
+    assert any(t.startswith("HBM slope 4.35 TB/s") for t in texts) and any(t.startswith("FP8 roof 1254") for t in texts)
     assert f"native on B200, GB200: {kernel.MODELED_LABEL}" in texts
     assert {"strategy: native", "strategy: atom", "strategy: flatten", "backend: deepgemm", "backend: triton"} <= set(
         texts
@@ -194,7 +194,7 @@ def test_plot_roofline_intensity(with_modeled: pd.DataFrame) -> None:
     assert style.footer_text(fig) == "caption"
     assert "measured + modeled" in fig.get_suptitle() and "NVIDIA H200" in fig.get_suptitle()
     reading = kernel.roofline_reading(kernel.kernel_comparison(with_modeled), with_modeled, H200)
-    assert "ridge of H200-measured lies at 312 FLOP/B" in reading
+    assert "ridge of H200-measured lies at 288 FLOP/B" in reading
 
 
 def test_plot_modeled_sm100(with_modeled: pd.DataFrame) -> None:

@@ -36,14 +36,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from dsa_lab.errors import BackendUnavailable, UnsupportedShape, check_choice, check_range, check_tensor
-from dsa_lab.kernels.registry import (
-    Availability,
-    LogitsBackend,
-    check_logits_args,
-    check_logits_values,
-    register_backend,
-)
+from dsa_lab.errors import check_choice, check_range
+from dsa_lab.kernels.registry import Availability, LogitsBackend, check_native_call, ready_native_call, register_backend
 
 try:
     import triton
@@ -645,29 +639,20 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def check_gluon_args(
-    q: torch.Tensor, kv_cache: torch.Tensor, cache_dtype: str, config: GluonConfig | None, out: torch.Tensor | None,
-    max_context_len: int,
-) -> None:  # fmt: skip
-    """Host checks beyond the common convention: shapes this kernel takes, the config, `out`."""
+def check_gluon_config(q: torch.Tensor, config: GluonConfig | None) -> None:
+    """A given config must be a valid GluonConfig whose ring and Q fit in shared memory at q's shape."""
+    if config is None:
+        return
+    if not isinstance(config, GluonConfig):
+        raise ValueError(f"config: expected a GluonConfig or None, got {type(config).__name__}")
+    config.validate()
     _, next_n, heads, dim = q.shape
-    check_range("next_n", next_n, 1, MAX_NEXT_N)
-    GluonNativeBackend().check_shape(heads, dim, cache_dtype)
-    if kv_cache.shape[1] != BLOCK_SIZE:
-        raise UnsupportedShape(f"block_size={kv_cache.shape[1]!r}: backend 'gluon' allows {(BLOCK_SIZE,)}")
-    if config is not None:
-        if not isinstance(config, GluonConfig):
-            raise ValueError(f"config: expected a GluonConfig or None, got {type(config).__name__}")
-        config.validate()
-        used = shared_bytes(next_n, heads, dim, config)
-        if used > MAX_SHARED_BYTES:
-            raise ValueError(
-                f"config={config.describe()}: needs {used} B of shared memory at next_n={next_n}, H={heads}, "
-                f"D={dim}; at most {MAX_SHARED_BYTES} (use fewer stages)"
-            )
-    if out is not None:
-        shape = (q.shape[0] * next_n, max_context_len)
-        check_tensor("out", out, dtype=torch.float32, shape=shape, device=q.device, contiguous=True)
+    used = shared_bytes(next_n, heads, dim, config)
+    if used > MAX_SHARED_BYTES:
+        raise ValueError(
+            f"config={config.describe()}: needs {used} B of shared memory at next_n={next_n}, H={heads}, "
+            f"D={dim}; at most {MAX_SHARED_BYTES} (use fewer stages)"
+        )
 
 
 def paged_mqa_logits_gluon(
@@ -688,19 +673,16 @@ def paged_mqa_logits_gluon(
     `check_values=False` skips the host-syncing scan of lens and block ids (timed loops, whose
     launches were checked once before). `out` lets a check pass a poisoned output.
     """
-    check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype)
-    check_gluon_args(q, kv_cache, cache_dtype, config, out, max_context_len)
-    check_choice("check_values", check_values, (False, True))
-    state = availability(q.device)
-    if not state.ok:
-        raise BackendUnavailable(f"backend 'gluon' unavailable on {q.device}: {state.reason}")
-    if check_values:
-        check_logits_values(kv_cache, context_lens, block_table, max_context_len)
+    backend = GluonNativeBackend()
+    args = (q, kv_cache, weights, context_lens, block_table, max_context_len)
+    check_native_call(
+        backend, *args, cache_dtype=cache_dtype, check_values=check_values, out=out, max_next_n=MAX_NEXT_N,
+        block_size=BLOCK_SIZE,
+    )  # fmt: skip
+    check_gluon_config(q, config)
+    q, weights, context_lens, block_table = ready_native_call(backend, *args, check_values=check_values)
     _, next_n, heads, dim = q.shape
     config = config or choose_gluon_config(next_n, heads, dim)
-    q, weights, context_lens = q.contiguous(), weights.contiguous(), context_lens.contiguous()
-    if block_table.stride(1) != 1:
-        block_table = block_table.contiguous()
     return launch(q, kv_cache, weights, context_lens, block_table, max_context_len, config, out)[0]
 
 

@@ -199,3 +199,59 @@ def check_logits_values(
             f"block_table: ids of the blocks rows read must lie in [0, {kv_cache.shape[0] - 1}] "
             f"(the cache's blocks), got [{low_id}, {high_id}]"
         )
+
+
+def check_native_call(
+    backend: LogitsBackend,
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_context_len: int,
+    *,
+    cache_dtype: str,
+    check_values: bool,
+    out: torch.Tensor | None,
+    max_next_n: int,
+    block_size: int,
+) -> None:
+    """The host checks of a native kernel's public wrapper, before its own config check: the common
+    convention, then next_n, heads/dim/dtype, block size, `check_values` and `out`, each named.
+
+    No device sync and no availability check, so every bad argument is named on any machine.
+    """
+    check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype)
+    _, next_n, heads, dim = q.shape
+    check_range("next_n", next_n, 1, max_next_n)
+    backend.check_shape(heads, dim, cache_dtype)
+    if kv_cache.shape[1] != block_size:
+        raise UnsupportedShape(f"block_size={kv_cache.shape[1]!r}: backend {backend.name!r} allows {(block_size,)}")
+    check_choice("check_values", check_values, (False, True))
+    if out is not None:
+        shape = (q.shape[0] * next_n, max_context_len)
+        check_tensor("out", out, dtype=torch.float32, shape=shape, device=q.device, contiguous=True)
+
+
+def ready_native_call(
+    backend: LogitsBackend,
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_context_len: int,
+    *,
+    check_values: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """After `check_native_call`: the backend must run on q's device (else BackendUnavailable says
+    why), the value scan runs when asked, and q, weights, context_lens, block_table come back in
+    the layout the kernels index (contiguous; the table's rows unit-stride)."""
+    state = backend.availability(q.device)
+    if not state.ok:
+        raise BackendUnavailable(f"backend {backend.name!r} unavailable on {q.device}: {state.reason}")
+    if check_values:
+        check_logits_values(kv_cache, context_lens, block_table, max_context_len)
+    if block_table.stride(1) != 1:
+        block_table = block_table.contiguous()
+    return q.contiguous(), weights.contiguous(), context_lens.contiguous(), block_table

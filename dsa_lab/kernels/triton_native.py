@@ -25,14 +25,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from dsa_lab.errors import BackendUnavailable, UnsupportedShape, check_choice, check_range, check_tensor
-from dsa_lab.kernels.registry import (
-    Availability,
-    LogitsBackend,
-    check_logits_args,
-    check_logits_values,
-    register_backend,
-)
+from dsa_lab.kernels.registry import Availability, LogitsBackend, check_native_call, ready_native_call, register_backend
 
 try:
     import triton
@@ -85,8 +78,8 @@ def choose_config(next_n: int, heads: int, head_dim: int, capability: tuple[int,
     three N=64 dots with reloaded weights (124 registers: 4 CTAs an SM); n=4 -> one N=256
     dot, 7 stages; n=8 -> two N=256 dots, weights reloaded. Other (n, H, D) follow by n*H.
 
-    `capability` is the target's (major, minor); None: the current CUDA device's, or SM90's
-    rule without a GPU. On SM100 (major 10) weights stay resident only up to 128 q rows:
+    `capability` is the target's (major, minor): the wrapper passes q's device's; None: the
+    current CUDA device's, or SM90's rule without a GPU. On SM100 (major 10) weights stay resident only up to 128 q rows:
     n=4's resident weights (64 registers a thread) beside the score tile read out of
     tensor memory spill there (sm_100 AOT, Triton 3.8: 255 registers and a 272-byte
     stack), reloading them takes 218 registers and no stack. Not timed (no SM100 here).
@@ -319,14 +312,6 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _check_shapes(q: torch.Tensor, kv_cache: torch.Tensor, cache_dtype: str) -> None:
-    _, next_n, heads, dim = q.shape
-    check_range("next_n", next_n, 1, MAX_NEXT_N)
-    TritonNativeBackend().check_shape(heads, dim, cache_dtype)
-    if kv_cache.shape[1] != BLOCK_SIZE:
-        raise UnsupportedShape(f"block_size={kv_cache.shape[1]!r}: backend 'triton' allows {(BLOCK_SIZE,)}")
-
-
 def paged_mqa_logits_triton(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -347,26 +332,20 @@ def paged_mqa_logits_triton(
     cache makes the kernel read outside it. `out` lets a test pass a poisoned output to
     prove that every element is written.
     """
-    check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype)
-    _check_shapes(q, kv_cache, cache_dtype)
-    check_choice("check_values", check_values, (False, True))
+    backend = TritonNativeBackend()
+    args = (q, kv_cache, weights, context_lens, block_table, max_context_len)
+    check_native_call(
+        backend, *args, cache_dtype=cache_dtype, check_values=check_values, out=out, max_next_n=MAX_NEXT_N,
+        block_size=BLOCK_SIZE,
+    )  # fmt: skip
     if config is not None and not isinstance(config, KernelConfig):
         raise ValueError(f"config: expected a KernelConfig or None, got {type(config).__name__}")
-    if check_values:
-        check_logits_values(kv_cache, context_lens, block_table, max_context_len)
-    if out is not None:
-        shape = (q.shape[0] * q.shape[1], max_context_len)
-        check_tensor("out", out, dtype=torch.float32, shape=shape, device=q.device, contiguous=True)
-    state = TritonNativeBackend().availability(q.device)
-    if not state.ok:
-        raise BackendUnavailable(f"backend 'triton' unavailable on {q.device}: {state.reason}")
-    batch, next_n, heads, dim = q.shape
+    q, weights, context_lens, block_table = ready_native_call(backend, *args, check_values=check_values)
     if config is None:
-        config = INTERPRETER_CONFIG if interpreter_enabled() else choose_config(next_n, heads, dim)
+        _, next_n, heads, dim = q.shape
+        capability = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
+        config = INTERPRETER_CONFIG if interpreter_enabled() else choose_config(next_n, heads, dim, capability)
         _log_choice(next_n, heads, dim, config)
-    q, weights, context_lens = q.contiguous(), weights.contiguous(), context_lens.contiguous()
-    if block_table.stride(1) != 1:
-        block_table = block_table.contiguous()
     out, _ = _launch(q, kv_cache, weights, context_lens, block_table, max_context_len, config, out)
     return out
 
