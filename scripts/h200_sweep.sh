@@ -11,8 +11,11 @@
 # into $OUT/$RUN_NAME/ and stops cleanly after MAX_MINUTES (default 7.5; held even inside a point) so the
 # call ends inside its 10-minute limit. What comes back (<= 8 files, 1 folder deep):
 # $OUT/$RUN_NAME/{results.parquet, provenance.json, points.jsonl, bench.log}.
-# DeepGEMM comes from .dg/ (carry [".dg"]); set DSA_LAB_GIT_SHA / DSA_LAB_GIT_DIRTY to record the
-# commit, since the device copy has no .git. Exit status: the bench's (130 if interrupted).
+# DeepGEMM comes from .dg/ (carry [".dg"]): the vllm 0.33.0 wheel's vllm/third_party/deep_gemm/ unzipped
+# into .dg/deep_gemm (git-ignored), its _C_extension.abi3.so stripped of debug info (`strip
+# --strip-unneeded`: 29.5 MB to 1.8 MB, the code unchanged) so that .dg and the tree fit the device's
+# 64 MiB carry. Set DSA_LAB_GIT_SHA / DSA_LAB_GIT_DIRTY to record the commit, since the device copy
+# has no .git. Exit status: the bench's (130 if interrupted).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/.dg:$PWD${PYTHONPATH:+:$PYTHONPATH}"
