@@ -1,4 +1,5 @@
-"""Round 10, call 5: tables from call5/traces.parquet (slots as gluon_timed.diff writes them).
+"""Round 10, calls 5 and 6: tables from CALL/traces.parquet (slots as gluon_timed.diff writes them);
+`python timeline_table.py call5` (the default) or `call6`.
 
 Per CTA: part 0 is the loader, 1 + c consumer c. Loader slots: 0 %globaltimer and 1 %clock64 at
 entry, 2 after its first request's context lengths, 3 after its Q copy is issued, 4 + k after the
@@ -7,12 +8,13 @@ t-th tile from j0 on (19 at most): 3 + 3t the tile arrived, 4 + 3t its first MMA
 epilogue done; 62 / 63 at exit. Clock cycles become ns at the rate each CTA's consumer 0 shows
 between entry and exit (%clock64 against %globaltimer).
 """
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-here = Path(__file__).resolve().parents[1] / "call5"
+here = Path(__file__).resolve().parents[1] / (sys.argv[1] if len(sys.argv) > 1 else "call5")
 df = pd.read_parquet(here / "traces.parquet")
 steps, overlap = [], []
 for (batch, context, next_n, variant), g in df.groupby(["batch", "context", "next_n", "variant"]):
@@ -47,7 +49,8 @@ for (batch, context, next_n, variant), g in df.groupby(["batch", "context", "nex
                             "arrival_to_first_mma_ns": np.mean([b - a for a, b in spans(c0, 3, 4)]) / ghz,
                             "first_mma_to_tile_done_ns": np.mean([b - a for a, b in e0]) / ghz})
 pd.DataFrame(steps).to_csv(here / "b1_steps.csv", index=False)
-summary = pd.DataFrame(overlap).groupby("variant").median(numeric_only=True).drop(columns=["rep", "cta"]).round(3)
-summary.to_csv(here / "n3_consumers.csv")
 print(pd.DataFrame(steps).to_string(index=False))
-print(summary.to_string())
+if overlap:
+    summary = pd.DataFrame(overlap).groupby("variant").median(numeric_only=True).drop(columns=["rep", "cta"]).round(3)
+    summary.to_csv(here / "n3_consumers.csv")
+    print(summary.to_string())
