@@ -78,11 +78,12 @@ def choose_config(next_n: int, heads: int, head_dim: int, capability: tuple[int,
     three N=64 dots with reloaded weights (124 registers: 4 CTAs an SM); n=4 -> one N=256
     dot, 7 stages; n=8 -> two N=256 dots, weights reloaded. Other (n, H, D) follow by n*H.
 
-    `capability` is the target's (major, minor): the wrapper passes q's device's; None: the
-    current CUDA device's, or SM90's rule without a GPU. On SM100 (major 10) weights stay resident only up to 128 q rows:
-    n=4's resident weights (64 registers a thread) beside the score tile read out of
-    tensor memory spill there (sm_100 AOT, Triton 3.8: 255 registers and a 272-byte
-    stack), reloading them takes 218 registers and no stack. Not timed (no SM100 here).
+    `capability` is the target's (major, minor): the wrapper passes that of q's device; None:
+    the current CUDA device's, or SM90's rule without a GPU. On SM100 (major 10) weights stay
+    resident only up to 128 q rows: n=4's resident weights (64 registers a thread) beside the
+    score tile read out of tensor memory spill there (sm_100 AOT, Triton 3.8: 255 registers
+    and a 272-byte stack), reloading them takes 218 registers and no stack. Not timed (no
+    SM100 here).
     """
     del head_dim  # D=64 was not timed; it takes the D=128 choice
     if capability is None:
