@@ -86,6 +86,7 @@ def test_notebook_executes_and_draws(path: Path, workdir: str, tmp_path: Path) -
         assert "Gluon goals run" in [p["label"] for p in outputs(nb, PROVENANCE_MIME)]
         assert "**Goal 1" in text and "**Goal 4" in text and "Round 5 (issue 13)" in text
         assert "_paged_mqa_logits_gluon_kernel" in text  # the Nsight Compute table
+        assert "round-10 timelines are not in this checkout" not in text  # the CTA timeline chart was drawn
     if path.name.startswith("04_"):
         assert outputs(nb, PROVENANCE_MIME)[0]["device_name"] == "NVIDIA H200"
         assert "Profile explorer" in text
@@ -153,6 +154,7 @@ def test_03_without_a_shipped_triton_run_shows_a_banner_and_falls_back(empty_dat
     # the Gluon section has no stand-in: one line each saying what is missing and the command that makes it
     assert "No measured H200 run with the 'gluon' backend" in text_of(nb) and "scripts/h200_sweep.sh" in text_of(nb)
     assert "No Nsight Compute run at" in text_of(nb)
+    assert "round-10 timelines are not in this checkout" in text_of(nb)
     assert len(outputs(nb, "image/png")) >= 3
 
 

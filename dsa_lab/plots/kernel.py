@@ -12,7 +12,8 @@ never part of a comparison; charts draw them grey, dashed or hatched and say
 
 Issue 13's goals for the Gluon kernel are read by `analysis.goals`; here they are drawn
 (`plot_goal_ratio_heatmap`: the candidate against the best option over every DeepGEMM
-backend) and styled for display (`style_goal_points`, `style_goal_summary`, `style_ncu_comparison`).
+backend) and styled for display (`style_goal_points`, `style_goal_summary`, `style_ncu_comparison`);
+`plot_cta_phases` draws round 10's timelines inside one CTA (`analysis.timelines`).
 """
 
 from __future__ import annotations
@@ -285,6 +286,29 @@ def plot_goal_ratio_heatmap(
     title = (f"{candidate} native / the best DeepGEMM option on {device} (measured; the fastest strategy over "
              f"every DeepGEMM backend timed)\nbelow 1 (blue): {candidate} faster. Each cell: the ratio and the "
              "option it is held to; empty: a side was not timed")  # fmt: skip
+    return _finish(fig, title, provenance_line)
+
+
+def plot_cta_phases(phases: pd.DataFrame, device: str, provenance_line: str | None = None) -> Figure:
+    """What one CTA of the Gluon kernel waits for at B = 1 (`analysis.timelines.cta_phases`): a bar
+    per case, its consecutive phases from the loader's start, Q's arrival marked."""
+    if phases.empty:
+        raise ValueError("phases: no traced case to draw")
+    cases = list(dict.fromkeys(phases["case"]))
+    names = list(dict.fromkeys(phases["phase"]))
+    colors = dict(zip(names, sns.color_palette("deep", len(names))))
+    fig, ax = plt.subplots(figsize=(11.5, 1.4 + 0.5 * len(cases)), constrained_layout=True)
+    for phase in names:
+        part = phases[phases["phase"] == phase].set_index("case").reindex(cases)
+        ax.barh(cases, part["end_ns"] - part["start_ns"], left=part["start_ns"], color=colors[phase], label=phase,
+                edgecolor="white", linewidth=0.6)  # fmt: skip
+    arrived = phases.drop_duplicates("case").set_index("case").reindex(cases)["q_arrived_ns"]
+    ax.scatter(arrived, cases, marker="|", s=300, color="black", linewidths=2, zorder=3, label="Q arrived")
+    ax.invert_yaxis()
+    ax.set(xlabel="ns after the CTA's loader starts (median over CTAs and launches)", ylabel="")
+    legend_outside(ax)
+    title = (f"Inside one CTA of the gluon kernel at B = 1 on {device} (measured, instrumented copy): "
+             "what the first tiles wait for")  # fmt: skip
     return _finish(fig, title, provenance_line)
 
 
