@@ -30,14 +30,20 @@ machine, and `scripts/gluon_dev.py check` runs it against the reference on the H
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
 from dsa_lab.errors import check_choice, check_range
-from dsa_lab.kernels.registry import Availability, LogitsBackend, check_native_call, ready_native_call, register_backend
+from dsa_lab.kernels.registry import (
+    Availability,
+    LogitsBackend,
+    check_native_call,
+    num_sms,
+    ready_native_call,
+    register_backend,
+)
 
 try:
     import triton
@@ -634,11 +640,6 @@ def availability(device: torch.device) -> Availability:
     return Availability(True, "")
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def check_gluon_config(q: torch.Tensor, config: GluonConfig | None) -> None:
     """A given config must be a valid GluonConfig whose ring and Q fit in shared memory at q's shape."""
     if config is None:
@@ -708,7 +709,7 @@ def launch(
         return out, None
     col_blocks = -(-max_context_len // BLOCK_SIZE)
     total_blocks = batch * col_blocks
-    programs = num_programs or min(_num_sms(q.device.index or 0), total_blocks)
+    programs = num_programs or min(num_sms(q.device.index or 0), total_blocks)
     blocks = descriptor_blocks(next_n, heads, dim, config)
     layouts = descriptor_layouts(next_n, heads, dim, config)
     num_blocks = kv_cache.shape[0]

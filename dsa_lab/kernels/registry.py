@@ -13,6 +13,7 @@ natively, and which shapes it accepts; callers never get a silent fallback.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -255,3 +256,9 @@ def ready_native_call(
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
     return q.contiguous(), weights.contiguous(), context_lens.contiguous(), block_table
+
+
+@functools.cache
+def num_sms(device_index: int) -> int:
+    """Streaming multiprocessors of CUDA device `device_index`: how many CTAs a persistent grid launches."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count

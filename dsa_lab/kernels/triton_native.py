@@ -25,7 +25,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from dsa_lab.kernels.registry import Availability, LogitsBackend, check_native_call, ready_native_call, register_backend
+from dsa_lab.kernels.registry import (
+    Availability,
+    LogitsBackend,
+    check_native_call,
+    num_sms,
+    ready_native_call,
+    register_backend,
+)
 
 try:
     import triton
@@ -308,11 +315,6 @@ def _log_choice(next_n: int, heads: int, head_dim: int, config: KernelConfig) ->
     LOG.info("triton logits: next_n=%d H=%d D=%d -> %s", next_n, heads, head_dim, config.describe())
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def paged_mqa_logits_triton(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -371,7 +373,7 @@ def _launch(
     col_blocks = -(-max_context_len // BLOCK_SIZE)
     bpp = config.blocks_per_program
     if bpp <= 0:
-        sms = _num_sms(q.device.index or 0) if q.device.type == "cuda" else 132
+        sms = num_sms(q.device.index or 0) if q.device.type == "cuda" else 132
         bpp = blocks_per_program(batch, col_blocks, sms)
     grid = (batch, -(-col_blocks // bpp))
     kernel = _jitted(interpreter_enabled())[grid](
