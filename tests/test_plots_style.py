@@ -23,21 +23,12 @@ from dsa_lab.plots import kernel, latency, profiles, style, tour  # noqa: E402
 from dsa_lab.policy import RELEASES  # noqa: E402
 from dsa_lab.roofline import get_gpu  # noqa: E402
 
-SHIPPED = "h200/h200-full-20261129"
 PROFILES = "h200/profiles"
 PROVENANCE = {
     "source": "measured", "device_name": "NVIDIA H200", "run_id": "h200-full-1", "created": "2026-11-29T10:00:00",
     "git": {"sha": "abcdef123456", "dirty": True},
     "environment": {"torch": "2.11.0", "triton": "3.6.0", "deep_gemm": "2.8.1", "cuda": "13.0"},
 }  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def shipped() -> store.Run:
-    path = resolve_data_path(SHIPPED)
-    if not path.is_dir():
-        pytest.skip(f"the shipped run {SHIPPED} is not in this checkout's data folder")
-    return store.load_run(path)
 
 
 @pytest.fixture(autouse=True)
@@ -106,8 +97,8 @@ def test_few_contexts_and_their_titles() -> None:
     assert latency.context_title("65536") == "64K" and latency.context_title("mixed:1024-65536") == "mixed 1K-64K"
 
 
-def test_small_multiples_share_one_y_scale(shipped: store.Run) -> None:
-    results, line = shipped.results, style.provenance_line(shipped.provenance)
+def test_small_multiples_share_one_y_scale(shipped_full_run: store.Run) -> None:
+    results, line = shipped_full_run.results, style.provenance_line(shipped_full_run.provenance)
     contexts = latency.few_contexts(results.loc[results["status"] == "ok", "context"], "64K")
     fig = latency.plot_vs_vllm(results, "NVIDIA H200", line, "deepgemm", contexts)
     axes = [ax for ax in fig.axes if ax.get_visible()]
@@ -122,10 +113,10 @@ def test_small_multiples_share_one_y_scale(shipped: store.Run) -> None:
     assert style.footer_text(fig) == line and _footer_below_everything(fig)
 
 
-def test_measured_and_modeled_speedups_never_share_a_colour_scale(shipped: store.Run) -> None:
-    results = shipped.results
+def test_measured_and_modeled_speedups_never_share_a_colour_scale(shipped_full_run: store.Run) -> None:
+    results = shipped_full_run.results
     gpu = get_gpu("H200-measured")
-    both = pd.concat([results, modeled_rows_like(results, gpu, shipped.provenance["seed"])], ignore_index=True)
+    both = pd.concat([results, modeled_rows_like(results, gpu, shipped_full_run.provenance["seed"])], ignore_index=True)
     fig = latency.plot_speedup(both, "NVIDIA H200", provenance_line="run x")
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert len(titles) == 4 and not any("modeled" in t for t in titles)  # measured panels only
@@ -140,10 +131,12 @@ def test_measured_and_modeled_speedups_never_share_a_colour_scale(shipped: store
         latency.plot_modeled_speedup(results, "NVIDIA H200")
 
 
-def test_headline_shows_the_floor_and_keeps_its_legend_outside(shipped: store.Run) -> None:
-    table = headline.headline_table(shipped.results, 128, "65536")
+def test_headline_shows_the_floor_and_keeps_its_legend_outside(shipped_full_run: store.Run) -> None:
+    table = headline.headline_table(shipped_full_run.results, 128, "65536")
     assert (table["floor_us"] < table["best_us"]).all() and set(table["floor_bound"]) == {"memory", "compute"}
-    fig = tour.plot_headline(shipped.results, table, 128, "65536", "NVIDIA H200", "measured on NVIDIA H200 | run x")
+    fig = tour.plot_headline(
+        shipped_full_run.results, table, 128, "65536", "NVIDIA H200", "measured on NVIDIA H200 | run x"
+    )
     (ax,) = fig.axes
     floor = [ln for ln in ax.get_lines() if ln.get_label().startswith("floor, modeled")]
     assert len(floor) == 1 and floor[0].get_linestyle() == "--"
@@ -155,8 +148,8 @@ def test_headline_shows_the_floor_and_keeps_its_legend_outside(shipped: store.Ru
     assert "floor µs (modeled)" in html
 
 
-def test_the_mixed_context_outlier_is_explained_from_the_run(shipped: store.Run) -> None:
-    gap = frames.mixed_context_gap(shipped.results, shipped.provenance["seed"]).set_index("batch")
+def test_the_mixed_context_outlier_is_explained_from_the_run(shipped_full_run: store.Run) -> None:
+    gap = frames.mixed_context_gap(shipped_full_run.results, shipped_full_run.provenance["seed"]).set_index("batch")
     b16 = gap.loc[16]
     assert b16["vs_best"] == pytest.approx((0.32, 0.524), abs=0.005)  # the 0.32-0.52x of notebook 03's heatmap
     assert (b16["busy_programs"], b16["programs"]) == (80, 336)  # fewer busy programs than the H200's 132 SMs

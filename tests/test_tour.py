@@ -15,21 +15,9 @@ import torch
 from dsa_lab import store
 from dsa_lab.analysis import headline
 from dsa_lab.metadata import build_metadata
-from dsa_lab.paths import resolve_data_path
 from dsa_lab.plots import tour
 from dsa_lab.plots.metadata import blocks_read
 from dsa_lab.workload import DecodeBatch
-
-SHIPPED = "h200/h200-full-20261129"
-
-
-@pytest.fixture(scope="module")
-def shipped() -> store.Run:
-    path = resolve_data_path(SHIPPED)
-    if not path.is_dir():
-        pytest.skip(f"the shipped run {SHIPPED} is not in this checkout's data folder")
-    return store.load_run(path)
-
 
 # ---------------------------------------------------------------- KV-tile reads
 
@@ -90,10 +78,10 @@ def test_modeled_bytes_monotone_for_flatten_and_equal_at_one() -> None:
     assert "flatten 8 times" in headline.bytes_reading(frame)
 
 
-def test_modeled_bytes_match_the_shipped_runs_roofline_columns(shipped: store.Run) -> None:
+def test_modeled_bytes_match_the_shipped_runs_roofline_columns(shipped_full_run: store.Run) -> None:
     """The tour's modeled bytes are the numbers the sweep stored for the same points."""
     frame = headline.modeled_bytes(128, "65536", next_ns=(2, 3, 5, 8)).set_index(["next_n", "strategy"])["bytes"]
-    stored = shipped.results
+    stored = shipped_full_run.results
     stored = stored[(stored["batch"] == 128) & (stored["context"] == "65536") & (stored["backend"] == "triton")]
     stored = stored.dropna(subset=["strategy_bytes"]).set_index(["next_n", "strategy"])["strategy_bytes"]
     common = frame.index.intersection(stored.index)
@@ -104,9 +92,9 @@ def test_modeled_bytes_match_the_shipped_runs_roofline_columns(shipped: store.Ru
 # ---------------------------------------------------------------- the headline table
 
 
-def test_headline_on_the_shipped_run(shipped: store.Run) -> None:
-    table = headline.headline_table(shipped.results, 128, "65536").set_index("next_n")
-    data = shipped.results
+def test_headline_on_the_shipped_run(shipped_full_run: store.Run) -> None:
+    table = headline.headline_table(shipped_full_run.results, 128, "65536").set_index("next_n")
+    data = shipped_full_run.results
     point = data[(data["batch"] == 128) & (data["context"] == "65536") & (data["status"] == "ok")]
     us = point.set_index(["next_n", "backend", "strategy"])["median_ms"] * 1e3
     # next_n = 3: vLLM flattens on DeepGEMM, DeepGEMM atom (a padded 4) is the fastest option measured
@@ -184,14 +172,16 @@ def test_vllm_untimed_strategy_gives_nan_not_a_guess() -> None:
 # ---------------------------------------------------------------- the pictures draw
 
 
-def test_the_tour_charts_draw(shipped: store.Run) -> None:
+def test_the_tour_charts_draw(shipped_full_run: store.Run) -> None:
     reads = [headline.tile_reads(s, 6, 5) for s in headline.TOUR_STRATEGIES]
     figures = [
         tour.plot_tile_reads(reads),
         tour.plot_modeled_bytes(headline.modeled_bytes(), 128, "65536"),
     ]
-    table = headline.headline_table(shipped.results, 128, "65536")
-    fig = tour.plot_headline(shipped.results, table, 128, "65536", "NVIDIA H200", "measured on NVIDIA H200 | run x")
+    table = headline.headline_table(shipped_full_run.results, 128, "65536")
+    fig = tour.plot_headline(
+        shipped_full_run.results, table, 128, "65536", "NVIDIA H200", "measured on NVIDIA H200 | run x"
+    )
     figures.append(fig)
     assert "measured on NVIDIA H200" in fig.axes[0].get_title()
     assert "modeled" in figures[1].axes[0].get_title()

@@ -1,0 +1,19 @@
+"""Fixtures several test modules share."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsa_lab import store
+from dsa_lab.paths import resolve_data_path
+
+SHIPPED_FULL = "h200/h200-full-20261129"  # the shipped H200 sweep
+
+
+@pytest.fixture(scope="session")
+def shipped_full_run() -> store.Run:
+    """The shipped H200 sweep; the test is skipped in a checkout without it."""
+    path = resolve_data_path(SHIPPED_FULL)
+    if not path.is_dir():
+        pytest.skip(f"the shipped run {SHIPPED_FULL} is not in this checkout's data folder")
+    return store.load_run(path)
