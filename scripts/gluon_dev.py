@@ -54,7 +54,7 @@ def resources(kernel) -> dict:
 
 def config_from(text: str, next_n: int, heads: int, dim: int) -> gc.GluonConfig:
     """`rule` or `key=value;...` over the rule's config (c consumers, s stages, p plan, m mma, g group,
-    w r|l, l loader, q query slots)."""
+    w r|l, l loader, q query slots, pipe 0|1)."""
     base = gc.choose_gluon_config(next_n, heads, dim)
     if text == "rule":
         return base
@@ -68,6 +68,7 @@ def config_from(text: str, next_n: int, heads: int, dim: int) -> gc.GluonConfig:
         resident_weights=kw.get("w", "r" if base.resident_weights else "l") == "r",
         loader_registers=int(kw.get("l", base.loader_registers)),
         query_slots=int(kw.get("q", base.query_slots)),
+        pipeline_blocks=kw.get("pipe", "1" if base.pipeline_blocks else "0") == "1",
     )
 
 
@@ -307,7 +308,7 @@ def cmd_variants(args: argparse.Namespace) -> int:
         ref = reference(q[sample].contiguous(), cache.data, weights.view(batch, n, heads)[sample].reshape(-1, heads),
                         ctx[sample].contiguous(), table[sample].contiguous(), width, cache_dtype="fp8")  # fmt: skip
         valid = torch.isfinite(ref)
-        schedule = balanced_schedule(ctx, gn.num_sms(0))
+        schedule = balanced_schedule(ctx, table, gn.num_sms(0))
         for text in texts.split("|"):
             row = {"next_n": n, "batch": batch, "context": args.context, "width": width}
             try:
@@ -335,7 +336,7 @@ def cmd_variants(args: argparse.Namespace) -> int:
                 f.write(json.dumps(row) + "\n")
             print(json.dumps({k: row.get(k) for k in ("next_n", "context", "width", "config", "ok", "rel_err",
                                                       "median_ms", "rel_iqr", "error")}), flush=True)  # fmt: skip
-        schedule_ms = time_callable(functools.partial(balanced_schedule, ctx, gn.num_sms(0)), device,
+        schedule_ms = time_callable(functools.partial(balanced_schedule, ctx, table, gn.num_sms(0)), device,
                                     TimingConfig(warmup=3, min_samples=20, max_samples=100, max_seconds=0.1))  # fmt: skip
         with out.open("a") as f:
             f.write(json.dumps({"next_n": n, "batch": batch, "context": args.context, "schedule": True,

@@ -139,13 +139,13 @@ def test_deepgemm_on_cpu_says_why_it_cannot_run() -> None:
     with pytest.raises(BackendUnavailable, match=r"deepgemm.*unavailable on cpu: backend .deepgemm. needs a CUDA GPU"):
         backend.logits(**GOOD)
     with pytest.raises(BackendUnavailable, match=r"needs a CUDA GPU"):
-        backend.schedule(GOOD["context_lens"], 64)
+        backend.schedule(GOOD["context_lens"], 64, GOOD["block_table"])
     with pytest.raises(BackendUnavailable, match=r"needs a CUDA GPU"):
         backend.require(torch.device("cpu"), 1, 64, 128, "fp8")
     with pytest.raises(UnsupportedShape, match=r"head_dim=64: backend 'deepgemm' allows \(128,\)"):
         backend.logits(**args(dim=64))
     with pytest.raises(ValueError, match=r"block_size=0"):
-        backend.schedule(GOOD["context_lens"], 0)
+        backend.schedule(GOOD["context_lens"], 0, GOOD["block_table"])
 
 
 @pytest.mark.parametrize("name", ["nope", None, 3, ["reference"]])

@@ -126,7 +126,7 @@ def test_sm90_schedule_halves_the_slots_for_next_n_4(monkeypatch, next_n, slots)
     fake = FakeDeepGemm()
     backend = sm90_backend(monkeypatch, fake)
     _, packed, _ = launch_for(next_n)
-    meta = backend.schedule(packed.context_lens, 64)
+    meta = backend.schedule(packed.context_lens, 64, packed.block_table)
     assert fake.calls == [("metadata", {"shape": (2, next_n), "block": 64, "slots": slots})]
     assert meta.shape == (slots + 1, 2)
     assert backend.native_next_n(torch.device("cuda")) == frozenset({1, 2, 4})
@@ -163,7 +163,7 @@ def test_sm100_takes_the_varlen_form_for_any_next_n(monkeypatch, capability, nex
     backend = sm90_backend(monkeypatch, fake)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     inputs, packed, max_len = launch_for(next_n, batch=3, ue8m0=True)
-    schedule = backend.schedule(packed.context_lens, 64)
+    schedule = backend.schedule(packed.context_lens, 64, packed.block_table)
     assert fake.calls[-1] == ("metadata", {"shape": (3 * next_n, 1), "block": 64, "slots": NUM_SMS})
     out = backend.logits(
         packed.q,

@@ -122,7 +122,7 @@ def test_sm90_native_1_to_3_with_one_slot_an_sm(monkeypatch, next_n):
     fake = FakeDeepGemm()
     backend = sm90_pr340(monkeypatch, fake)
     inputs, packed, max_len = launch_for(next_n)
-    schedule = backend.schedule(packed.context_lens, 64)
+    schedule = backend.schedule(packed.context_lens, 64, packed.block_table)
     assert fake.calls == [("metadata", {"shape": (2, next_n), "block": 64, "slots": NUM_SMS})]
     out = backend.logits(
         packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len, schedule,

@@ -2,8 +2,9 @@
 
 The schedule splits the launch's real KV blocks (each request's longest row's) into equal
 contiguous shares, one per CTA, that may cross request boundaries: checked against a plain
-Python split on padded, ragged and boundary batches, and for what a kernel walking it needs
-(every block owned by exactly one CTA, in request-major order). The tail fill writes -inf past
+Python split on padded, ragged and boundary batches with tables wider than needed, and for what a
+kernel walking it needs (every block owned by exactly one CTA, in request-major order; each CTA's
+first page ids those of its first blocks). The tail fill writes -inf past
 each request's last block and nothing before it.
 """
 
@@ -39,13 +40,25 @@ def walk(ranges: list[tuple[int, int]], blocks: list[int]) -> list[list[tuple[in
     return visits
 
 
+def table_for(seq_lens: list[int], extra: int = 3) -> torch.Tensor:
+    """A block table wider than any request needs (`extra` spare columns), with distinct page ids."""
+    width = max(-(-length // BLOCK_SIZE) for length in seq_lens) + extra
+    ids = torch.randperm(len(seq_lens) * width, generator=torch.Generator().manual_seed(len(seq_lens)))
+    return ids.to(torch.int32).reshape(len(seq_lens), width)
+
+
 def check(seq_lens: list[int], next_n: int, programs: int) -> None:
-    lens = causal_lens(seq_lens, next_n)
-    schedule = balanced_schedule(lens, programs)
-    want_ranges, want_blocks = reference_schedule(lens, programs)
+    lens, table = causal_lens(seq_lens, next_n), table_for(seq_lens)
+    schedule = balanced_schedule(lens, table, programs)
+    want_ranges, want_blocks, want_pages = reference_schedule(lens, table, programs)
     ranges = [tuple(pair) for pair in schedule.ranges.tolist()]
     assert schedule.blocks.tolist() == want_blocks
     assert ranges == want_ranges
+    assert schedule.pages.tolist() == want_pages
+    for p, ((b, off), pages) in enumerate(zip(ranges, want_pages)):  # the ids a CTA's first copies use
+        if b < len(seq_lens):
+            owned = table[b, off : off + len(pages)].tolist()
+            assert pages[: len(owned)] == owned, f"CTA {p}: first page ids are not its first blocks'"
     assert ranges[-1] == (len(seq_lens), 0), "the last entry marks the end"
     visits = walk(ranges, want_blocks)
     flat = [pair for share in visits for pair in share]
@@ -70,7 +83,7 @@ def test_all_padding_and_fewer_blocks_than_ctas() -> None:
 
 def test_ragged_contexts_are_split_by_work_not_by_request() -> None:
     seq_lens = [128 * 1024] + [2048] * 127  # a split by columns gave one CTA all of request 0
-    schedule = balanced_schedule(causal_lens(seq_lens, 3), 132)
+    schedule = balanced_schedule(causal_lens(seq_lens, 3), table_for(seq_lens), 132)
     visits = walk([tuple(p) for p in schedule.ranges.tolist()], schedule.blocks.tolist())
     total = sum(schedule.blocks.tolist())
     assert max(len(share) for share in visits) == -(-total // 132)
@@ -94,7 +107,7 @@ def test_fill_tail_writes_minus_inf_past_each_requests_last_block_only(width: in
     seq_lens = [0, 1, 65, 130]
     next_n = 2
     lens = causal_lens([max(s, next_n) if s else 0 for s in seq_lens], next_n).clamp(max=width)
-    schedule = balanced_schedule(lens, 5)
+    schedule = balanced_schedule(lens, table_for(seq_lens), 5)
     out = torch.full((len(seq_lens) * next_n, width), float("nan"))
     fill_tail(out, schedule, next_n)
     for row in range(out.shape[0]):
@@ -104,14 +117,18 @@ def test_fill_tail_writes_minus_inf_past_each_requests_last_block_only(width: in
 
 
 def test_bad_input_named() -> None:
-    lens = causal_lens([100, 200], 2)
+    lens, table = causal_lens([100, 200], 2), table_for([100, 200])
     with pytest.raises(ValueError, match="programs"):
-        balanced_schedule(lens, 0)
+        balanced_schedule(lens, table, 0)
     with pytest.raises(ValueError, match="context_lens"):
-        balanced_schedule(lens.long(), 4)
+        balanced_schedule(lens.long(), table, 4)
     with pytest.raises(ValueError, match="context_lens"):
-        balanced_schedule(lens.reshape(-1), 4)
-    schedule = balanced_schedule(lens, 4)
+        balanced_schedule(lens.reshape(-1), table, 4)
+    with pytest.raises(ValueError, match="block_table"):
+        balanced_schedule(lens, table[:1], 4)
+    with pytest.raises(ValueError, match="block_table"):
+        balanced_schedule(lens, table.t().contiguous().t(), 4)
+    schedule = balanced_schedule(lens, table, 4)
     with pytest.raises(ValueError, match="out: 6 rows for 2 requests"):
         fill_tail(torch.zeros(6, 10), schedule, 2)
     with pytest.raises(ValueError, match="out"):

@@ -93,7 +93,7 @@ def _schedule_ms(backend: LogitsBackend, packed, device: torch.device) -> float 
     config = TimingConfig(warmup=2, min_samples=5, max_samples=50, max_seconds=0.05, cold_l2=False)
     block = 64
     result: Measurement = time_callable(
-        lambda: [backend.schedule(p.context_lens, block) for p in packed], device, config
+        lambda: [backend.schedule(p.context_lens, block, p.block_table) for p in packed], device, config
     )
     return result.median_ms
 

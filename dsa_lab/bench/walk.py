@@ -149,5 +149,5 @@ def prepare(visit: Visit, device: torch.device) -> Prepared:
     check_launches(metadata, inputs)  # the value scan, once, outside every measured region
     for p in packed:
         backend.require(device, p.q.shape[1], point.heads, point.head_dim, point.cache_dtype)
-    schedules = tuple(backend.schedule(p.context_lens, BLOCK_SIZE) for p in packed)
+    schedules = tuple(backend.schedule(p.context_lens, BLOCK_SIZE, p.block_table) for p in packed)
     return Prepared(metadata, packed, schedules, metadata_ms)

@@ -162,8 +162,9 @@ class DeepGemmBackend(LogitsBackend):
             return self.sm90_native
         return None
 
-    def schedule(self, context_lens: torch.Tensor, block_size: int) -> torch.Tensor:
-        """DeepGEMM's SM plan `[slots + 1, 2]` for these 2-D context lengths."""
+    def schedule(self, context_lens: torch.Tensor, block_size: int, block_table: torch.Tensor) -> torch.Tensor:
+        """DeepGEMM's SM plan `[slots + 1, 2]` for these 2-D context lengths (the block table plays no part)."""
+        del block_table
         check_tensor("context_lens", context_lens, dtype=torch.int32, ndim=2)
         check_range("block_size", block_size, 1, 1024)
         module = self._require_available(context_lens.device)
@@ -196,7 +197,7 @@ class DeepGemmBackend(LogitsBackend):
         self.check_shape(q.shape[2], q.shape[3], cache_dtype)
         module = self._require_available(q.device)
         if schedule is None:
-            schedule = self.schedule(context_lens, kv_cache.shape[1])
+            schedule = self.schedule(context_lens, kv_cache.shape[1], block_table)
         major = torch.cuda.get_device_capability(q.device)[0]
         block_table = block_table.contiguous()
         if major == SM100_MAJOR:

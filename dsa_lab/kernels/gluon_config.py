@@ -44,7 +44,9 @@ class GluonConfig:
     `resident_weights`: keep a request's weights in registers, or reload them from shared memory
     per block; `loader_registers`: setmaxnreg of the load warp's warpgroup (the consumers share
     the rest of the register file); `query_slots`: Q buffers (2 lets the loader fill the next
-    request's Q while the consumers still read this one's, where shared memory allows).
+    request's Q while the consumers still read this one's, where shared memory allows);
+    `pipeline_blocks`: a consumer issues its next block's MMA before this block's epilogue (two
+    accumulators and two KV slots held; plans of one MMA only, n * H <= mma_columns).
     """
 
     consumers: int = 2
@@ -55,6 +57,7 @@ class GluonConfig:
     resident_weights: bool = True
     loader_registers: int = 40
     query_slots: int = 1
+    pipeline_blocks: bool = False
 
     def __post_init__(self) -> None:
         check_range("consumers", self.consumers, 2, 4)
@@ -65,6 +68,7 @@ class GluonConfig:
         check_choice("resident_weights", self.resident_weights, (False, True))
         check_choice("loader_registers", self.loader_registers, LOADER_REGISTERS)
         check_range("query_slots", self.query_slots, 1, 2)
+        check_choice("pipeline_blocks", self.pipeline_blocks, (False, True))
         if self.stages % self.consumers:
             raise ValueError(f"stages={self.stages}: must be a multiple of consumers={self.consumers}")
 
@@ -73,6 +77,7 @@ class GluonConfig:
         return (
             f"gluon/c{self.consumers}/s{self.stages}/{self.plan}/mma{self.mma_columns}/"
             f"grp{self.group_columns}/{weights}/lr{self.loader_registers}/q{self.query_slots}"
+            + ("/pipe" if self.pipeline_blocks else "")
         )
 
 
@@ -237,7 +242,13 @@ def choose_gluon_config(next_n: int, heads: int, head_dim: int) -> GluonConfig:
 
 
 def check_config_fits(config: GluonConfig, next_n: int, heads: int, head_dim: int) -> None:
-    """A given config must fit shared memory at this shape (ValueError naming the config and the bound)."""
+    """A given config must fit this shape: shared memory (ValueError naming the config and the bound),
+    and `pipeline_blocks` only where the plan is one MMA."""
+    if config.pipeline_blocks and len(gluon_chunk_plan(next_n, heads, config.plan, config.mma_columns)) != 1:
+        raise ValueError(
+            f"config={config.describe()}: pipeline_blocks needs a plan of one MMA (next_n * H <= mma_columns); "
+            f"next_n={next_n}, H={heads} takes {len(gluon_chunk_plan(next_n, heads, config.plan, config.mma_columns))}"
+        )
     used = shared_bytes(next_n, heads, head_dim, config)
     if used > MAX_SHARED_BYTES:
         raise ValueError(

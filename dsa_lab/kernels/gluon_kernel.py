@@ -9,8 +9,9 @@ and the H200 measurements); `gluon_native.py` launches it, `gluon_config.py` hol
   time does not grow with the logits' width (`max_context_len`).
 * A load partition (one warp) walks that range. Per request it takes the page ids (32 a vector
   load) and TMA-copies each K tile (`[64, D]` fp8) and its 64 float32 scales into the `KVRing`;
-  the request's first tile goes out before its Q and weights (`QueryBuffers`), so the cold trip
-  of the first tile waits behind one dependent read, its page id. The fused cache (page p: 64 x D
+  the request's first tile goes out before its Q and weights (`QueryBuffers`). The CTA's first 32
+  page ids come with the schedule (`BalancedSchedule.pages`), read alongside its range, so its
+  first KV copies wait behind one read, not two. The fused cache (page p: 64 x D
   e4m3 bytes, then 64 f32 scales) is read through two views: K as 2-D fp8
   `[num_blocks * (64 + 256 / D), D]`, the scales as 2-D f32 `[num_blocks, 16 * (D + 4)]`.
 * `CONSUMERS` MMA + epilogue partitions (a warpgroup each) take the ring's items round-robin:
@@ -180,6 +181,7 @@ class LogitsLaunch:
     out_ptr: gl.tensor
     ranges_ptr: gl.tensor
     blocks_ptr: gl.tensor
+    pages_ptr: gl.tensor
     table_stride: gl.tensor
     out_stride: gl.tensor
     max_context_len: gl.tensor
@@ -192,12 +194,13 @@ class LogitsLaunch:
     GROUPS: gl.constexpr  # gluon_config.chunk_groups
     SLOT_COLUMNS: gl.constexpr  # gluon_config.slot_columns
     RESIDENT_WEIGHTS: gl.constexpr
+    PIPELINE: gl.constexpr  # gluon_config.GluonConfig.pipeline_blocks
 
     @gluon.constexpr_function
     def __init__(self, descs, ptrs, scalars, ring, queries, NEXT_N, H, BLOCK, CONSUMERS, GROUPS, SLOT_COLUMNS,
-                 RESIDENT_WEIGHTS):  # fmt: skip
+                 RESIDENT_WEIGHTS, PIPELINE):  # fmt: skip
         self.q_desc, self.w_desc, self.kv_desc, self.sc_desc = descs
-        self.ctx_ptr, self.table_ptr, self.out_ptr, self.ranges_ptr, self.blocks_ptr = ptrs
+        self.ctx_ptr, self.table_ptr, self.out_ptr, self.ranges_ptr, self.blocks_ptr, self.pages_ptr = ptrs
         self.table_stride, self.out_stride, self.max_context_len = scalars
         self.ring = ring
         self.queries = queries
@@ -208,6 +211,7 @@ class LogitsLaunch:
         self.GROUPS = gl.constexpr(GROUPS)
         self.SLOT_COLUMNS = gl.constexpr(SLOT_COLUMNS)
         self.RESIDENT_WEIGHTS = gl.constexpr(RESIDENT_WEIGHTS)
+        self.PIPELINE = gl.constexpr(PIPELINE)
 
     @gluon.jit
     def cta_range(self):
@@ -232,8 +236,9 @@ def _lane(values, lanes, k):
 
 @gluon.jit
 def _load_partition(a):
-    b0, off0, b1, off1 = a.cta_range()
     lanes = gl.arange(0, 32, layout=_lane_layout())
+    first_ids = gl.load(a.pages_ptr + gl.program_id(0) * 32 + lanes)  # alongside the range: no dependent read
+    b0, off0, b1, off1 = a.cta_range()
     it = 0
     qi = 0
     for b in range(b0, b1 + 1):
@@ -241,7 +246,10 @@ def _load_partition(a):
         count = hi - lo
         if count > 0:
             row = a.table_ptr + b * a.table_stride + lo
-            ids = gl.load(row + lanes, mask=lanes < count, other=0)
+            if b == b0:
+                ids = first_ids
+            else:
+                ids = gl.load(row + lanes, mask=lanes < count, other=0)
             a.ring.fill(it, _lane(ids, lanes, 0), a.kv_desc, a.sc_desc)  # before Q: see the module docstring
             a.queries.fill(qi, b * a.NEXT_N, a.q_desc, a.w_desc)
             qi += 1
@@ -380,6 +388,39 @@ def _score_block(a, item, blk, q_tile, w_tile, weights, ctxs, out_rows, slots):
 
 
 @gluon.jit
+def _score_blocks_pipelined(a, it, lo, first, count, q_tile, w_tile, weights, ctxs, out_rows):
+    """A plan of one MMA: the MMA of this consumer's next block is in flight while the epilogue of
+    this one runs (two accumulators take turns; two KV slots are held at a time)."""
+    GROUPS: gl.constexpr = a.GROUPS
+    ROWS: gl.constexpr = _chunk(GROUPS, 0, 0, 1)
+    COLUMNS: gl.constexpr = ROWS * a.H
+    scale_layout: gl.constexpr = gl.SliceLayout(1, _mma_layout(COLUMNS))
+    q_view = q_tile.slice(0, COLUMNS).permute((1, 0))
+    s = a.ring.wait(it + first)
+    scale = a.ring.scales.index(s).reshape([a.BLOCK]).load(scale_layout)
+    pending = warpgroup_mma(a.ring.tiles.index(s), q_view, _zero_accumulator(a.BLOCK, COLUMNS), use_acc=False,
+                            is_async=True)  # fmt: skip
+    spare = _zero_accumulator(a.BLOCK, COLUMNS)
+    blk = lo + first
+    for j in range(first + a.CONSUMERS, count, a.CONSUMERS):
+        s_next = a.ring.wait(it + j)
+        issued = warpgroup_mma(a.ring.tiles.index(s_next), q_view, spare, use_acc=False, is_async=True)
+        acc = warpgroup_mma_wait(1, deps=(pending,))
+        a.ring.release(s)
+        w = weights[0] if a.RESIDENT_WEIGHTS else _chunk_weights(w_tile, 0, ROWS, a.H)
+        _epilogue(a, acc, w, scale, ctxs, out_rows, blk, 0, ROWS)
+        scale = a.ring.scales.index(s_next).reshape([a.BLOCK]).load(scale_layout)
+        spare = acc
+        pending = issued
+        s = s_next
+        blk = lo + j
+    acc = warpgroup_mma_wait(0, deps=(pending,))
+    a.ring.release(s)
+    w = weights[0] if a.RESIDENT_WEIGHTS else _chunk_weights(w_tile, 0, ROWS, a.H)
+    _epilogue(a, acc, w, scale, ctxs, out_rows, blk, 0, ROWS)
+
+
+@gluon.jit
 def _consumer_partition(a, CONSUMER: gl.constexpr):
     b0, off0, b1, off1 = a.cta_range()
     it = 0
@@ -391,10 +432,15 @@ def _consumer_partition(a, CONSUMER: gl.constexpr):
             q_tile, w_tile = a.queries.wait(qi)
             ctxs = _row_contexts(a, b)
             weights = _resident_weights(a, w_tile)
-            slots = _fresh_slots(a)
             out_rows = a.out_ptr + (b * a.NEXT_N).to(gl.int64) * a.out_stride
-            for j in range((CONSUMER - it % a.CONSUMERS + a.CONSUMERS) % a.CONSUMERS, count, a.CONSUMERS):
-                slots = _score_block(a, it + j, lo + j, q_tile, w_tile, weights, ctxs, out_rows, slots)
+            first = (CONSUMER - it % a.CONSUMERS + a.CONSUMERS) % a.CONSUMERS
+            if a.PIPELINE:
+                if first < count:
+                    _score_blocks_pipelined(a, it, lo, first, count, q_tile, w_tile, weights, ctxs, out_rows)
+            else:
+                slots = _fresh_slots(a)
+                for j in range(first, count, a.CONSUMERS):
+                    slots = _score_block(a, it + j, lo + j, q_tile, w_tile, weights, ctxs, out_rows, slots)
             a.queries.release(qi)
             qi += 1
             it += count
@@ -402,11 +448,11 @@ def _consumer_partition(a, CONSUMER: gl.constexpr):
 
 @gluon.jit(do_not_specialize=["table_stride", "out_stride", "max_context_len"])
 def paged_mqa_logits_kernel(
-    q_desc, w_desc, kv_desc, sc_desc, ctx_ptr, table_ptr, out_ptr, ranges_ptr, blocks_ptr,
+    q_desc, w_desc, kv_desc, sc_desc, ctx_ptr, table_ptr, out_ptr, ranges_ptr, blocks_ptr, pages_ptr,
     table_stride, out_stride, max_context_len,
     NEXT_N: gl.constexpr, H: gl.constexpr, D: gl.constexpr, BLOCK: gl.constexpr, Q_ROWS: gl.constexpr,
     Q_BOX: gl.constexpr, Q_SLOTS: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PLAN: gl.constexpr,
-    MMA_COLUMNS: gl.constexpr, GROUP_COLUMNS: gl.constexpr, RESIDENT_WEIGHTS: gl.constexpr,
+    MMA_COLUMNS: gl.constexpr, GROUP_COLUMNS: gl.constexpr, RESIDENT_WEIGHTS: gl.constexpr, PIPELINE: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
 ):  # fmt: skip
     ring = KVRing(
@@ -432,7 +478,7 @@ def paged_mqa_logits_kernel(
         mbarrier.init(queries.empty.index(i), count=CONSUMERS)
     a = LogitsLaunch(
         (q_desc, w_desc, kv_desc, sc_desc),
-        (ctx_ptr, table_ptr, out_ptr, ranges_ptr, blocks_ptr),
+        (ctx_ptr, table_ptr, out_ptr, ranges_ptr, blocks_ptr, pages_ptr),
         (table_stride, out_stride, max_context_len),
         ring,
         queries,
@@ -443,6 +489,7 @@ def paged_mqa_logits_kernel(
         chunk_groups(NEXT_N, H, PLAN, MMA_COLUMNS, GROUP_COLUMNS),
         slot_columns(NEXT_N, H, PLAN, MMA_COLUMNS, GROUP_COLUMNS),
         RESIDENT_WEIGHTS,
+        PIPELINE,
     )
     # One region: consumer 0 is the default partition, consumers 1.. and the loader are workers.
     gl.warp_specialize(

@@ -53,7 +53,10 @@ COMPILE_ARCHS = (90,)
 
 # The kernel's runtime arguments after its four descriptors, with the types the launch gives them;
 # the AOT test and the dev script compile from these.
-POINTER_ARGS = {"ctx_ptr": "*i32", "table_ptr": "*i32", "out_ptr": "*fp32", "ranges_ptr": "*i32", "blocks_ptr": "*i32"}
+POINTER_ARGS = {
+    "ctx_ptr": "*i32", "table_ptr": "*i32", "out_ptr": "*fp32", "ranges_ptr": "*i32", "blocks_ptr": "*i32",
+    "pages_ptr": "*i32",
+}  # fmt: skip
 INT_ARGS = ("table_stride", "out_stride", "max_context_len")
 
 
@@ -73,6 +76,7 @@ def kernel_constexprs(next_n: int, heads: int, head_dim: int, config: GluonConfi
         "MMA_COLUMNS": config.mma_columns,
         "GROUP_COLUMNS": config.group_columns,
         "RESIDENT_WEIGHTS": config.resident_weights,
+        "PIPELINE": config.pipeline_blocks,
         "CONSUMER_REGS": consumer_registers(config),
         "LOADER_REGS": config.loader_registers,
     }
@@ -232,7 +236,7 @@ def paged_mqa_logits_gluon(
         )
     config = config or choose_gluon_config(next_n, heads, dim)
     if schedule is None:
-        schedule = balanced_schedule(context_lens, num_sms(q.device.index or 0))
+        schedule = balanced_schedule(context_lens, block_table, num_sms(q.device.index or 0))
     out = launch(q, kv_cache, weights, context_lens, block_table, max_context_len, config, schedule, out)[0]
     if clean_tail:
         fill_tail(out, schedule, next_n)
@@ -275,6 +279,7 @@ def launch(
         out,
         schedule.ranges,
         schedule.blocks,
+        schedule.pages,
         block_table.stride(0),
         out.stride(0),
         max_context_len,
@@ -295,11 +300,13 @@ class GluonNativeBackend(LogitsBackend):
     def availability(self, device: torch.device) -> Availability:
         return availability(device)
 
-    def schedule(self, context_lens: torch.Tensor, block_size: int) -> BalancedSchedule:
-        """The work-balanced split of this launch's KV blocks over the SMs, made on the device."""
+    def schedule(self, context_lens: torch.Tensor, block_size: int, block_table: torch.Tensor) -> BalancedSchedule:
+        """The work-balanced split of this launch's KV blocks over the SMs, with each CTA's first page
+        ids, made on the device."""
         if block_size != BLOCK_SIZE:
             raise ValueError(f"block_size={block_size!r}: backend 'gluon' allows {(BLOCK_SIZE,)}")
-        return balanced_schedule(context_lens.contiguous(), num_sms(context_lens.device.index or 0))
+        table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
+        return balanced_schedule(context_lens.contiguous(), table, num_sms(context_lens.device.index or 0))
 
     def logits(
         self,

@@ -62,8 +62,9 @@ class LogitsBackend:
         """next_n values taken natively (None: any from 1 to 16)."""
         return None
 
-    def schedule(self, context_lens: torch.Tensor, block_size: int) -> Any:
-        """Per-launch scheduling metadata (DeepGEMM's SM plan); timed apart from the kernel."""
+    def schedule(self, context_lens: torch.Tensor, block_size: int, block_table: torch.Tensor) -> Any:
+        """Per-launch scheduling metadata (DeepGEMM's SM plan, our Gluon kernel's balanced split with
+        each CTA's first page ids); made on the device, timed apart from the kernel."""
         return None
 
     def logits(

@@ -37,16 +37,20 @@ except ImportError:  # the Gluon backend, the one user, then reports itself unav
 BLOCK_SIZE = 64
 SCHEDULE_CHUNK = 32  # requests one step of the schedule's loops takes (x TARGETS compares, in registers)
 TAIL_COLUMNS = 1024  # columns one program of fill_tail writes
+FIRST_PAGES = 32  # page ids the schedule gathers for each CTA's first blocks (one vector load in the kernel)
 MAX_PROGRAMS = 4096
 
 
 @dataclass(frozen=True)
 class BalancedSchedule:
     """`ranges` int32 [programs + 1, 2]: (request, block offset) where each CTA's range starts;
-    `blocks` int32 [batch]: each request's KV blocks (its longest row's)."""
+    `blocks` int32 [batch]: each request's KV blocks (its longest row's); `pages` int32
+    [programs, FIRST_PAGES]: the page ids of each CTA's first blocks (from its start, in its first
+    request; entries past that request's table row are 0 and never read)."""
 
     ranges: torch.Tensor
     blocks: torch.Tensor
+    pages: torch.Tensor
 
     @property
     def programs(self) -> int:
@@ -54,8 +58,8 @@ class BalancedSchedule:
 
 
 def _schedule_kernel(
-    ctx_ptr, blocks_ptr, ranges_ptr, batch, programs,
-    NEXT_N: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, TARGETS: tl.constexpr,
+    ctx_ptr, table_ptr, blocks_ptr, ranges_ptr, pages_ptr, batch, programs, table_stride, table_width,
+    NEXT_N: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, TARGETS: tl.constexpr, PAGES: tl.constexpr,
 ):  # fmt: skip
     total = tl.zeros([1], dtype=tl.int32)
     for start in range(0, batch, CHUNK):
@@ -68,7 +72,8 @@ def _schedule_kernel(
         tl.store(blocks_ptr + b, count, mask=live)
         total += tl.sum(count, axis=0)
     p = tl.arange(0, TARGETS)
-    target = ((p.to(tl.int64) * total) // programs).to(tl.int32)  # the first block of CTA p's range
+    share = total // programs
+    target = p * share + tl.minimum(p, total % programs)  # CTA p's first block: shares differ by one at most
     request = tl.zeros([TARGETS], dtype=tl.int32)  # requests whose blocks all lie before the target
     before = tl.zeros([TARGETS], dtype=tl.int32)  # their blocks
     carry = tl.zeros([1], dtype=tl.int32)
@@ -84,9 +89,18 @@ def _schedule_kernel(
         request += tl.sum(done.to(tl.int32), axis=1)
         before += tl.sum(tl.where(done, count[None, :], 0), axis=1)
         carry += tl.sum(count, axis=0)
+    offset = target - before
     keep = p <= programs
     tl.store(ranges_ptr + 2 * p, request, mask=keep)
-    tl.store(ranges_ptr + 2 * p + 1, target - before, mask=keep)
+    tl.store(ranges_ptr + 2 * p + 1, offset, mask=keep)
+    # The page ids of each CTA's first PAGES blocks (in its first request), so its first KV copies wait
+    # behind one read of this table and not two (the ranges, then the block table).
+    k = tl.arange(0, PAGES)
+    column = offset[:, None] + k[None, :]
+    take = (p < programs)[:, None] & (request < batch)[:, None] & (column < table_width)
+    rows = table_ptr + request.to(tl.int64)[:, None] * table_stride + column
+    pages = tl.load(rows, mask=take, other=0)
+    tl.store(pages_ptr + p[:, None] * PAGES + k[None, :], pages, mask=(p < programs)[:, None] & (k < PAGES)[None, :])
 
 
 def _fill_tail_kernel(out_ptr, blocks_ptr, out_stride, width, chunks, NEXT_N: tl.constexpr, BLOCK: tl.constexpr,
@@ -115,23 +129,28 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def balanced_schedule(context_lens: torch.Tensor, programs: int) -> BalancedSchedule:
-    """The schedule of a launch with these int32 [B, n] context lens over `programs` CTAs (no host sync)."""
+def balanced_schedule(context_lens: torch.Tensor, block_table: torch.Tensor, programs: int) -> BalancedSchedule:
+    """The schedule of a launch with these int32 [B, n] context lens and [B, W] block table over
+    `programs` CTAs, made on the device with no host sync."""
     if triton is None:
         raise RuntimeError("balanced_schedule needs triton, which is not importable here")
     check_tensor("context_lens", context_lens, dtype=torch.int32, ndim=2, contiguous=True)
-    check_range("programs", programs, 1, MAX_PROGRAMS)
     batch, next_n = context_lens.shape
+    check_tensor("block_table", block_table, dtype=torch.int32, shape=(batch, None), device=context_lens.device)
+    if block_table.shape[1] and block_table.stride(1) != 1:
+        raise ValueError("block_table: rows must be unit-stride")
+    check_range("programs", programs, 1, MAX_PROGRAMS)
     check_range("next_n", next_n, 1, 64)
     device = context_lens.device
     ranges = torch.empty(programs + 1, 2, dtype=torch.int32, device=device)
     blocks = torch.empty(batch, dtype=torch.int32, device=device)
-    targets = triton.next_power_of_2(programs + 1)
+    pages = torch.empty(programs, FIRST_PAGES, dtype=torch.int32, device=device)
     _jitted("schedule", _interpreting())[(1,)](
-        context_lens, blocks, ranges, batch, programs,
-        NEXT_N=next_n, BLOCK=BLOCK_SIZE, CHUNK=SCHEDULE_CHUNK, TARGETS=targets, num_warps=8,
+        context_lens, block_table, blocks, ranges, pages, batch, programs, block_table.stride(0), block_table.shape[1],
+        NEXT_N=next_n, BLOCK=BLOCK_SIZE, CHUNK=SCHEDULE_CHUNK, TARGETS=triton.next_power_of_2(programs + 1),
+        PAGES=FIRST_PAGES, num_warps=8,
     )  # fmt: skip
-    return BalancedSchedule(ranges, blocks)
+    return BalancedSchedule(ranges, blocks, pages)
 
 
 def fill_tail(out: torch.Tensor, schedule: BalancedSchedule, next_n: int) -> None:
@@ -152,7 +171,10 @@ def fill_tail(out: torch.Tensor, schedule: BalancedSchedule, next_n: int) -> Non
     )  # fmt: skip
 
 
-SCHEDULE_SIGNATURE = {"ctx_ptr": "*i32", "blocks_ptr": "*i32", "ranges_ptr": "*i32", "batch": "i32", "programs": "i32"}
+SCHEDULE_SIGNATURE = {
+    "ctx_ptr": "*i32", "table_ptr": "*i32", "blocks_ptr": "*i32", "ranges_ptr": "*i32", "pages_ptr": "*i32",
+    "batch": "i32", "programs": "i32", "table_stride": "i32", "table_width": "i32",
+}  # fmt: skip
 TAIL_SIGNATURE = {"out_ptr": "*fp32", "blocks_ptr": "*i32", "out_stride": "i32", "width": "i32", "chunks": "i32"}
 COMPILE_ARCHS = (80, 86, 89, 90, 100, 120)
 
@@ -171,7 +193,7 @@ def compile_for(arch: int, kernel: str, next_n: int, programs: int = 132) -> Any
 
     if kernel == "schedule":
         constexprs = {"NEXT_N": next_n, "BLOCK": BLOCK_SIZE, "CHUNK": SCHEDULE_CHUNK,
-                      "TARGETS": triton.next_power_of_2(programs + 1)}  # fmt: skip
+                      "TARGETS": triton.next_power_of_2(programs + 1), "PAGES": FIRST_PAGES}  # fmt: skip
         signature, options = SCHEDULE_SIGNATURE, {"num_warps": 8}
     else:
         constexprs = {"NEXT_N": next_n, "BLOCK": BLOCK_SIZE, "COLUMNS": TAIL_COLUMNS}
@@ -182,16 +204,25 @@ def compile_for(arch: int, kernel: str, next_n: int, programs: int = 132) -> Any
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
-def reference_schedule(context_lens: torch.Tensor, programs: int) -> tuple[list[tuple[int, int]], list[int]]:
-    """The same split in plain Python (tests): each CTA's (request, block offset) start, and the blocks."""
+def reference_schedule(
+    context_lens: torch.Tensor, block_table: torch.Tensor, programs: int
+) -> tuple[list[tuple[int, int]], list[int], list[list[int]]]:
+    """The same split in plain Python (tests): each CTA's (request, block offset) start, the blocks,
+    and each CTA's first FIRST_PAGES page ids (0 past its first request's table row)."""
     lens = context_lens.to(torch.int64).cpu()
+    table = block_table.cpu().tolist()
     blocks = [(max(int(row.max()), 0) + BLOCK_SIZE - 1) // BLOCK_SIZE if row.numel() else 0 for row in lens]
     total = sum(blocks)
-    starts = []
+    share, rest = divmod(total, programs)
+    starts, pages = [], []
     for p in range(programs + 1):
-        target, request, before = p * total // programs, 0, 0
+        target, request, before = p * share + min(p, rest), 0, 0
         while request < len(blocks) and before + blocks[request] <= target:
             before += blocks[request]
             request += 1
         starts.append((request, target - before))
-    return starts, blocks
+        if p < programs:
+            row = table[request] if request < len(blocks) else []
+            first = row[target - before : target - before + FIRST_PAGES]
+            pages.append(first + [0] * (FIRST_PAGES - len(first)))
+    return starts, blocks, pages
