@@ -273,6 +273,7 @@ def _baseline(path: str):
 
     spec = importlib.util.spec_from_file_location("gluon_baseline", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules["gluon_baseline"] = module  # its dataclasses look their module up while being made
     spec.loader.exec_module(module)
     return module
 
