@@ -54,7 +54,7 @@ def resources(kernel) -> dict:
 
 def config_from(text: str, next_n: int, heads: int, dim: int) -> gc.GluonConfig:
     """`rule` or `key=value;...` over the rule's config (c consumers, s stages, p plan, m mma, g group,
-    w r|l, l loader, q query slots, pipe 0|1)."""
+    w r|l, l loader, q query slots)."""
     base = gc.choose_gluon_config(next_n, heads, dim)
     if text == "rule":
         return base
@@ -68,7 +68,6 @@ def config_from(text: str, next_n: int, heads: int, dim: int) -> gc.GluonConfig:
         resident_weights=kw.get("w", "r" if base.resident_weights else "l") == "r",
         loader_registers=int(kw.get("l", base.loader_registers)),
         query_slots=int(kw.get("q", base.query_slots)),
-        pipeline_blocks=kw.get("pipe", "1" if base.pipeline_blocks else "0") == "1",
     )
 
 

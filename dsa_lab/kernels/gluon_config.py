@@ -44,9 +44,7 @@ class GluonConfig:
     `resident_weights`: keep a request's weights in registers, or reload them from shared memory
     per block; `loader_registers`: setmaxnreg of the load warp's warpgroup (the consumers share
     the rest of the register file); `query_slots`: Q buffers (2 lets the loader fill the next
-    request's Q while the consumers still read this one's, where shared memory allows);
-    `pipeline_blocks`: a consumer issues its next block's MMA before this block's epilogue (two
-    accumulators and two KV slots held; plans of one MMA only, n * H <= mma_columns).
+    request's Q while the consumers still read this one's).
     """
 
     consumers: int = 2
@@ -57,7 +55,6 @@ class GluonConfig:
     resident_weights: bool = True
     loader_registers: int = 40
     query_slots: int = 1
-    pipeline_blocks: bool = False
 
     def __post_init__(self) -> None:
         check_range("consumers", self.consumers, 2, 4)
@@ -68,7 +65,6 @@ class GluonConfig:
         check_choice("resident_weights", self.resident_weights, (False, True))
         check_choice("loader_registers", self.loader_registers, LOADER_REGISTERS)
         check_range("query_slots", self.query_slots, 1, 2)
-        check_choice("pipeline_blocks", self.pipeline_blocks, (False, True))
         if self.stages % self.consumers:
             raise ValueError(f"stages={self.stages}: must be a multiple of consumers={self.consumers}")
 
@@ -77,7 +73,6 @@ class GluonConfig:
         return (
             f"gluon/c{self.consumers}/s{self.stages}/{self.plan}/mma{self.mma_columns}/"
             f"grp{self.group_columns}/{weights}/lr{self.loader_registers}/q{self.query_slots}"
-            + ("/pipe" if self.pipeline_blocks else "")
         )
 
 
@@ -209,12 +204,6 @@ def launch_registers(consumers: int) -> int:
     return min(255, REGISTERS_PER_SM // (128 * (consumers + 1)) // 8 * 8)
 
 
-def with_query_slots(config: GluonConfig, next_n: int, heads: int, head_dim: int) -> GluonConfig:
-    """Two Q buffers where they fit in shared memory, else one (n = 16 at H = 64, D = 128)."""
-    double = GluonConfig(**{**config.__dict__, "query_slots": 2})
-    return double if shared_bytes(next_n, heads, head_dim, double) <= MAX_SHARED_BYTES else config
-
-
 def choose_gluon_config(next_n: int, heads: int, head_dim: int) -> GluonConfig:
     """A fixed rule on the query columns n * H, from the H200 rounds 5-11 (docs/triton_kernel.md).
 
@@ -223,32 +212,24 @@ def choose_gluon_config(next_n: int, heads: int, head_dim: int) -> GluonConfig:
     B=128, L=64K, H=64: n <= 2 -> three consumers, one MMA; n=3 -> two consumers, N=128 then N=64
     one at a time; n=4 -> two consumers, two N=128 MMAs in flight; n >= 5 -> three consumers,
     N=128 chunks one at a time, weights re-read from shared memory. A 12-slot ring at n = 3, 4
-    (round 9). Two Q buffers wherever they fit (round 11: a CTA of the balanced schedule spans
-    requests, and one buffer drained the ring at every request boundary).
+    (round 9). Two Q buffers up to n * H = 256 (round 11: a CTA of the balanced schedule spans
+    requests, and one buffer drains the ring at each boundary: n = 3 3 % and mixed n = 2 3 % faster);
+    one above, where the second buffer's 67 KB cost 3-6 % (n = 5, 8; less shared memory leaves L1 the
+    room the reloaded weights need, presumably).
     """
     check_shape(next_n, heads, head_dim)
     columns = next_n * heads
     if columns <= 128:
-        config = GluonConfig(consumers=3, stages=9, plan="pair", mma_columns=256, group_columns=256)
-    elif columns <= 192:
-        config = GluonConfig(consumers=2, stages=12, plan="pair", mma_columns=128, group_columns=128)
-    elif columns <= 256:
-        config = GluonConfig(consumers=2, stages=12, plan="pair", mma_columns=128, group_columns=256)
-    else:
-        config = GluonConfig(
-            consumers=3, stages=9, plan="pair", mma_columns=128, group_columns=128, resident_weights=False
-        )
-    return with_query_slots(config, next_n, heads, head_dim)
+        return GluonConfig(consumers=3, stages=9, plan="pair", mma_columns=256, group_columns=256, query_slots=2)
+    if columns <= 192:
+        return GluonConfig(consumers=2, stages=12, plan="pair", mma_columns=128, group_columns=128, query_slots=2)
+    if columns <= 256:
+        return GluonConfig(consumers=2, stages=12, plan="pair", mma_columns=128, group_columns=256, query_slots=2)
+    return GluonConfig(consumers=3, stages=9, plan="pair", mma_columns=128, group_columns=128, resident_weights=False)
 
 
 def check_config_fits(config: GluonConfig, next_n: int, heads: int, head_dim: int) -> None:
-    """A given config must fit this shape: shared memory (ValueError naming the config and the bound),
-    and `pipeline_blocks` only where the plan is one MMA."""
-    if config.pipeline_blocks and len(gluon_chunk_plan(next_n, heads, config.plan, config.mma_columns)) != 1:
-        raise ValueError(
-            f"config={config.describe()}: pipeline_blocks needs a plan of one MMA (next_n * H <= mma_columns); "
-            f"next_n={next_n}, H={heads} takes {len(gluon_chunk_plan(next_n, heads, config.plan, config.mma_columns))}"
-        )
+    """A given config must fit shared memory at this shape (ValueError naming the config and the bound)."""
     used = shared_bytes(next_n, heads, head_dim, config)
     if used > MAX_SHARED_BYTES:
         raise ValueError(

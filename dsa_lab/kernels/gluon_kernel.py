@@ -194,11 +194,10 @@ class LogitsLaunch:
     GROUPS: gl.constexpr  # gluon_config.chunk_groups
     SLOT_COLUMNS: gl.constexpr  # gluon_config.slot_columns
     RESIDENT_WEIGHTS: gl.constexpr
-    PIPELINE: gl.constexpr  # gluon_config.GluonConfig.pipeline_blocks
 
     @gluon.constexpr_function
     def __init__(self, descs, ptrs, scalars, ring, queries, NEXT_N, H, BLOCK, CONSUMERS, GROUPS, SLOT_COLUMNS,
-                 RESIDENT_WEIGHTS, PIPELINE):  # fmt: skip
+                 RESIDENT_WEIGHTS):  # fmt: skip
         self.q_desc, self.w_desc, self.kv_desc, self.sc_desc = descs
         self.ctx_ptr, self.table_ptr, self.out_ptr, self.ranges_ptr, self.blocks_ptr, self.pages_ptr = ptrs
         self.table_stride, self.out_stride, self.max_context_len = scalars
@@ -211,7 +210,6 @@ class LogitsLaunch:
         self.GROUPS = gl.constexpr(GROUPS)
         self.SLOT_COLUMNS = gl.constexpr(SLOT_COLUMNS)
         self.RESIDENT_WEIGHTS = gl.constexpr(RESIDENT_WEIGHTS)
-        self.PIPELINE = gl.constexpr(PIPELINE)
 
     @gluon.jit
     def cta_range(self):
@@ -388,39 +386,6 @@ def _score_block(a, item, blk, q_tile, w_tile, weights, ctxs, out_rows, slots):
 
 
 @gluon.jit
-def _score_blocks_pipelined(a, it, lo, first, count, q_tile, w_tile, weights, ctxs, out_rows):
-    """A plan of one MMA: the MMA of this consumer's next block is in flight while the epilogue of
-    this one runs (two accumulators take turns; two KV slots are held at a time)."""
-    GROUPS: gl.constexpr = a.GROUPS
-    ROWS: gl.constexpr = _chunk(GROUPS, 0, 0, 1)
-    COLUMNS: gl.constexpr = ROWS * a.H
-    scale_layout: gl.constexpr = gl.SliceLayout(1, _mma_layout(COLUMNS))
-    q_view = q_tile.slice(0, COLUMNS).permute((1, 0))
-    s = a.ring.wait(it + first)
-    scale = a.ring.scales.index(s).reshape([a.BLOCK]).load(scale_layout)
-    pending = warpgroup_mma(a.ring.tiles.index(s), q_view, _zero_accumulator(a.BLOCK, COLUMNS), use_acc=False,
-                            is_async=True)  # fmt: skip
-    spare = _zero_accumulator(a.BLOCK, COLUMNS)
-    blk = lo + first
-    for j in range(first + a.CONSUMERS, count, a.CONSUMERS):
-        s_next = a.ring.wait(it + j)
-        issued = warpgroup_mma(a.ring.tiles.index(s_next), q_view, spare, use_acc=False, is_async=True)
-        acc = warpgroup_mma_wait(1, deps=(pending,))
-        a.ring.release(s)
-        w = weights[0] if a.RESIDENT_WEIGHTS else _chunk_weights(w_tile, 0, ROWS, a.H)
-        _epilogue(a, acc, w, scale, ctxs, out_rows, blk, 0, ROWS)
-        scale = a.ring.scales.index(s_next).reshape([a.BLOCK]).load(scale_layout)
-        spare = acc
-        pending = issued
-        s = s_next
-        blk = lo + j
-    acc = warpgroup_mma_wait(0, deps=(pending,))
-    a.ring.release(s)
-    w = weights[0] if a.RESIDENT_WEIGHTS else _chunk_weights(w_tile, 0, ROWS, a.H)
-    _epilogue(a, acc, w, scale, ctxs, out_rows, blk, 0, ROWS)
-
-
-@gluon.jit
 def _consumer_partition(a, CONSUMER: gl.constexpr):
     b0, off0, b1, off1 = a.cta_range()
     it = 0
@@ -433,14 +398,9 @@ def _consumer_partition(a, CONSUMER: gl.constexpr):
             ctxs = _row_contexts(a, b)
             weights = _resident_weights(a, w_tile)
             out_rows = a.out_ptr + (b * a.NEXT_N).to(gl.int64) * a.out_stride
-            first = (CONSUMER - it % a.CONSUMERS + a.CONSUMERS) % a.CONSUMERS
-            if a.PIPELINE:
-                if first < count:
-                    _score_blocks_pipelined(a, it, lo, first, count, q_tile, w_tile, weights, ctxs, out_rows)
-            else:
-                slots = _fresh_slots(a)
-                for j in range(first, count, a.CONSUMERS):
-                    slots = _score_block(a, it + j, lo + j, q_tile, w_tile, weights, ctxs, out_rows, slots)
+            slots = _fresh_slots(a)
+            for j in range((CONSUMER - it % a.CONSUMERS + a.CONSUMERS) % a.CONSUMERS, count, a.CONSUMERS):
+                slots = _score_block(a, it + j, lo + j, q_tile, w_tile, weights, ctxs, out_rows, slots)
             a.queries.release(qi)
             qi += 1
             it += count
@@ -452,7 +412,7 @@ def paged_mqa_logits_kernel(
     table_stride, out_stride, max_context_len,
     NEXT_N: gl.constexpr, H: gl.constexpr, D: gl.constexpr, BLOCK: gl.constexpr, Q_ROWS: gl.constexpr,
     Q_BOX: gl.constexpr, Q_SLOTS: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PLAN: gl.constexpr,
-    MMA_COLUMNS: gl.constexpr, GROUP_COLUMNS: gl.constexpr, RESIDENT_WEIGHTS: gl.constexpr, PIPELINE: gl.constexpr,
+    MMA_COLUMNS: gl.constexpr, GROUP_COLUMNS: gl.constexpr, RESIDENT_WEIGHTS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
 ):  # fmt: skip
     ring = KVRing(
@@ -489,7 +449,6 @@ def paged_mqa_logits_kernel(
         chunk_groups(NEXT_N, H, PLAN, MMA_COLUMNS, GROUP_COLUMNS),
         slot_columns(NEXT_N, H, PLAN, MMA_COLUMNS, GROUP_COLUMNS),
         RESIDENT_WEIGHTS,
-        PIPELINE,
     )
     # One region: consumer 0 is the default partition, consumers 1.. and the loader are workers.
     gl.warp_specialize(

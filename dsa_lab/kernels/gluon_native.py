@@ -76,7 +76,6 @@ def kernel_constexprs(next_n: int, heads: int, head_dim: int, config: GluonConfi
         "MMA_COLUMNS": config.mma_columns,
         "GROUP_COLUMNS": config.group_columns,
         "RESIDENT_WEIGHTS": config.resident_weights,
-        "PIPELINE": config.pipeline_blocks,
         "CONSUMER_REGS": consumer_registers(config),
         "LOADER_REGS": config.loader_registers,
     }
