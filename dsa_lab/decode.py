@@ -168,15 +168,22 @@ def run_logits(
 
 
 def run_decode(
-    inputs: DecodeInputs, strategy: str, backend: str | LogitsBackend = "reference", topk: int = DEFAULT_TOPK
+    inputs: DecodeInputs,
+    strategy: str,
+    backend: str | LogitsBackend = "reference",
+    topk: int = DEFAULT_TOPK,
+    max_context_len: int | None = None,
 ) -> DecodeResult:
-    """Build the strategy's metadata, run every launch, scatter rows back and pick the top-k."""
+    """Build the strategy's metadata, run every launch, scatter rows back and pick the top-k; the logits are
+    `max_context_len` wide (`metadata.logits_width`: the longest context unless wider)."""
     _check_inputs(inputs)
     check_range("topk", topk, 1, MAX_TOPK)
     kernel = resolve_backend(backend)
     device = inputs.q.device
     batch = inputs.batch
-    metadata = build_metadata(strategy, batch, inputs.cache.block_table, native_sizes_for(kernel, device))
+    metadata = build_metadata(
+        strategy, batch, inputs.cache.block_table, native_sizes_for(kernel, device), max_context_len
+    )
     for launch in metadata.launches:
         kernel.require(device, launch.next_n, batch.num_heads, batch.head_dim, batch.cache_dtype)
     outputs = run_logits(inputs, metadata, kernel)
