@@ -150,6 +150,27 @@ def scatter_logits(
     return logits, context
 
 
+def gather_selections(metadata: DecodeMetadata, selections: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-token top-k `[T, k]` from one selection per launch (`[rows, k]`, a launch's kernel rows, as
+    `topk.topk_in_context` picks them on its output): filler rows dropped, tokens no row holds -1."""
+    if len(selections) != len(metadata.launches):
+        raise ValueError(
+            f"selections: {len(selections)} tensors for {len(metadata.launches)} launches; need one per launch"
+        )
+    first = selections[0]
+    check_tensor("selections[0]", first, dtype=torch.int32, ndim=2)
+    out = torch.full((metadata.num_tokens, first.shape[1]), -1, dtype=torch.int32, device=first.device)
+    for i, (launch, picked) in enumerate(zip(metadata.launches, selections)):
+        check_tensor(
+            f"selections[{i}]", picked, dtype=torch.int32, shape=(launch.token_rows.numel(), first.shape[1]),
+            device=first.device,
+        )  # fmt: skip
+        rows = launch.token_rows.reshape(-1)
+        real = rows >= 0
+        out[rows[real]] = picked[real]
+    return out
+
+
 def run_logits(
     inputs: DecodeInputs, metadata: DecodeMetadata, backend: LogitsBackend, schedules: Sequence[Any] | None = None
 ) -> list[torch.Tensor]:
