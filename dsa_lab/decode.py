@@ -150,6 +150,27 @@ def scatter_logits(
     return logits, context
 
 
+def gather_selections(metadata: DecodeMetadata, selections: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-token top-k `[T, k]` from one selection per launch (`[rows, k]`, a launch's kernel rows, as
+    `topk.topk_in_context` picks them on its output): filler rows dropped, tokens no row holds -1."""
+    if len(selections) != len(metadata.launches):
+        raise ValueError(
+            f"selections: {len(selections)} tensors for {len(metadata.launches)} launches; need one per launch"
+        )
+    first = selections[0]
+    check_tensor("selections[0]", first, dtype=torch.int32, ndim=2)
+    out = torch.full((metadata.num_tokens, first.shape[1]), -1, dtype=torch.int32, device=first.device)
+    for i, (launch, picked) in enumerate(zip(metadata.launches, selections)):
+        check_tensor(
+            f"selections[{i}]", picked, dtype=torch.int32, shape=(launch.token_rows.numel(), first.shape[1]),
+            device=first.device,
+        )  # fmt: skip
+        rows = launch.token_rows.reshape(-1)
+        real = rows >= 0
+        out[rows[real]] = picked[real]
+    return out
+
+
 def run_logits(
     inputs: DecodeInputs, metadata: DecodeMetadata, backend: LogitsBackend, schedules: Sequence[Any] | None = None
 ) -> list[torch.Tensor]:
@@ -168,15 +189,22 @@ def run_logits(
 
 
 def run_decode(
-    inputs: DecodeInputs, strategy: str, backend: str | LogitsBackend = "reference", topk: int = DEFAULT_TOPK
+    inputs: DecodeInputs,
+    strategy: str,
+    backend: str | LogitsBackend = "reference",
+    topk: int = DEFAULT_TOPK,
+    max_context_len: int | None = None,
 ) -> DecodeResult:
-    """Build the strategy's metadata, run every launch, scatter rows back and pick the top-k."""
+    """Build the strategy's metadata, run every launch, scatter rows back and pick the top-k; the logits are
+    `max_context_len` wide (`metadata.logits_width`: the longest context unless wider)."""
     _check_inputs(inputs)
     check_range("topk", topk, 1, MAX_TOPK)
     kernel = resolve_backend(backend)
     device = inputs.q.device
     batch = inputs.batch
-    metadata = build_metadata(strategy, batch, inputs.cache.block_table, native_sizes_for(kernel, device))
+    metadata = build_metadata(
+        strategy, batch, inputs.cache.block_table, native_sizes_for(kernel, device), max_context_len
+    )
     for launch in metadata.launches:
         kernel.require(device, launch.next_n, batch.num_heads, batch.head_dim, batch.cache_dtype)
     outputs = run_logits(inputs, metadata, kernel)

@@ -125,14 +125,27 @@ def _native_rows(batch: DecodeBatch, block_table: torch.Tensor, offset: int, wid
     return KernelLaunch(token_rows, context.to(torch.int32).contiguous(), block_table)
 
 
-def build_native_metadata(batch: DecodeBatch, block_table: torch.Tensor) -> DecodeMetadata:
+def logits_width(batch: DecodeBatch, max_context_len: int | None = None) -> int:
+    """The logits' width, the kernels' `max_context_len`: the batch's longest context (None, as
+    dsa_lab always passed) or a wider one, e.g. vLLM's `max_model_len` (vLLM 0.33 sizes the
+    decode logits `[tokens, max_model_len]` and passes that to the kernel)."""
+    if max_context_len is None:
+        return batch.max_seq_len
+    return check_range("max_context_len", max_context_len, batch.max_seq_len, 1 << 31)
+
+
+def build_native_metadata(
+    batch: DecodeBatch, block_table: torch.Tensor, max_context_len: int | None = None
+) -> DecodeMetadata:
     """One launch with q `[B, max_decode_len]` and context `L - n + 1 + j`, clamped at 0."""
     _check_table(batch, block_table)
     launch = _native_rows(batch, block_table, 0, batch.max_decode_len)
-    return DecodeMetadata("native", (launch,), batch.num_decode_tokens, batch.max_seq_len)
+    return DecodeMetadata("native", (launch,), batch.num_decode_tokens, logits_width(batch, max_context_len))
 
 
-def build_flatten_metadata(batch: DecodeBatch, block_table: torch.Tensor) -> DecodeMetadata:
+def build_flatten_metadata(
+    batch: DecodeBatch, block_table: torch.Tensor, max_context_len: int | None = None
+) -> DecodeMetadata:
     """`num_decode_tokens` single-row pseudo-requests, each re-reading its request's blocks.
 
     Token t of request b sees `L_b - d_b + 1 + i`; surplus (CUDA-graph padding) tokens
@@ -150,7 +163,7 @@ def build_flatten_metadata(batch: DecodeBatch, block_table: torch.Tensor) -> Dec
     table[:real] = block_table[owner]
     rows = torch.arange(total, device=block_table.device).long()[:, None]
     launch = KernelLaunch(rows, context, table)
-    return DecodeMetadata("flatten", (launch,), total, batch.max_seq_len)
+    return DecodeMetadata("flatten", (launch,), total, logits_width(batch, max_context_len))
 
 
 @dataclass(frozen=True)
@@ -215,7 +228,9 @@ def _combinations(sizes: list[int], target: int, allow_padding: bool) -> list[tu
     return found
 
 
-def build_atom_metadata(batch: DecodeBatch, block_table: torch.Tensor, pieces: Sequence[AtomPiece]) -> DecodeMetadata:
+def build_atom_metadata(
+    batch: DecodeBatch, block_table: torch.Tensor, pieces: Sequence[AtomPiece], max_context_len: int | None = None
+) -> DecodeMetadata:
     """Native launches over the given pieces of the right-aligned `[B, n]` row layout."""
     _check_table(batch, block_table)
     if isinstance(pieces, (str, bytes)) or not all(isinstance(p, AtomPiece) for p in pieces):
@@ -225,7 +240,7 @@ def build_atom_metadata(batch: DecodeBatch, block_table: torch.Tensor, pieces: S
     if covered != list(range(n)):
         raise ValueError(f"pieces={tuple(pieces)}: must cover native rows 0..{n - 1} exactly once")
     launches = tuple(_native_rows(batch, block_table, p.offset, p.size) for p in pieces)
-    return DecodeMetadata("atom", launches, batch.num_decode_tokens, batch.max_seq_len)
+    return DecodeMetadata("atom", launches, batch.num_decode_tokens, logits_width(batch, max_context_len))
 
 
 def strategy_pieces(strategy: str, next_n: int, native_sizes: Sequence[int]) -> tuple[AtomPiece, ...]:
@@ -245,12 +260,15 @@ def build_metadata(
     batch: DecodeBatch,
     block_table: torch.Tensor,
     native_sizes: Sequence[int] = (1, 2, 4),
+    max_context_len: int | None = None,
 ) -> DecodeMetadata:
-    """Dispatch by strategy name; atom pieces come from `strategy_pieces` (`plan_atoms` over `native_sizes`)."""
+    """Dispatch by strategy name; atom pieces come from `strategy_pieces` (`plan_atoms` over `native_sizes`);
+    `max_context_len` is the logits' width (`logits_width`)."""
     check_choice("strategy", strategy, STRATEGIES)
     native_sizes = _check_sizes(native_sizes)
     if strategy == "native":
-        return build_native_metadata(batch, block_table)
+        return build_native_metadata(batch, block_table, max_context_len)
     if strategy == "flatten":
-        return build_flatten_metadata(batch, block_table)
-    return build_atom_metadata(batch, block_table, strategy_pieces("atom", batch.max_decode_len, native_sizes))
+        return build_flatten_metadata(batch, block_table, max_context_len)
+    pieces = strategy_pieces("atom", batch.max_decode_len, native_sizes)
+    return build_atom_metadata(batch, block_table, pieces, max_context_len)

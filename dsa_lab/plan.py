@@ -14,6 +14,12 @@ it derives, once, everything the layers above read instead of deriving it again:
   and the useful FLOPs (2·H·D per query row and cached token it sees);
 - `label` ('4+1', '4[pad 1]', '512x1'), and `same_as_native` (an atom plan of one piece).
 
+A plan may be a ragged step (`decode_lens`: the rows each request brings, e.g. from MTP
+acceptance; next_n is then the step's longest, the rows vLLM's kernel sees) and may write
+wider logits than the longest context (`logits_width`: vLLM passes its `max_model_len`). What
+a wider output costs depends on the kernel: one that leaves the tail writes only what each row
+owns, one that cleans it writes the whole width (`StepCost.logit_bytes(cleans_tail)`).
+
 `metadata` builds the tensors of these launches (`build_metadata_for`), `roofline` turns
 the cost into floors and modeled times, the harness records the columns, and the
 analysis and charts read the same numbers.
@@ -21,6 +27,7 @@ analysis and charts read the same numbers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +51,47 @@ WEIGHT_BYTES = 4  # float32 head weights
 Q_BYTES = 1  # fp8 queries
 SM90_DEEPGEMM_SIZES = (1, 2, 4)  # the default of `native_sizes`: DeepGEMM's SM90 kernels (say so when you use it)
 ANY_NEXT_N = tuple(range(1, MAX_NEXT_N + 1))  # a backend native for every next_n
+DEEPSEEK_V32_MAX_MODEL_LEN = 163_840  # vLLM's max_model_len for DeepSeek-V3.2, as issue 19 gives it
+
+
+@dataclass(frozen=True)
+class LogitsWidth:
+    """The logits' width, the kernel's `max_context_len`: 'batch' (the longest context of the step,
+    what every run before this axis measured) or 'model:N' (vLLM's `max_model_len` N, which vLLM 0.33
+    passes to the kernel and sizes its decode logits buffer with)."""
+
+    model_len: int | None = None  # None: 'batch'
+
+    def __post_init__(self) -> None:
+        if self.model_len is not None:
+            object.__setattr__(self, "model_len", check_range("model_len", self.model_len, 1, 1 << 31))
+
+    @property
+    def label(self) -> str:
+        return "batch" if self.model_len is None else f"model:{self.model_len}"
+
+    @classmethod
+    def parse(cls, value: str) -> LogitsWidth:
+        text = str(value).strip().lower()
+        if text == "batch":
+            return cls()
+        if text.startswith("model:"):
+            digits = text[len("model:") :].strip()
+            if digits.isascii() and digits.isdigit() and 0 < int(digits) <= 1 << 31:
+                return cls(int(digits))
+        raise ValueError(
+            f"logits_width={value!r}: allowed values are 'batch' (the longest context) or 'model:N' "
+            f"(vLLM's max_model_len, e.g. model:{DEEPSEEK_V32_MAX_MODEL_LEN} for DeepSeek-V3.2)"
+        )
+
+    def columns(self, seq_lens: Sequence[int]) -> int:
+        """The width for requests of `seq_lens`: a model length shorter than a context is an error."""
+        longest = max(seq_lens)
+        if self.model_len is None:
+            return longest
+        if self.model_len < longest:
+            raise ValueError(f"logits_width={self.label!r}: narrower than the longest context {longest}")
+        return self.model_len
 
 
 @dataclass(frozen=True)
@@ -55,6 +103,23 @@ class StepCost:
     launches: int
     unique_kv_bytes: int  # the KV part of unique_bytes: every request's KV once
     strategy_kv_bytes: int  # the KV part of strategy_bytes: re-reads included
+    logits_width: int  # columns of every output row (the kernels' max_context_len)
+    owned_logit_bytes: int  # float32 logits inside every kernel row's context (filler rows too)
+    full_logit_bytes: int  # kernel_rows x logits_width float32 logits
+    q_and_weight_bytes: int  # the step's fp8 queries and float32 head weights
+
+    def logit_bytes(self, cleans_tail: bool) -> int:
+        """Logits the kernels write: the whole width where the kernel cleans the tail (writes -inf past
+        each context), else only what each row owns (vLLM: 'columns past each row's context length are
+        not cleaned')."""
+        check_choice("cleans_tail", cleans_tail, (False, True))
+        return self.full_logit_bytes if cleans_tail else self.owned_logit_bytes
+
+    def moved_bytes(self, cleans_tail: bool) -> int:
+        """Bytes the strategy's launches move for a kernel that does or does not clean the tail: KV as
+        read (re-reads included), q and weights, and the logits written. For a plan without filler
+        rows and a kernel that leaves the tail, this is `strategy_bytes`."""
+        return self.strategy_kv_bytes + self.q_and_weight_bytes + self.logit_bytes(cleans_tail)
 
 
 def row_context(seq_len: int, next_n: int, row: int) -> int:
@@ -73,6 +138,8 @@ class LaunchPlan:
     head_dim: int = 128
     cache_dtype: str = "fp8"
     native_sizes: tuple[int, ...] = SM90_DEEPGEMM_SIZES  # next_n the backend runs natively
+    decode_lens: tuple[int, ...] | None = None  # rows each request brings; None (or all next_n): next_n each
+    logits_width: int | None = None  # the kernels' max_context_len; None: the longest context
     pieces: tuple[AtomPiece, ...] = field(init=False, compare=False)
     launch_shapes: tuple[tuple[int, int], ...] = field(init=False, compare=False)  # (rows, next_n') per launch
     cost: StepCost = field(init=False, compare=False, repr=False)
@@ -90,8 +157,17 @@ class LaunchPlan:
         if not sizes:
             raise ValueError("native_sizes: need at least one next_n the backend runs natively")
         set_(self, "native_sizes", tuple(sorted(set(sizes))))
+        if self.decode_lens is not None:
+            lens = check_int_sequence("decode_lens", self.decode_lens, 1, self.next_n)
+            if len(lens) != len(self.seq_lens) or max(lens) != self.next_n:
+                raise ValueError(
+                    f"decode_lens={lens[:8]}: need one per request ({len(self.seq_lens)}), the longest equal to "
+                    f"next_n={self.next_n} (the rows the kernel sees)"
+                )
+            set_(self, "decode_lens", None if min(lens) == self.next_n else lens)  # uniform: the plain plan
+        set_(self, "logits_width", LogitsWidth(self.logits_width).columns(self.seq_lens))
         pieces = strategy_pieces(self.strategy, self.next_n, self.native_sizes)
-        batch, tokens = len(self.seq_lens), len(self.seq_lens) * self.next_n
+        batch, tokens = len(self.seq_lens), self.tokens
         shapes = ((tokens, 1),) if self.strategy == "flatten" else tuple((batch, p.size) for p in pieces)
         set_(self, "pieces", pieces)
         set_(self, "launch_shapes", shapes)
@@ -104,6 +180,21 @@ class LaunchPlan:
     @property
     def launches(self) -> int:
         return len(self.launch_shapes)
+
+    @property
+    def rows_per_request(self) -> tuple[int, ...]:
+        """The rows each request brings to the step (`decode_lens`, or next_n for all)."""
+        return self.decode_lens if self.decode_lens is not None else (self.next_n,) * self.batch
+
+    @property
+    def tokens(self) -> int:
+        """Query tokens of the step."""
+        return sum(self.rows_per_request)
+
+    @property
+    def max_context_len(self) -> int:
+        """The width of every output row, as the kernels get it."""
+        return self.logits_width
 
     @property
     def kernel_rows(self) -> int:
@@ -124,7 +215,7 @@ class LaunchPlan:
     def label(self) -> str:
         """'4' (native), '4+1' or '4[pad 1]' (atom), '512x1' (flatten: tokens x one row)."""
         if self.strategy == "flatten":
-            return f"{self.batch * self.next_n}x1"
+            return f"{self.tokens}x1"
         return "+".join(f"{p.size}" + (f"[pad {-p.offset}]" if p.offset < 0 else "") for p in self.pieces)
 
     @property
@@ -132,19 +223,28 @@ class LaunchPlan:
         """(rows, next_n', first native row) per launch: equal signatures are the same kernel work
         (flatten at next_n = 1 is native; an atom plan of one piece is native)."""
         if self.strategy == "flatten":
-            return ((self.batch * self.next_n, 1, self.next_n - 1),)
+            return ((self.tokens, 1, self.next_n - 1),)
         return tuple((self.batch, p.size, p.offset) for p in self.pieces)
 
     def _cost(self) -> StepCost:
-        """Bytes and FLOPs of one step; KV is counted in tokens, not whole blocks."""
+        """Bytes and FLOPs of one step; KV is counted in tokens, not whole blocks. Real rows are
+        right-aligned (a request of d rows holds native rows n - d .. n - 1, as `metadata` lays them)."""
         n, per_token = self.next_n, bytes_per_token(self.head_dim, self.cache_dtype)
-        contexts = sum(row_context(length, n, j) for length in self.seq_lens for j in range(n))
-        tokens = n * self.batch
-        side_bytes = contexts * LOGIT_BYTES + tokens * self.heads * (self.head_dim * Q_BYTES + WEIGHT_BYTES)
+        real = tuple(zip(self.seq_lens, self.rows_per_request))
+        contexts = sum(row_context(length, n, j) for length, d in real for j in range(n - d, n))
+        tokens = self.tokens
+        q_and_weights = tokens * self.heads * (self.head_dim * Q_BYTES + WEIGHT_BYTES)
+        side_bytes = contexts * LOGIT_BYTES + q_and_weights
         unique_kv = sum(self.seq_lens) * per_token
         if self.strategy == "flatten":
-            read_tokens = contexts
+            read_tokens = owned = contexts
         else:
+            # every native row of each piece writes its context, fillers too: `metadata._native_rows`
+            # gives row j (front padding included) `L - n + 1 + j`, clamped at 0
+            owned = sum(
+                max(0, length - n + 1 + j)
+                for length in self.seq_lens for p in self.pieces for j in range(p.offset, p.offset + p.size)
+            )  # fmt: skip
             read_tokens = sum(
                 row_context(length, n, p.offset + p.size - 1) for length in self.seq_lens for p in self.pieces
             )
@@ -156,6 +256,10 @@ class LaunchPlan:
             launches=self.launches,
             unique_kv_bytes=unique_kv,
             strategy_kv_bytes=read_tokens * per_token,
+            logits_width=self.logits_width,
+            owned_logit_bytes=owned * LOGIT_BYTES,
+            full_logit_bytes=self.kernel_rows * self.logits_width * LOGIT_BYTES,
+            q_and_weight_bytes=q_and_weights,
         )
 
     def columns(self) -> dict[str, Any]:
@@ -176,13 +280,18 @@ class LaunchPlan:
         """The tensors of these launches for `batch` (whose requests and next_n the plan was made for)."""
         if not isinstance(batch, DecodeBatch):
             raise ValueError(f"batch: expected a DecodeBatch, got {type(batch).__name__}")
-        if batch.seq_lens != self.seq_lens or batch.max_decode_len != self.next_n:
+        if (
+            batch.seq_lens != self.seq_lens
+            or batch.decode_lens != self.rows_per_request
+            or batch.num_decode_tokens != self.tokens
+        ):
             raise ValueError(
                 f"batch: {batch.describe()} is not the step this plan was made for "
-                f"(B={self.batch}, next_n={self.next_n})"
+                f"(B={self.batch}, next_n={self.next_n}, {self.tokens} tokens)"
             )
+        width = self.logits_width
         if self.strategy == "native":
-            return build_native_metadata(batch, block_table)
+            return build_native_metadata(batch, block_table, width)
         if self.strategy == "flatten":
-            return build_flatten_metadata(batch, block_table)
-        return build_atom_metadata(batch, block_table, self.pieces)
+            return build_flatten_metadata(batch, block_table, width)
+        return build_atom_metadata(batch, block_table, self.pieces, width)

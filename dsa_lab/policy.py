@@ -35,7 +35,7 @@ from types import ModuleType
 import pandas as pd
 import torch
 
-from dsa_lab.errors import check_choice, check_range
+from dsa_lab.errors import check_choice, check_int_sequence, check_range
 
 FAMILIES = ("sm90", "sm100", "sm120", "rocm", "other")
 PATHS = ("native", "flatten", "varlen", "rejected")
@@ -425,6 +425,68 @@ def step_path(q: PolicyQuery, max_decode_len: int, uniform: bool = True) -> str:
     if step_uses_native(q, max_decode_len, uniform):
         return "native"
     return "varlen" if vllm_0_33_0(q).path == "varlen" else "flatten"
+
+
+STEP_ROUTES = ("native", "padded", "flatten", "varlen")
+
+
+@dataclass(frozen=True)
+class StepRoute:
+    """What vLLM 0.33 does with one decode step whose requests bring `decode_lens` rows.
+
+    `decodes` requests take the indexer's decode path (padding requests included), the other
+    `prefills` its prefill path; `path` is how the decodes reach the paged kernel: 'native'
+    (`[B, max_decode_len]` rows), 'padded' (native, shorter requests packed up to
+    max_decode_len rows by `pack_seq_triton`: vLLM's `requires_padding`), 'flatten' (one row
+    per token) or 'varlen' (SM100 + DeepGEMM).
+    """
+
+    path: str
+    decodes: int
+    prefills: int
+    max_decode_len: int
+
+    def __post_init__(self) -> None:
+        check_choice("path", self.path, STEP_ROUTES)
+
+
+def decode_count_0_33(decode_lens: Sequence[int], decode_threshold: int, require_uniform: bool) -> int:
+    """`split_decodes_and_prefills` (vllm/v1/attention/backends/utils.py) on a batch with no
+    prefill: how many leading requests stay decodes. A builder that may go native asks for
+    uniform decodes (`require_uniform`), so the first request whose rows differ from the first
+    request's (padding requests, 0 rows, aside) and every request after it go to the prefill path."""
+    lens = tuple(decode_lens)
+    if max(lens) <= decode_threshold and (not require_uniform or decode_threshold <= 1):
+        return len(lens)
+    if lens[0] > decode_threshold:
+        return 0
+    if require_uniform:
+        is_prefill = [n != lens[0] and n != 0 for n in lens]
+    else:
+        is_prefill = [n > decode_threshold for n in lens]
+    return is_prefill.index(True) if any(is_prefill) else len(lens)
+
+
+def step_route(q: PolicyQuery, decode_lens: Sequence[int]) -> StepRoute:
+    """vLLM 0.33's `DeepseekV32IndexerMetadataBuilder.build()` on one decode step: the split
+    (`decode_count_0_33`, with the builder's `decode_threshold = next_n` and `require_uniform =
+    not (use_flattening or supports_varlen)`), then the per-step path of the decodes
+    (`step_uses_native` on their longest request; `requires_padding` when their rows differ).
+    `decode_lens` run in vLLM's batch order; padding requests (0 rows) come last."""
+    lens = check_int_sequence("decode_lens", decode_lens, 0, q.next_n)
+    if not lens or lens[0] == 0:
+        raise ValueError(f"decode_lens={lens!r:.80}: need requests, the first decoding (padding requests come last)")
+    decision = vllm_0_33_0(q)
+    if decision.path == "rejected":
+        raise ValueError(f"{q}: rejected at startup; no decode step exists")
+    require_uniform = not (decision.use_flattening or supports_varlen(q.platform))
+    decodes = decode_count_0_33(lens, q.next_n, require_uniform)
+    kept = lens[:decodes]
+    longest, uniform = max(kept), min(kept) == max(kept)
+    path = step_path(q, longest, uniform)
+    if path == "native" and decision.builder == "dense" and not uniform:
+        path = "padded"
+    return StepRoute(path, decodes, len(lens) - decodes, longest)
 
 
 Policy = Callable[[PolicyQuery], Decision]

@@ -65,6 +65,33 @@ def topk_per_row(
     return out
 
 
+def topk_in_context(logits: torch.Tensor, context_lens: torch.Tensor, k: int, columns: int) -> torch.Tensor:
+    """int32 `[rows, k]`: each row's k best positions among its first context_lens[r], -1 for the rest;
+    the top-k a timed step runs, straight on a kernel's output.
+
+    Reads only the first `columns` columns (the step's longest context, a host int: vLLM's top-k
+    gets the same bound, `max_seq_len`, however wide the logits buffer is), masks each row past
+    its context to -inf, runs `torch.topk(sorted=False)` and turns every pick at or past the
+    context into -1, so nothing past a row's length is read into the choice or chosen. Unlike
+    `topk_per_row` it scans nothing (no host sync: it is captured in CUDA graphs), so a row must
+    hold finite logits inside its context (checked beforehand); the order within a row is
+    unspecified (compare selections with `compare_selections`). It picks the same sets as
+    `topk_per_row`, ties aside.
+    """
+    check_tensor("logits", logits, dtype=torch.float32, ndim=2)
+    check_tensor("context_lens", context_lens, dtype=INTEGER_DTYPES, shape=(logits.shape[0],), device=logits.device)
+    check_range("k", k, 1, MAX_TOPK)
+    columns = check_range("columns", columns, 1, logits.shape[1])
+    view = logits[:, :columns]
+    lens = context_lens.to(torch.int64)[:, None]
+    masked = view.masked_fill(torch.arange(columns, device=logits.device)[None, :] >= lens, float("-inf"))
+    take = min(k, columns)
+    picked = torch.topk(masked, take, dim=-1, sorted=False).indices
+    out = torch.full((logits.shape[0], k), -1, dtype=torch.int32, device=logits.device)
+    out[:, :take] = torch.where(picked < lens, picked, torch.full_like(picked, -1)).to(torch.int32)
+    return out
+
+
 @dataclass(frozen=True)
 class SelectionAgreement:
     """How two top-k selections compare on the same reference scores."""

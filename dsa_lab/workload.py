@@ -8,6 +8,7 @@ query row i of that request sees `seq_lens[b] - decode_lens[b] + 1 + i` tokens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -144,6 +145,23 @@ def mixed_length_batch(
     return DecodeBatch(lens, (next_n,) * batch_size, next_n, **shape)
 
 
+def lognormal_length_batch(
+    batch_size: int, median: int, sigma: float, next_n: int, seed: int, **shape: object
+) -> DecodeBatch:
+    """Cached lengths `median * exp(sigma * z)`, z standard normal (seeded), rounded and clipped to
+    [max(LOGNORMAL_CLIP[0], next_n), LOGNORMAL_CLIP[1]]: a heavy tail of long requests over a body
+    of short ones, as serving batches have."""
+    next_n = check_range("next_n", next_n, 1, MAX_NEXT_N)
+    batch_size = check_range("batch_size", batch_size, 1, MAX_REQUESTS)
+    median = check_range("median", median, *LOGNORMAL_CLIP)
+    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not 0 < sigma <= MAX_LOGNORMAL_SIGMA:
+        raise ValueError(f"sigma={sigma!r}: must be a number in (0, {MAX_LOGNORMAL_SIGMA:g}]")
+    gen = torch.Generator().manual_seed(as_int("seed", seed))
+    z = torch.empty(batch_size, dtype=torch.float64).normal_(generator=gen)
+    lens = (median * torch.exp(float(sigma) * z)).round().clamp(max(LOGNORMAL_CLIP[0], next_n), LOGNORMAL_CLIP[1])
+    return DecodeBatch(tuple(int(x) for x in lens), (next_n,) * batch_size, next_n, **shape)
+
+
 def ragged_decode_batch(
     batch_size: int, min_len: int, max_len: int, next_n: int, seed: int, **shape: object
 ) -> DecodeBatch:
@@ -193,54 +211,127 @@ def with_padding(batch: DecodeBatch, padding_requests: int, padding_tokens: int 
     )
 
 
+CONTEXT_DISTRIBUTIONS = ("fixed", "mixed", "lognormal")
+REQUEST_ORDERS = ("shuffled", "sorted")  # 'shuffled' (the default) adds nothing to a label
+LOGNORMAL_CLIP = (64, 163_840)  # one KV block .. DeepSeek-V3.2's max_model_len: a log-normal's draws are clipped here
+MAX_LOGNORMAL_SIGMA = 4.0
+
+
 @dataclass(frozen=True)
 class ContextSpec:
-    """Cached length(s) per request of a sweep point: one length, or 'mixed:MIN-MAX' (log-uniform, seeded).
+    """Cached length(s) per request of a sweep point, and the order of the requests.
 
-    Labels are canonical ('8K' -> '8192', 'mixed:1K-64K' -> 'mixed:1024-65536'), so a point is
-    named, stored and compared by one string whatever spelling a user typed.
+    - a length ('65536', '64K'): every request holds it;
+    - 'mixed:MIN-MAX': log-uniform in [MIN, MAX] (seeded), short and long requests alike;
+    - 'lognormal:MEDIAN:SIGMA': heavy-tailed (seeded): most requests near MEDIAN, a few many
+      times longer, clipped to `LOGNORMAL_CLIP`. A serving batch mixes many short contexts with
+      a few long ones that hold most of the KV bytes; a log-normal has that shape, one knob for
+      the body (MEDIAN) and one for the tail (SIGMA: the 99th percentile is MEDIAN x e^(2.33 SIGMA)).
+    - a suffix ':sorted' puts the requests in order of length, shortest first: the long ones sit
+      together at the end of the batch, the worst case for a kernel that hands requests (or KV
+      slices) to CTAs in order. Without it the requests keep the order they were drawn in, which
+      for independent draws is a shuffled order (the default, 'shuffled', which no label spells).
+
+    Labels are canonical ('8K' -> '8192', 'mixed:1K-64K' -> 'mixed:1024-65536', 'lognormal:8K:1.50'
+    -> 'lognormal:8192:1.5'), so a point is named, stored and compared by one string whatever spelling
+    a user typed. `low` and `high` bound every length the spec can draw; `mixed` says lengths differ.
     """
 
     low: int
     high: int
+    distribution: str = "fixed"  # one of CONTEXT_DISTRIBUTIONS
+    median: int = 0  # lognormal only
+    sigma: float = 0.0  # lognormal only
+    order: str = "shuffled"  # one of REQUEST_ORDERS
+
+    def __post_init__(self) -> None:
+        check_choice("distribution", self.distribution, CONTEXT_DISTRIBUTIONS)
+        check_choice("order", self.order, REQUEST_ORDERS)
+        lognormal = self.distribution == "lognormal"
+        if lognormal != bool(self.median or self.sigma):
+            raise ValueError(f"median={self.median}, sigma={self.sigma}: set for a lognormal spec only")
+        object.__setattr__(self, "sigma", float(self.sigma))  # one label for 2 and 2.0
+        if (self.distribution == "fixed") != (self.low == self.high):
+            need = "low == high" if self.distribution == "fixed" else "low < high"
+            raise ValueError(f"low={self.low}, high={self.high}: a {self.distribution} spec needs {need}")
+        if self.order != "shuffled" and self.distribution == "fixed":
+            raise ValueError(f"order={self.order!r}: one length for every request has no order to change")
 
     @property
     def mixed(self) -> bool:
-        return self.low != self.high
+        """Lengths differ per request (mixed or lognormal)."""
+        return self.distribution != "fixed"
 
     @property
     def label(self) -> str:
-        return f"mixed:{self.low}-{self.high}" if self.mixed else str(self.low)
+        if self.distribution == "mixed":
+            text = f"mixed:{self.low}-{self.high}"
+        elif self.distribution == "lognormal":
+            text = f"lognormal:{self.median}:{self.sigma!r}"
+        else:
+            text = str(self.low)
+        return text if self.order == "shuffled" else f"{text}:{self.order}"
 
     @property
     def short(self) -> str:
-        """For people: '64K', 'mixed 1K-64K' (`label` is the canonical name runs store)."""
-        return f"mixed {format_tokens(self.low)}-{format_tokens(self.high)}" if self.mixed else format_tokens(self.low)
+        """For people: '64K', 'mixed 1K-64K', 'lognormal 8K, sigma 1.5' (`label` is the canonical name runs store)."""
+        if self.distribution == "mixed":
+            text = f"mixed {format_tokens(self.low)}-{format_tokens(self.high)}"
+        elif self.distribution == "lognormal":
+            text = f"lognormal {format_tokens(self.median)}, sigma {self.sigma:g}"
+        else:
+            text = format_tokens(self.low)
+        return text if self.order == "shuffled" else f"{text}, {self.order}"
 
     @classmethod
     def parse(cls, value: str | int) -> ContextSpec:
         text = str(value).strip().lower()
+        order = "shuffled"
+        for name in REQUEST_ORDERS:
+            if text.endswith(f":{name}"):
+                text, order = text[: -len(name) - 1], name
         try:
             if text.startswith("mixed:"):
                 low, high = (parse_tokens(part) for part in text[len("mixed:") :].split("-"))
                 if not 1 <= low < high <= MAX_SEQ_LEN:
                     raise ValueError
-                return cls(low, high)
+                return cls(low, high, "mixed", order=order)
+            if text.startswith("lognormal:"):
+                median_text, sigma_text = text[len("lognormal:") :].split(":")
+                median, sigma = parse_tokens(median_text), float(sigma_text)
+                if not (LOGNORMAL_CLIP[0] <= median <= LOGNORMAL_CLIP[1] and 0 < sigma <= MAX_LOGNORMAL_SIGMA):
+                    raise ValueError
+                return cls(*LOGNORMAL_CLIP, "lognormal", median, sigma, order)
             length = parse_tokens(text)
             if not 1 <= length <= MAX_SEQ_LEN:
                 raise ValueError
-            return cls(length, length)
+            return cls(length, length, order=order)
         except ValueError:
             raise ValueError(
-                f"context={value!r}: allowed values are a length (e.g. 8192 or 8K) "
-                "or 'mixed:MIN-MAX' with 1 <= MIN < MAX (e.g. mixed:1K-64K)"
+                f"context={value!r}: allowed values are a length (e.g. 8192 or 8K), 'mixed:MIN-MAX' with "
+                f"1 <= MIN < MAX (e.g. mixed:1K-64K) or 'lognormal:MEDIAN:SIGMA' with MEDIAN in "
+                f"[{LOGNORMAL_CLIP[0]}, {LOGNORMAL_CLIP[1]}] and 0 < SIGMA <= {MAX_LOGNORMAL_SIGMA:g} (e.g. "
+                f"lognormal:8K:1.5); a mixed or lognormal one may end in ':sorted' (shortest request first)"
             ) from None
 
     def seq_lens(self, batch: int, seed: int) -> tuple[int, ...]:
-        """Per-request cached lengths for `batch` requests (drawn with `seed` when mixed)."""
-        if not self.mixed:
-            return (self.low,) * check_range("batch", batch, 1, MAX_REQUESTS)
-        return mixed_length_batch(batch, self.low, self.high, 1, seed).seq_lens
+        """Per-request cached lengths for `batch` requests (drawn with `seed` unless fixed), in `order`."""
+        batch = check_range("batch", batch, 1, MAX_REQUESTS)
+        if self.distribution == "fixed":
+            return (self.low,) * batch
+        if self.distribution == "mixed":
+            lens = mixed_length_batch(batch, self.low, self.high, 1, seed).seq_lens
+        else:
+            lens = lognormal_length_batch(batch, self.median, self.sigma, 1, seed).seq_lens
+        return order_lengths(lens, self.order)
+
+
+def order_lengths(seq_lens: Sequence[int], order: str) -> tuple[int, ...]:
+    """The requests in `order`: 'shuffled' keeps the drawn order (independent draws: already a random
+    order), 'sorted' puts them shortest first."""
+    check_choice("order", order, REQUEST_ORDERS)
+    lens = check_int_sequence("seq_lens", seq_lens, 0, MAX_SEQ_LEN)
+    return tuple(sorted(lens)) if order == "sorted" else lens
 
 
 def format_tokens(tokens: int) -> str:

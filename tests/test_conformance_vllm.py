@@ -57,6 +57,7 @@ from vllm.platforms.interface import DeviceCapability, PlatformEnum
 from vllm.platforms.interface import Platform as VllmPlatform
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
+from dsa_lab.acceptance import AcceptanceSpec
 from dsa_lab.cache import quantize_fp8
 from dsa_lab.metadata import build_flatten_metadata, build_native_metadata
 from dsa_lab.policy import (
@@ -68,6 +69,7 @@ from dsa_lab.policy import (
     indexer_backend_takes_device_query_lens,
     indexer_builder,
     native_next_n_supported,
+    step_route,
     step_uses_native,
     supports_native_decode,
     supports_varlen,
@@ -354,28 +356,15 @@ def test_rejection_reasons_name_what_vllm_names() -> None:
         assert decision.path == "rejected" and ours in decision.reason, (name, arch, decision.reason)
 
 
-def run_vllm_build(
-    name: str, deep_gemm: bool, next_n: int, adaptive: bool, arch: str, fp4: bool, decode_lens: tuple[int, ...]
-):
-    """vLLM's real `build()` of the builder it wires, for one decode step of requests
-    decoding `decode_lens` rows (request i holds 50 + 20 i tokens; a 0 is a CUDA-graph
-    padding request: no tokens, seq_len 0).
-
-    GPU- or aiter-bound calls are stubbed: DeepGEMM's SM planner, the uniform-decode Triton
-    kernel (which fills buffers whose shapes are what decides), aiter's decode schedule.
-    """
-    startup = vllm_startup(name, deep_gemm, next_n, adaptive, arch, fp4)
-    assert startup.error is None, startup.error
+def vllm_step_metadata(decode_lens: tuple[int, ...]) -> CommonAttentionMetadata:
+    """One decode step of requests decoding `decode_lens` rows, as vLLM's builders get it
+    (request i holds 50 + 20 i tokens; a 0 is a CUDA-graph padding request: no tokens, seq_len 0)."""
     lens = torch.tensor(decode_lens, dtype=torch.int32)
     reqs, tokens = len(decode_lens), int(lens.sum())
     query_start_loc = torch.zeros(reqs + 1, dtype=torch.int32)
     query_start_loc[1:] = torch.cumsum(lens, 0)
     seq_lens = torch.tensor([50 + 20 * i if rows else 0 for i, rows in enumerate(decode_lens)], dtype=torch.int32)
-
-    def no_deep_gemm_schedule(lens, block, sms, indices=None):  # DeepGEMM's planner needs a GPU
-        return torch.zeros(sms + 1, 2, dtype=torch.int32)
-
-    common = CommonAttentionMetadata(
+    return CommonAttentionMetadata(
         query_start_loc=query_start_loc,
         query_start_loc_cpu=query_start_loc.clone(),
         seq_lens=seq_lens,
@@ -386,6 +375,29 @@ def run_vllm_build(
         block_table_tensor=torch.arange(reqs * 4, dtype=torch.int32).view(reqs, 4),
         slot_mapping=torch.zeros(tokens, dtype=torch.int64),
     )
+
+
+def run_vllm_build(
+    name: str, deep_gemm: bool, next_n: int, adaptive: bool, arch: str, fp4: bool, decode_lens: tuple[int, ...]
+):
+    """vLLM's real `build()` of the builder it wires, for one decode step of requests decoding
+    `decode_lens` rows (`vllm_step_metadata`)."""
+    startup = vllm_startup(name, deep_gemm, next_n, adaptive, arch, fp4)
+    assert startup.error is None, startup.error
+    return vllm_build(startup, name, deep_gemm, decode_lens)
+
+
+def vllm_build(startup: VllmStartup, name: str, deep_gemm: bool, decode_lens: tuple[int, ...]):
+    """`build()` of a builder vLLM made (`vllm_startup`) on the step `vllm_step_metadata(decode_lens)`.
+
+    GPU- or aiter-bound calls are stubbed: DeepGEMM's SM planner, the uniform-decode Triton
+    kernel (which fills buffers whose shapes are what decides), aiter's decode schedule.
+    """
+    common = vllm_step_metadata(decode_lens)
+
+    def no_deep_gemm_schedule(lens, block, sms, indices=None):  # DeepGEMM's planner needs a GPU
+        return torch.zeros(sms + 1, 2, dtype=torch.int32)
+
     with (
         vllm_sees(name, deep_gemm),
         mock.patch.object(vllm_indexer, "get_paged_mqa_logits_metadata", no_deep_gemm_schedule),
@@ -716,6 +728,62 @@ def test_fp8_cache_bytes_match_vllm_quantisation(interpreted: dict, ue8m0: bool)
     dim = k.shape[1]
     assert torch.equal(got[:, dim:].contiguous().view(torch.float32)[:, 0], scale)
     assert torch.equal(got[:, :dim], values.view(torch.uint8))
+
+
+# --- (d) MTP acceptance -> ragged decode lengths -> the step's path -------------------------------
+
+ROUTE_PROFILES = ("accept:0.9,0.7,0.5,0.3,0.1", "accept:0.6,0.3,0.1,0.05,0.02")
+ROUTE_GRID_BUILDS = 276
+
+
+def vllm_route(startup: VllmStartup, name: str, deep_gemm: bool, decode_lens: tuple[int, ...]):
+    """vLLM's own answer for one step: the builder's split (`split_decodes_and_prefills` with the
+    arguments its `build()` passes), then its `build()` on the requests that stay decodes, read as
+    native / padded (native with `requires_padding`) / flatten. (`build()` on the whole step would also
+    build the prefill part, which launches a Triton kernel this CPU process cannot run.)"""
+    from vllm.v1.attention.backends.utils import split_decodes_and_prefills
+
+    builder = startup.builder
+    require_uniform = not (builder.use_flattening or builder.supports_varlen)
+    decodes, prefills, _, _ = split_decodes_and_prefills(
+        vllm_step_metadata(decode_lens), builder.decode_threshold, require_uniform, not builder.use_pcp
+    )
+    kept = decode_lens[:decodes]
+    meta = vllm_build(startup, name, deep_gemm, kept)
+    assert meta.num_decodes == decodes and meta.num_prefills == 0
+    if not vllm_step_is_native(meta, max(kept)):
+        return "flatten", decodes, prefills
+    rocm = isinstance(meta, vllm_rocm_mxfp4.RocmMxfp4IndexerMetadata)
+    return ("padded" if meta.decode.requires_padding and not rocm else "native"), decodes, prefills
+
+
+def test_acceptance_decode_lengths_take_vllms_path() -> None:
+    """Acceptance profile -> seeded decode lengths (`AcceptanceSpec.decode_lens`) -> `policy.step_route`,
+    against vLLM 0.33's own split and `build()` on every builder case, with and without adaptive
+    verification: the requests it keeps as decodes, those it sends to prefill, and the path. A dense
+    builder's step ends in a CUDA-graph padding request (0 rows). SM100 + DeepGEMM takes the varlen
+    kernel, which cannot run here: there only our answer is checked ('varlen')."""
+    builds, outcomes = 0, set()
+    for (name, deep_gemm, arch, fp4), adaptive, next_n in itertools.product(STEP_CASES, ADAPTIVE, STEP_NEXT_NS):
+        query = PolicyQuery(our_platform(name, deep_gemm), next_n, fp4, adaptive, arch)
+        if vllm_0_33_0(query).path == "rejected":
+            continue
+        startup = vllm_startup(name, deep_gemm, next_n, adaptive, arch, fp4)
+        for profile in ROUTE_PROFILES:
+            lens = AcceptanceSpec.parse(profile).decode_lens(5, next_n, seed=next_n)
+            if vllm_0_33_0(query).builder == "dense":
+                lens += (0,)
+            ours = step_route(query, lens)
+            where = f"{name} dg={deep_gemm} {arch} fp4={fp4} next_n={next_n} adaptive={adaptive} lens={lens}"
+            if supports_varlen(query.platform):
+                assert ours.path == "varlen" and ours.prefills == 0, where
+                continue
+            assert (ours.path, ours.decodes, ours.prefills) == vllm_route(startup, name, deep_gemm, lens), where
+            assert ours.max_decode_len == max(lens[: ours.decodes]), where
+            builds += 1
+            outcomes.add((ours.path, ours.prefills > 0))
+    assert builds == ROUTE_GRID_BUILDS
+    assert outcomes == {("native", True), ("native", False), ("padded", False), ("flatten", False)}
 
 
 if __name__ == "__main__":

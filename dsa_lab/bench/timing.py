@@ -10,14 +10,15 @@ kernel longer than the host takes to issue the call (nvbench's blocking-kernel i
 the events time the GPU work and not Python's launch overhead, which for small shapes
 exceeds the kernel itself; that overhead is reported apart as `host_us`. Graph mode
 captures `graph_launches` calls and divides a replay by that count; it cannot flush L2
-between the captured calls, and says so in `timing_method`.
+between the captured calls, and says so in `timing_method`. `time_step` times a whole decode step
+('events' or 'graph': one step per graph, so L2 can be flushed before each replay, outside it).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
@@ -301,6 +302,84 @@ def _time_graph(fn: Callable[[], object], device: torch.device, config: TimingCo
                 rule.add(begin.elapsed_time(end) / n)
         del graph
     return summarize(rule.samples, host, "cuda", timing_method(device, config), stop, config.warmup, lead_us)
+
+
+TIMING_METHODS = ("events", "graph")  # a whole decode step, as `time_step` measures it
+
+
+def step_timing_method(device: torch.device, method: str, config: TimingConfig) -> str:
+    """What `time_step` measures on `device`, as rows and provenance name it ('graph' on a CPU is an error)."""
+    check_choice("timing", method, TIMING_METHODS)
+    if method == "events":
+        return timing_method(device, replace(config, use_graph=False))
+    if device.type != "cuda":
+        raise ValueError(
+            f"timing='graph': CUDA-graph replay needs a CUDA device, this step runs on {device}; "
+            "allowed here: 'events' (wall clock off CUDA)"
+        )
+    return "cuda_graph_step_cold_l2" if config.cold_l2 else "cuda_graph_step_warm_l2"
+
+
+def time_step(
+    step: Callable[[], object], device: torch.device | str, method: str, config: TimingConfig = TimingConfig()
+) -> Measurement:
+    """Time one whole decode step (every logits launch, and the top-k for 'logits+topk': see
+    `bench.timed_unit`) by `method`:
+
+    - 'events': CUDA events around each eager call (`time_callable`; wall clock off CUDA);
+    - 'graph': the step captured once in a CUDA graph, as vLLM replays its decode steps, and each
+      sample one replay between CUDA events. What it can flush: with `config.cold_l2` the flush
+      buffer is zeroed before every replay, outside the graph, so each replay starts from a cold
+      L2 as an event sample does. What it cannot: anything between the launches inside the step
+      (neither can vLLM's replay), and the graph's buffers, outputs included, sit at the same
+      addresses every replay, as in vLLM. The spin kernel before each replay hides the host's issue
+      time (one replay launch). The step must not synchronise the host (capture refuses it); the
+      Gluon and DeepGEMM backends' `logits` do not.
+
+    `graph` off CUDA is refused by name: there is no fallback.
+    """
+    device = torch.device(device)
+    name = step_timing_method(device, method, config)
+    if method == "events":
+        return time_callable(step, device, replace(config, use_graph=False))
+    return _time_step_graph(step, device, config, name)
+
+
+def _time_step_graph(step: Callable[[], object], device: torch.device, config: TimingConfig, name: str) -> Measurement:
+    flush = L2Flusher(device) if config.cold_l2 else None
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up off the default stream (JIT compiles, allocator), as capture requires
+            for _ in range(max(1, config.warmup)):
+                step()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        graph.replay()  # the first replay uploads the graph: not a sample
+        torch.cuda.synchronize(device)
+        spin = GpuSpin(device)
+        lead_us = spin.lead_for(0.0)
+        rule, host = StoppingRule(config), []
+        while (stop := rule.reason()) is None:
+            pairs = []
+            for _ in range(config.sync_every):
+                if flush is not None:
+                    flush()
+                spin(lead_us)
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                issued = time.perf_counter()
+                begin.record()
+                graph.replay()
+                end.record()
+                host.append((time.perf_counter() - issued) * 1e6)
+                pairs.append((begin, end))
+            torch.cuda.synchronize(device)
+            for begin, end in pairs:
+                rule.add(begin.elapsed_time(end))
+        del graph, flush
+    return summarize(rule.samples, host, "cuda", name, stop, max(1, config.warmup), lead_us)
 
 
 def _median_ms_of_read(device: torch.device, gib: int) -> float:

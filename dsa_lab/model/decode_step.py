@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsa_lab.acceptance import PUBLISHED
 from dsa_lab.errors import check_range
 from dsa_lab.model.gpus import GpuCeilings, get_gpu
 
@@ -196,18 +197,13 @@ def tokens_per_step(acceptance: tuple[float, ...], next_n: int) -> float:
     return 1.0 + sum(acceptance[: next_n - 1])
 
 
-# Per-position acceptance a_k of MTP drafts (k = 1, 2, ...), as published.
+# Per-position acceptance a_k of MTP drafts (k = 1, 2, ...), as published: named for notebook 05, the
+# numbers and sources declared once in `dsa_lab.acceptance.PUBLISHED`.
 ACCEPTANCE_PRESETS: dict[str, tuple[tuple[float, ...], str]] = {
-    "DeepSeek-V3, 1 draft": (
-        (0.875,),
-        "DeepSeek-V3 Technical Report (arXiv 2412.19437), sec. 5.4.3: second token accepted 85-90% of the time (midpoint)",
-    ),
-    "V4-Flash, 2 drafts": (
-        (0.7002, 0.2874),
-        "vLLM PR #41044: DeepSeek-V4-Flash, MTP k=2, pos0 / pos1 acceptance 70.02% / 28.74%",
-    ),
-    "V4-Flash, 3 drafts, long text": (
-        (0.98, 0.64, 0.15),
-        "GDzhu01/vllm-ascend-deepseekv4 issue #131: DeepSeek-V4-Flash, mtp=3, per-position 0.98 / 0.64 / 0.15",
-    ),
+    name: (PUBLISHED[key].rates, PUBLISHED[key].source)
+    for name, key in (
+        ("DeepSeek-V3, 1 draft", "v3-report"),
+        ("V4-Flash, 2 drafts", "v4flash-vllm41044"),
+        ("V4-Flash, 3 drafts, long text", "v4flash-ascend131"),
+    )
 }

@@ -1,0 +1,65 @@
+"""Issue 19's whole step on a CUDA GPU (skipped without one): a ragged step at vLLM's logits width,
+for each GPU backend available here and both timed units, replayed in a CUDA graph gives what the
+eager step gives, its top-k picks what `topk_per_row` picks, and both timing methods measure it.
+
+On the H200: `PYTHONPATH=$PWD:$PWD/.dg python -m pytest tests/test_serving_step_gpu.py -q`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsa_lab.acceptance import AcceptanceSpec, accepted_batch
+from dsa_lab.bench.timed_unit import TIMED_UNITS, check_topk, timed_step
+from dsa_lab.bench.timing import TimingConfig, time_step
+from dsa_lab.decode import check_launches, native_sizes_for, pack_launch
+from dsa_lab.kernels import get_backend
+from dsa_lab.plan import DEEPSEEK_V32_MAX_MODEL_LEN, LaunchPlan
+from dsa_lab.workload import ContextSpec, random_inputs
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+QUICK = TimingConfig(warmup=2, min_samples=5, max_samples=20, max_seconds=0.2)
+GPU_BACKENDS = ("deepgemm", "gluon", "triton")
+
+
+@pytest.mark.parametrize("unit", TIMED_UNITS)
+@pytest.mark.parametrize("name", GPU_BACKENDS)
+def test_a_graph_replayed_step_is_the_eager_step(name, unit) -> None:
+    device = torch.device("cuda")
+    backend = get_backend(name)
+    if not backend.availability(device).ok:
+        pytest.skip(f"{name}: {backend.availability(device).reason}")
+    seq_lens = ContextSpec.parse("lognormal:8K:1.5").seq_lens(16, 0)
+    batch = accepted_batch(seq_lens, AcceptanceSpec.parse("v4flash-vllm41044"), 3, seed=0)
+    inputs = random_inputs(batch, seed=1, device=device)
+    sizes = native_sizes_for(backend, device)
+    strategy = "native" if batch.max_decode_len in sizes else "atom"
+    plan = LaunchPlan(batch.seq_lens, batch.max_decode_len, strategy, native_sizes=sizes,
+                      decode_lens=batch.decode_lens, logits_width=DEEPSEEK_V32_MAX_MODEL_LEN)  # fmt: skip
+    metadata = plan.build_metadata(batch, inputs.cache.block_table)
+    check_launches(metadata, inputs)
+    packed = [pack_launch(launch, inputs) for launch in metadata.launches]
+    schedules = [backend.schedule(p.context_lens, batch.block_size) for p in packed]
+    step = timed_step(unit, backend, packed, inputs.cache, plan.max_context_len, schedules, batch.max_seq_len)
+    eager = step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    contexts = [p.context_lens.reshape(-1).long() for p in packed]
+    for got, want, lens in zip(captured, eager, contexts):
+        if unit == "logits":
+            valid = torch.arange(got.shape[1], device=device)[None, :] < lens[:, None]
+            assert torch.equal(got[valid], want[valid])
+        else:
+            assert torch.equal(got.sort(dim=1).values, want.sort(dim=1).values)
+    if unit == "logits+topk":
+        logits = timed_step("logits", backend, packed, inputs.cache, plan.max_context_len, schedules, batch.max_seq_len)
+        outputs = logits()
+        assert check_topk(metadata, outputs, eager, 2048).equal
+    for method, name_prefix in (("events", "cuda_events"), ("graph", "cuda_graph_step")):
+        measured = time_step(step, device, method, QUICK)
+        assert measured.timing_method.startswith(name_prefix) and measured.median_ms > 0
