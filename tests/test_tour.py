@@ -204,7 +204,25 @@ def test_the_headline_chart_draws_a_synthetic_frame() -> None:
         tour.plot_modeled_bytes(frame, 4, "1024")
 
 
+def _speedup_labels(fig) -> list[str]:
+    return [text.get_text() for text in fig.axes[0].texts if text.get_text().endswith("×")]
+
+
+def test_a_cpu_stand_in_draws_no_speedup_arrows() -> None:
+    """Wall-clock gaps on a CPU say nothing about a GPU: no bold speedup, and the legend says why."""
+    frame = _synthetic()
+    table = headline.headline_table(frame, 4, "1024")
+    gpu = tour.plot_headline(frame.assign(device="cuda"), table, 4, "1024", "test GPU", "")
+    assert _speedup_labels(gpu) == ["1.05×", "2.00×"]  # next_n 2 and 3: beyond the spread
+    cpu = tour.plot_headline(frame.assign(device="cpu"), table, 4, "1024", "CPU reference, not H200", "")
+    assert _speedup_labels(cpu) == [] and not any(t.arrow_patch for t in cpu.axes[0].texts)
+    assert any("no speedups drawn" in label for label in cpu.axes[0].get_legend_handles_labels()[1])
+    for fig in (gpu, cpu):
+        plt.close(fig)
+
+
 def test_an_untimed_vllm_strategy_is_said_in_the_table() -> None:
     frame = _synthetic().query("not (next_n == 3 and strategy == 'flatten')")
     html = tour.style_headline(headline.headline_table(frame, 4, "1024"), "test GPU").to_html()
     assert "vLLM&#x27;s strategy not timed" in html or "vLLM's strategy not timed" in html
+

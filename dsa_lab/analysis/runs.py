@@ -9,7 +9,6 @@ index flags. Runs that were skipped because they are broken are listed with the 
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -208,8 +207,7 @@ def kernel_run(run_path: str = "", device: str = "h200", backend: str = "triton"
     from dsa_lab.bench.point import preset
 
     def stand_in() -> object:
-        ci = preset("ci")  # two warm-up calls: a CPU process's first call is slow for reasons unrelated to the strategy
-        return ci.with_axes(next_n=(1, 2, 3, 4), seed=seed, timing=dataclasses.replace(ci.timing, warmup=2))
+        return preset("ci").with_axes(next_n=(1, 2, 3, 4), seed=seed)
 
     def accept(run: store.Run) -> bool:
         return run.source == "measured" and backend in timed_backends(run)
@@ -260,7 +258,8 @@ def profile_run(
 
 
 def fresh_latency_run(preset_name: str, seed: int, device: str = "cuda") -> ChosenRun:
-    """Run a sweep preset on this GPU now, store it under data/<gpu>/, and choose it."""
+    """Run a sweep preset on this GPU now, store it under data/<gpu>/, and choose it; a `tqdm.auto` bar
+    (a widget in JupyterLab) shows its progress."""
     import torch
 
     from dsa_lab.bench.point import preset
@@ -270,7 +269,7 @@ def fresh_latency_run(preset_name: str, seed: int, device: str = "cuda") -> Chos
         raise ValueError(f"run_fresh=True needs a GPU (device='cuda'); this kernel has device={device!r}, "
                          f"cuda available={torch.cuda.is_available()}")  # fmt: skip
     folder = resolve_data_path(store.device_label(torch.cuda.get_device_name())) / store.new_run_id(preset_name)
-    run_sweep(preset(preset_name).with_axes(seed=seed), folder, "cuda", progress=False,
+    run_sweep(preset(preset_name).with_axes(seed=seed), folder, "cuda", progress=True,
               extra_provenance={"preset": preset_name, "command": ["notebook run_fresh"]})  # fmt: skip
     return _measured(store.load_run(folder), [])
 

@@ -132,18 +132,26 @@ def bench_spec(args: argparse.Namespace, run_dir: Path | None) -> Any:
     return spec.with_axes(timing=timing) if timing != spec.timing else spec
 
 
-def results_table(results: Any) -> str:
-    """The timed points as µs medians: a row per (backend, strategy, batch, context), a column per next_n."""
+def results_table(results: Any, noisy_rel_iqr: float) -> str:
+    """The timed points as µs medians: a row per (backend, strategy, batch, context), a column per next_n;
+    a point stored as noisy (its IQR above `noisy_rel_iqr` of its median, `bench.timing`) is marked '~'."""
     import pandas as pd
 
-    ok = results[results["status"] == "ok"]
+    ok = results[results["status"] == "ok"].copy()
     if ok.empty:
         return "no point was timed ok"
+    noisy = ok["noisy"].fillna(False).astype(bool) if "noisy" in ok else pd.Series(False, index=ok.index)
+    ok["cell"] = [f"{m * 1e3:.1f}{'~' if n else ''}" for m, n in zip(ok["median_ms"], noisy)]
     table = ok.pivot_table(index=["backend", "strategy", "batch", "context"], columns="next_n",
-                           values="median_ms", aggfunc="first", sort=False) * 1e3  # fmt: skip
+                           values="cell", aggfunc="first", sort=False)  # fmt: skip
     table.columns = [f"n={n}" for n in table.columns]
+    note = ""
+    if noisy.any():
+        threads = sorted({int(t) for t in ok["torch_threads"].dropna()}) if "torch_threads" in ok else []
+        note = (f"\n~ noisy: IQR above {noisy_rel_iqr:.0%} of the median ({int(noisy.sum())} of {len(ok)} points"
+                + (f"; torch threads {threads}" if threads else "") + ")")  # fmt: skip
     with pd.option_context("display.width", 200, "display.max_rows", 1000, "display.max_columns", 30):
-        return "median kernel time per decode step (µs):\n" + table.to_string(float_format="{:.1f}".format, na_rep="-")
+        return "median kernel time per decode step (µs):\n" + table.fillna("-").to_string() + note
 
 
 def numerics_notes(spec: Any, device: Any) -> list[str]:
@@ -203,7 +211,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if summary.stop_reason == "interrupted":
         _log(f"dsa-lab bench: interrupted; the points so far are kept. Resume with: {resume_command(summary.run_dir)}")
         return INTERRUPTED
-    print(results_table(store.load_run(summary.run_dir).results))
+    print(results_table(store.load_run(summary.run_dir).results, spec.timing.noisy_rel_iqr))
     if summary.remaining:
         print(f"{summary.remaining} points left; continue with: {resume_command(summary.run_dir)}")
     return 0
