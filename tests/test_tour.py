@@ -226,3 +226,17 @@ def test_an_untimed_vllm_strategy_is_said_in_the_table() -> None:
     html = tour.style_headline(headline.headline_table(frame, 4, "1024"), "test GPU").to_html()
     assert "vLLM&#x27;s strategy not timed" in html or "vLLM's strategy not timed" in html
 
+
+def test_the_readme_states_the_b1_crossover_the_shipped_run_measured(shipped_full_run: store.Run) -> None:
+    """README: at B = 1, atom over flatten (flatten time / atom time) by context, min-max over next_n."""
+    rows = shipped_full_run.results.query("status == 'ok' and backend == 'deepgemm' and batch == 1")
+    times = rows.pivot_table(index=["context", "next_n"], columns="strategy", values="median_ms")
+    times = times.dropna(subset=["atom"])
+    ratio = (times["flatten"] / times["atom"]).groupby(level="context")
+    spans = {context: f"{low:.2f}–{high:.2f}×" for context, (low, high) in ratio.agg(["min", "max"]).iterrows()}
+    both = ratio.agg(["min", "max"]).loc[["32768", "65536"]]
+    readme = " ".join((store.PACKAGE_ROOT.parent / "README.md").read_text(encoding="utf-8").split())
+    assert f"at 8K flatten wins (atom {spans['8192']}" in readme
+    assert f"at 32K and 64K it depends on next_n (atom {both['min'].min():.2f}–{both['max'].max():.2f}×" in readme
+    assert f"at 128K atom wins at every next_n ({spans['131072'][:-1]}×)" in readme
+    assert ratio.min()["131072"] > 1 and ratio.max()["8192"] < 1  # the crossover itself
