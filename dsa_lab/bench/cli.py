@@ -3,7 +3,9 @@
 Both take a grid the same way: a `--preset`, each axis overridable with a comma-separated
 list (`--next-n 1,2,4 --context 8K,mixed:1K-64K --strategy all`), `--seed`, and
 `--device auto|cpu|cuda|cuda:N`; unknown values are rejected with the allowed ones. Both
-write a run folder, `--out PATH` or `ROOT/<device>/[profiles/]<run-id>`.
+write a run folder, `--out PATH` or `ROOT/<device>/[profiles/]<run-id>`; without either,
+ROOT is the checkout's `scratch/` (ignored by git), and the run is labelled scratch, as is
+every CPU run (`store.is_scratch`): study data goes to data/ only when asked for.
 
 bench: `--max-minutes` (held even against a hung kernel: `--point-timeout`), `--max-points`,
 `--resume` (the spec comes from the run's provenance), `--retry-errors`; ends with a table
@@ -31,7 +33,7 @@ def _log(message: str) -> None:
 # ---------------------------------------------------------------- the grammar both modes share
 
 
-def add_grid_flags(parser: argparse.ArgumentParser, default_root: str = "data") -> None:
+def add_grid_flags(parser: argparse.ArgumentParser) -> None:
     """The flags that choose a grid, a device and a run folder (the same for bench and profile)."""
     grid = parser.add_argument_group("grid (comma-separated lists)")
     grid.add_argument("--preset", choices=PRESET_NAMES, default=None, help="base axes (default: ci)")
@@ -43,7 +45,8 @@ def add_grid_flags(parser: argparse.ArgumentParser, default_root: str = "data") 
     where = parser.add_argument_group("device and run folder")
     where.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda or cuda:N (default: auto)")
     where.add_argument("--out", default=None, help="run folder (default: ROOT/<device>/<run-id>)")
-    where.add_argument("--root", default=default_root, help=f"where run folders live (default: {default_root})")
+    where.add_argument("--root", default=None,
+                       help="where run folders live, e.g. data for study data (default: scratch/, ignored by git)")  # fmt: skip
     where.add_argument("--run-id", default=None, help="one folder name (default: <preset or mode>-<UTC time>)")
 
 
@@ -82,15 +85,23 @@ def run_dir_from_args(args: argparse.Namespace, device: Any, prefix: str, sub: s
     """--out as given, else ROOT/<device>/[sub/]<run-id>, the run id one plain folder name (no '/' or '..')."""
     from dsa_lab import store
     from dsa_lab.env_info import device_name
+    from dsa_lab.paths import scratch_dir
 
     if args.out:
         return Path(args.out)
     run_id = store.new_run_id(prefix) if args.run_id is None else args.run_id
     try:
-        folder = store.run_folder(args.root, store.device_label(device_name(device)), run_id)
+        folder = store.run_folder(args.root or scratch_dir(), store.device_label(device_name(device)), run_id)
     except ValueError as err:
         raise ValueError(f"--run-id: {err}") from None
     return folder.parent / sub / folder.name if sub else folder
+
+
+def scratch_run(args: argparse.Namespace, device: Any) -> bool:
+    """A run is scratch when no --out or --root placed it, or when it is not on a CUDA GPU."""
+    from dsa_lab import store
+
+    return (args.out is None and args.root is None) or store.scratch_device(device.type)
 
 
 # ---------------------------------------------------------------- bench
@@ -127,8 +138,9 @@ def bench_spec(args: argparse.Namespace, run_dir: Path | None) -> Any:
         timing = dataclasses.replace(timing, use_graph=True)
     if args.warm_l2:
         timing = dataclasses.replace(timing, cold_l2=False)
-    if args.max_seconds_per_point is not None:
-        timing = dataclasses.replace(timing, max_seconds=args.max_seconds_per_point)
+    if args.max_seconds_per_point is not None:  # a shorter budget shortens the minimum measuring time too
+        budget = args.max_seconds_per_point
+        timing = dataclasses.replace(timing, max_seconds=budget, min_seconds=min(timing.min_seconds, budget))
     return spec.with_axes(timing=timing) if timing != spec.timing else spec
 
 
@@ -202,7 +214,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         spec, run_dir, device, resume=args.resume, retry_errors=args.retry_errors, max_points=args.max_points,
         max_minutes=args.max_minutes, point_timeout_s=args.point_timeout or DEFAULT_POINT_TIMEOUT_S,
         ceilings=args.measure_ceilings, progress=not args.no_progress,
-        extra_provenance={"preset": args.preset or "ci", "command": list(sys.argv)},
+        extra_provenance={"preset": args.preset or "ci", "command": list(sys.argv), "scratch": scratch_run(args, device)},
     )  # fmt: skip
     print(
         f"run {summary.run_dir}: {summary.recorded_now} points now, {summary.recorded_before} before, "
@@ -263,7 +275,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     store._check_new_folder(out)
     with store.run_lock(out):
         provenance = profile_provenance(out.name, device, spec, settings, status)
-        provenance["ncu_skipped"] = ncu_skipped
+        provenance.update(ncu_skipped=ncu_skipped, scratch=scratch_run(args, device))
         store.create_run(out, provenance)
         empty = pd.DataFrame()
         run = run_torch(spec, device, settings, out, _log, args.torch_budget) if "torch" in tools else ProfileRun(

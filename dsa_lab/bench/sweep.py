@@ -136,6 +136,7 @@ def open_run(
     from dsa_lab.env_info import environment_facts
 
     numerics = numerics_record(spec.backend, spec.cache_dtype, spec.check_tolerance, device)
+    extra.setdefault("scratch", store.scratch_device(device.type))
     if resume:
         if not (run_dir / store.PROVENANCE_FILE).exists():
             raise ValueError(f"--resume: {run_dir} holds no run to resume (no {store.PROVENANCE_FILE})")
