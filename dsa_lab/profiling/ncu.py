@@ -183,11 +183,6 @@ def ncu_command(
     ]  # fmt: skip
 
 
-def ncu_import_command(ncu: str, report: Path) -> list[str]:
-    """Print a kept report's per-kernel metrics as the same CSV a live run prints."""
-    return [ncu, "--import", str(report), "--csv", "--print-units", "base", "--page", "details"]
-
-
 def missing_metrics(output: str) -> list[str]:
     """Metric names ncu said it could not find."""
     return re.findall(r"Failed to find metric\s+(?:regex:)?\^?([A-Za-z0-9_.]+)", output)
