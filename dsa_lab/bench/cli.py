@@ -10,7 +10,7 @@ every CPU run (`store.is_scratch`): study data goes to data/ only when asked for
 bench: `--max-minutes` (held even against a hung kernel: `--point-timeout`), `--max-points`,
 `--resume` (the spec comes from the run's provenance), `--retry-errors`; ends with a table
 in µs. An interrupt exits 130 and prints the command that resumes the run.
-profile: `--tool torch,ncu`, `--topk`, `--repeats`, `--torch-budget`, `--ncu-timeout`.
+profile: `--tool torch,ncu,nsight`, `--topk`, `--repeats`, `--torch-budget`, `--ncu-timeout`, `--nsight-runs`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 GRID_AXES = ("backend", "strategy", "batch", "context", "next_n", "cache_dtype", "heads", "head_dim")  # = point.AXES
 PRESET_NAMES = ("ci", "smoke", "h200-full", "sm100")  # = point.PRESETS
-TOOLS = ("torch", "ncu")
+TOOLS = ("torch", "ncu", "nsight")
 INTERRUPTED = 130
 
 
@@ -237,7 +237,7 @@ def _tools(text: str) -> tuple[str, ...]:
 
     tools = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     if not tools:
-        raise ValueError("--tool: give at least one of torch, ncu (comma-separated)")
+        raise ValueError(f"--tool: give at least one of {', '.join(TOOLS)} (comma-separated)")
     for tool in tools:
         check_choice("--tool", tool, TOOLS)
     return tools
@@ -247,7 +247,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from dsa_lab import store
-    from dsa_lab.errors import check_positive
+    from dsa_lab.errors import check_positive, check_range
     from dsa_lab.profiling.ncu import NcuUnavailable, detect_ncu
     from dsa_lab.profiling.runs import profile_provenance, write_tables
     from dsa_lab.profiling.sweep import ProfileRun, ProfileSettings, run_ncu, run_torch
@@ -256,6 +256,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     for flag, value in (("--torch-budget", args.torch_budget), ("--ncu-timeout", args.ncu_timeout)):
         if value is not None:
             check_positive(flag, value)
+    check_range("--nsight-runs", args.nsight_runs, 2, 10_000)
     device = resolve_device(args.device)
     spec = spec_from_args(args)
     settings = ProfileSettings(args.topk, args.repeats, not args.no_trace)
@@ -271,11 +272,16 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         _log(
             f"dsa-lab profile: Nsight Compute {'skipped: ' + ncu_skipped if ncu_skipped else 'path: ' + status.reason}"
         )
+    nsight = _nsight_for(tools, device)
     out = run_dir_from_args(args, device, "profile", sub="profiles")
     store._check_new_folder(out)
     with store.run_lock(out):
         provenance = profile_provenance(out.name, device, spec, settings, status)
         provenance.update(ncu_skipped=ncu_skipped, scratch=scratch_run(args, device))
+        if nsight is not None:
+            from dsa_lab.profiling.nsight_timing import nsight_version
+
+            provenance["nsight"] = {"version": nsight_version(), "tool": "cupti", "runs": args.nsight_runs}
         store.create_run(out, provenance)
         empty = pd.DataFrame()
         run = run_torch(spec, device, settings, out, _log, args.torch_budget) if "torch" in tools else ProfileRun(
@@ -287,9 +293,27 @@ def _cmd_profile(args: argparse.Namespace) -> int:
             store.update_provenance(out, ncu_metrics=outcome.metrics, ncu_metrics_dropped=outcome.dropped,
                                     ncu_reports=[p.name for p in outcome.reports])  # fmt: skip
             write_tables(run, out)
+        if nsight is not None:
+            from dsa_lab.profiling.nsight_timing import run_nsight
+
+            run.nsight, configs = run_nsight(spec, device, args.nsight_runs, _log, nsight=nsight)
+            run.configs = run.configs + configs
+            write_tables(run, out)
     _print_profile(run)
     print(f"profile run written to {out}")
     return 0
+
+
+def _nsight_for(tools: tuple[str, ...], device: Any) -> Any:
+    """nsight-python with CUPTI active when `nsight` is among the tools (None otherwise); an error saying
+    why when it cannot run here."""
+    if "nsight" not in tools:
+        return None
+    from dsa_lab.profiling.nsight_timing import NsightUnavailable, load_nsight
+
+    if device.type != "cuda":
+        raise NsightUnavailable(f"--tool nsight times CUDA kernels through CUPTI; device is {device}")
+    return load_nsight()
 
 
 def _print_profile(run: Any) -> None:
@@ -308,6 +332,11 @@ def _print_profile(run: Any) -> None:
             print(
                 ncu_summary[[c for c in shown if c in ncu_summary]].to_string(index=False, float_format="{:.4g}".format)
             )
+        if not run.nsight.empty:
+            shown = ["backend", "strategy", "batch", "context", "next_n", "harness_median_ms", "nsight_mean_ns",
+                     "nsight_ci95_low_ns", "nsight_ci95_high_ns", "nsight_stable", "timer_over_nsight"]  # fmt: skip
+            print("nsight-python (CUPTI) beside the harness's timer; timer_over_nsight = harness median / nsight mean")
+            print(run.nsight[shown].to_string(index=False, float_format="{:.4g}".format))
     for config in run.configs:
         if config.get("status") not in ("profiled", "same_as"):
             print(f"{config['tool']} {config['backend']} {config['strategy']} B={config['batch']} L={config['context']} "
@@ -347,15 +376,19 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "profile", help="profile a grid of decode points: torch.profiler tables, Nsight Compute counters",
         description="Profile one decode step per point of a grid: kernel tables and a Chrome trace from "
         "torch.profiler; DRAM bytes, L2 hit rate, occupancy and tensor-pipe use from Nsight Compute "
-        "(reports kept as .ncu-rep). Every point is checked against the reference first.",
+        "(reports kept as .ncu-rep); with --tool nsight, nsight-python's CUPTI timer beside the harness's "
+        "on the same inputs. Every point is checked against the reference first.",
         allow_abbrev=False,
     )  # fmt: skip
     add_grid_flags(profile)
     tools = profile.add_argument_group("profiling")
-    tools.add_argument("--tool", default="torch,ncu", help="torch, ncu or torch,ncu (default: both)")
+    tools.add_argument("--tool", default="torch,ncu",
+                       help="comma-separated: torch, ncu, nsight (nsight-python's CUPTI timer beside the harness's; "
+                       "needs the gpu extra) (default: torch,ncu)")  # fmt: skip
     tools.add_argument("--topk", type=int, default=2048, help="top-k of the profiled step (default 2048)")
     tools.add_argument("--repeats", type=int, default=1, help="ncu steps per point")
     tools.add_argument("--torch-budget", type=float, help="seconds after which torch.profiler starts no new point")
     tools.add_argument("--ncu-timeout", type=float, default=300.0, help="seconds per backend's ncu run")
     tools.add_argument("--no-trace", action="store_true", help="skip the native-vs-flatten Chrome trace")
+    tools.add_argument("--nsight-runs", type=int, default=5, help="nsight-python runs per point (default 5)")
     profile.set_defaults(func=_cmd_profile)

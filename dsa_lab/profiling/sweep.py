@@ -77,6 +77,7 @@ class ProfileRun:
     folder: Path | None = None
     raw_ncu: str = ""
     ignored: list[tuple[str, str]] = field(default_factory=list)  # (folder, problem) of stored runs passed over
+    nsight: pd.DataFrame = field(default_factory=pd.DataFrame)  # nsight-python's timer beside the harness's
 
     @property
     def ncu_summary(self) -> pd.DataFrame:
