@@ -23,7 +23,7 @@ import pytest
 
 from dsa_lab import store
 from dsa_lab.cli import main
-from dsa_lab.notebook_git import refresh_index
+from dsa_lab.notebook_git import refresh_entry, refresh_index
 from dsa_lab.paths import DATA_ENV, SCRATCH_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,11 +137,16 @@ def test_a_notebook_saved_after_run_all_leaves_git_status_clean(checkout: Path) 
     assert len(path.read_bytes()) > len(_git(checkout, "show", f"HEAD:{NOTEBOOK}")) + 5000
     assert _git(checkout, "diff") == ""  # the filter commits none of it
     assert _git(checkout, "status", "--porcelain").strip() == f"M {NOTEBOOK}"  # git saw the size change...
-    assert refresh_index(os_path=str(path))  # ... until the save hook refreshes the entry
+    refresh_index(os_path=str(path), model={}, contents_manager=None).join(timeout=120)  # ... until the save hook
+    assert _git(checkout, "status", "--porcelain") == ""  # refreshes the entry (in a thread: the save returns at once)
+    next(c for c in nb.cells if c.cell_type == "code").outputs.pop()  # the next autosave: another size again
+    nbformat.write(nb, path)
+    assert _git(checkout, "status", "--porcelain").strip() == f"M {NOTEBOOK}"
+    assert refresh_entry(path)
     assert _git(checkout, "status", "--porcelain") == "" and _git(checkout, "diff", "--cached") == ""
     nb.cells[0].source += "\n# an edit of the user's"  # a real change still shows
     nbformat.write(nb, path)
-    assert not refresh_index(os_path=str(path))
+    assert not refresh_entry(path)
     assert _git(checkout, "status", "--porcelain").strip() == f"M {NOTEBOOK}"
     assert '+    "# an edit of the user\'s"' in _git(checkout, "diff")
     _git(checkout, "checkout", "--", NOTEBOOK)
@@ -152,7 +157,7 @@ def test_the_save_hook_leaves_what_is_not_a_tracked_notebook_alone(checkout: Pat
     outside = tmp_path / "x.ipynb"  # not in a checkout
     outside.write_text("{}")
     for path in (checkout / "notebooks" / "mine.ipynb", outside, checkout / "lab"):
-        assert not refresh_index(os_path=str(path))
+        assert not refresh_entry(path)
     assert _git(checkout, "status", "--porcelain").strip() == "?? notebooks/mine.ipynb"
     (checkout / "notebooks" / "mine.ipynb").unlink()
 
