@@ -102,6 +102,29 @@ def test_each_point_is_timed_by_both_timers_on_the_same_inputs(nsight, monkeypat
     assert any(line.startswith("nsight reference native B=1 L=96 n=1:") for line in said)
 
 
+def test_a_point_nsight_python_refuses_is_an_error_of_its_own(nsight, monkeypatch: pytest.MonkeyPatch) -> None:
+    class ProfilerException(Exception):  # nsight-python's own type derives from Exception only
+        pass
+
+    def refuse(*args, **kwargs):
+        def decorate(func):
+            def wrapper():
+                raise ProfilerException("The cupti tool dropped 3 activity records")
+
+            return wrapper
+
+        return decorate
+
+    monkeypatch.setattr(nsight.analyze, "kernel", refuse)
+    table, configs = run_nsight(_spec(strategy=("native",)), CPU, runs=2, log=lambda m: None,
+                                nsight=nsight)  # fmt: skip
+    assert table.empty and [c["status"] for c in configs] == ["error", "error"]  # next_n 1 and 2
+    assert (
+        configs[0]["reason"]
+        == "RuntimeError: nsight-python: ProfilerException: The cupti tool dropped 3 activity records"
+    )
+
+
 def test_the_profile_command_keeps_the_nsight_table(nsight, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     capsys) -> None:  # fmt: skip
     """The CLI's wiring with the device check passed (there is no CUDA here): tables, provenance, summary."""

@@ -65,8 +65,10 @@ def load_nsight() -> Any:
         )
     try:
         nsight.activate(nsight.Tool.CUPTI)
-    except (ImportError, RuntimeError, OSError) as err:  # cupti-python or libcupti missing, or CUPTI refused
-        raise NsightUnavailable(f"nsight-python's CUPTI tool did not start ({err}); {INSTALL}") from err
+    except Exception as err:  # cupti-python or libcupti missing, or CUPTI's own error types
+        raise NsightUnavailable(
+            f"nsight-python's CUPTI tool did not start ({type(err).__name__}: {err}); {INSTALL}"
+        ) from err
     return nsight
 
 
@@ -95,7 +97,10 @@ def nsight_time(nsight: Any, step: Callable[[], None], before: Callable[[], None
             with nsight.annotate(name):
                 step()
 
-        frame = point().to_dataframe()
+        try:
+            frame = point().to_dataframe()
+        except Exception as err:  # nsight-python's ProfilerException and others: this point's error, not the run's
+            raise RuntimeError(f"nsight-python: {type(err).__name__}: {err}") from err
     rows = frame[(frame["Annotation"] == name) & (frame["Metric"] == METRIC)]
     if len(rows) != 1:
         raise RuntimeError(f"nsight-python returned {len(rows)} rows for annotation {name!r} and {METRIC}")
