@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {  # command -> (module with register_cli
     "profile": ("dsa_lab.bench.cli", "profile a grid of decode points: torch.profiler tables, Nsight Compute counters"),
     "compare": ("dsa_lab.analysis.compare", "compare two runs point by point; exit 1 on a regression"),
     "runs": ("dsa_lab.store", "list the runs stored under a data folder"),
-    "model": ("dsa_lab.model.cli", "modeled time of one indexer decode step on a GPU (calibrated on the H200)"),
+    "model": ("dsa_lab.model.cli", "modeled time of indexer decode steps on a GPU (calibrated on the H200)"),
     "report": ("dsa_lab.report", "execute the notebooks (papermill) into an HTML report"),
 }
 INTERRUPTED = 130  # the shell's code for a process ended by Ctrl-C

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 
 DATA_ENV = "DSA_LAB_DATA"
+SCRATCH_ENV = "DSA_LAB_SCRATCH"
+SCRATCH_FOLDER = "scratch"  # in the checkout, ignored by git (.gitignore)
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -44,6 +46,17 @@ def data_dir() -> Path:
             f"no dsa_lab checkout found from {PACKAGE_DIR} or {Path.cwd()}; set {DATA_ENV} to the data folder"
         )
     return root / "data"
+
+
+def scratch_dir() -> Path:
+    """Where `bench` and `profile` write a run when no --out or --root says where: `$DSA_LAB_SCRATCH`
+    when set, else the checkout's `scratch/` (ignored by git, so using the workbench leaves the
+    repository clean and its provenance undirtied), else `scratch/` below the working directory."""
+    override = os.environ.get(SCRATCH_ENV)
+    if override:
+        return Path(override).expanduser()
+    root = repository_root()
+    return (root if root is not None else Path.cwd()) / SCRATCH_FOLDER
 
 
 def resolve_data_path(path: str | os.PathLike[str]) -> Path:

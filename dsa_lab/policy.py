@@ -566,7 +566,10 @@ def _print_matrix(args: argparse.Namespace) -> int:
     frame = decision_matrix(names, None, next_ns, args.fp4, args.adaptive, args.model_arch)
     console = Console()
     for name in names:
-        table = Table(title=f"{name}  (fp4={args.fp4}, adaptive={args.adaptive}, {args.model_arch})")
+        release, change = RELEASES[name]
+        table = Table(
+            title=f"{name}: {release}, {change}  (fp4={args.fp4}, adaptive={args.adaptive}, {args.model_arch})"
+        )
         table.add_column("platform")
         table.add_column("deep_gemm")
         for n in next_ns:

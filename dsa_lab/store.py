@@ -120,6 +120,17 @@ def new_run_id(prefix: str) -> str:
     return f"{prefix}-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}"
 
 
+def scratch_device(device: str | None) -> bool:
+    """A run on anything but a CUDA GPU is scratch: it is not a measurement of the study's GPU."""
+    return device != "cuda"
+
+
+def is_scratch(provenance: dict[str, Any]) -> bool:
+    """Whether a run is scratch (a try-out) rather than study data: its provenance's `scratch`
+    (written by bench and profile), else, for runs recorded before it, `scratch_device`."""
+    return bool(provenance.get("scratch", scratch_device(provenance.get("device"))))
+
+
 # ---------------------------------------------------------------- provenance
 
 
@@ -522,8 +533,10 @@ def _result_rows(path: Path) -> int:
 def list_runs(root: str | Path = "data") -> pd.DataFrame:
     """One row per run folder under `root` (device/run_id/), newest first.
 
-    A damaged run (bad provenance, unreadable results) is listed with its `problem` (the
-    file and what is wrong) rather than failing the listing or hiding the good runs.
+    `purpose` tells study data from scratch (`is_scratch`: CPU runs, and bench or profile runs
+    written where no --out or --root said). A damaged run (bad provenance, unreadable results)
+    is listed with its `problem` (the file and what is wrong) rather than failing the listing
+    or hiding the good runs.
     """
     root = Path(root)
     if not root.is_dir():
@@ -543,19 +556,24 @@ def list_runs(root: str | Path = "data") -> pd.DataFrame:
                 "run_id": provenance["run_id"],
                 "device": provenance.get("device_name", provenance["device"]),
                 "source": provenance["source"],
+                "purpose": "scratch" if is_scratch(provenance) else "study",
                 "created": provenance["created"],
                 "rows": count,
                 "problem": None if count is not None else f"no {RESULTS_FILE} yet",
             }
         )
-    frame = pd.DataFrame(rows, columns=["path", "run_id", "device", "source", "created", "rows", "problem"])
+    columns = ["path", "run_id", "device", "source", "purpose", "created", "rows", "problem"]
+    frame = pd.DataFrame(rows, columns=columns)
     return frame.sort_values("created", ascending=False, na_position="last").reset_index(drop=True)
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
-    frame = list_runs(args.root)
+    from dsa_lab.paths import data_dir, scratch_dir
+
+    roots = [Path(args.root)] if args.root else [data_dir(), *[p for p in (scratch_dir(),) if p.is_dir()]]
+    frame = pd.concat([list_runs(root) for root in roots], ignore_index=True)
     if frame.empty:
-        print(f"no runs under {args.root}")
+        print(f"no runs under {' or '.join(map(str, roots))}")
         return 0
     print(frame.to_string(index=False))
     bad = int(frame["problem"].notna().sum() - (frame["problem"] == f"no {RESULTS_FILE} yet").sum())
@@ -566,5 +584,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
     runs = subparsers.add_parser("runs", help="list the runs stored under a data folder")
-    runs.add_argument("--root", default="data", help="folder holding <device>/<run_id>/ runs (default: data)")
+    runs.add_argument("--root", default=None,
+                      help="folder holding <device>/<run_id>/ runs (default: data/ and scratch/, the purpose column "
+                      "telling study from scratch)")  # fmt: skip
     runs.set_defaults(func=_cmd_runs)

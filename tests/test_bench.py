@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -135,11 +136,51 @@ def test_wall_clock_timing_on_cpu_measures_the_call():
 
 
 def test_summary_statistics_on_known_samples():
-    m = summarize([1.0, 2.0, 3.0, 4.0, 5.0], [10.0], "cpu", "wall_clock", "max_samples", 0)
+    m = summarize([1.0, 2.0, 3.0, 4.0, 5.0], [10.0], "cpu", "wall_clock", "max_samples", TimingConfig(warmup=0))
     assert (m.median_ms, m.p25_ms, m.p75_ms, m.iqr_ms, m.min_ms, m.mean_ms) == (3.0, 2.0, 4.0, 2.0, 1.0, 3.0)
-    assert m.rel_iqr == pytest.approx(2 / 3)
+    assert m.rel_iqr == pytest.approx(2 / 3) and m.noisy  # an IQR of 2/3 of the median is above the 5 % default
     row = m.as_row()
     assert row["samples_ms"] == [1.0, 2.0, 3.0, 4.0, 5.0] and row["stop_reason"] == "max_samples"
+    assert row["noisy"] is True and row["torch_threads"] == torch.get_num_threads()
+    steady = summarize([1.0, 1.01, 1.02, 0.99], [1.0], "cpu", "wall_clock", "converged", TimingConfig())
+    assert not steady.noisy
+    lenient = summarize([1.0, 2.0, 3.0, 4.0, 5.0], [10.0], "cpu", "wall_clock", "max_samples",
+                        TimingConfig(noisy_rel_iqr=0.9))  # fmt: skip
+    assert not lenient.noisy
+
+
+def test_cpu_timing_runs_on_the_configured_threads_and_restores_the_pool():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen: list[int] = []
+    try:
+        config = TimingConfig(warmup=1, min_samples=3, max_samples=5, max_seconds=1.0, cpu_threads=1)
+        m = time_callable(lambda: seen.append(torch.get_num_threads()), "cpu", config)
+        assert set(seen) == {1} and m.torch_threads == 1
+        assert torch.get_num_threads() == 2  # restored
+        with pytest.raises(RuntimeError, match="boom"):  # restored when the timed call raises, too
+            time_callable(lambda: (_ for _ in ()).throw(RuntimeError("boom")), "cpu", config)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_point_samples_for_at_least_min_seconds():
+    config = TimingConfig(warmup=0, min_samples=3, max_samples=100_000, max_seconds=1.0, min_seconds=0.1, window=3)
+    started = time.perf_counter()
+    m = time_callable(lambda: None, "cpu", config)  # settles at once: only min_seconds keeps it sampling
+    assert time.perf_counter() - started >= 0.1
+    assert m.samples > 100 and m.stop_reason in ("converged", "time_budget")
+    short = time_callable(lambda: None, "cpu", dataclasses.replace(config, min_seconds=0.0))
+    assert short.samples < m.samples
+    capped = time_callable(lambda: None, "cpu", dataclasses.replace(config, max_samples=20))
+    assert capped.samples == 20 and capped.stop_reason == "max_samples"  # max_samples still caps
+
+
+def test_ci_preset_times_on_one_thread_for_a_measuring_time():
+    timing_config = bench_point.preset("ci").timing
+    assert timing_config.cpu_threads == 1 and timing_config.min_seconds > 0
+    assert timing_config.max_samples * 0.001 > timing_config.min_seconds  # a 1 ms call is not capped first
 
 
 def test_stopping_rule_settles_on_steady_samples_and_not_on_noisy_ones():
@@ -159,6 +200,12 @@ def test_timing_config_rejects_nonsense():
         TimingConfig(min_samples=10, max_samples=5)
     with pytest.raises(ValueError, match="rel_tolerance"):
         TimingConfig(rel_tolerance=0)
+    with pytest.raises(ValueError, match="min_seconds=2.*max_seconds=1"):
+        TimingConfig(min_seconds=2.0, max_seconds=1.0)
+    with pytest.raises(ValueError, match="cpu_threads=0"):
+        TimingConfig(cpu_threads=0)
+    with pytest.raises(ValueError, match="noisy_rel_iqr"):
+        TimingConfig(noisy_rel_iqr=1.5)
 
 
 # ---------------------------------------------------------------- inputs
@@ -368,6 +415,22 @@ def test_sweep_checks_times_and_skips_with_reasons(tmp_path, injected):
     run = store.load_run(tmp_path / "run")
     assert set(run.results["status"]) == {"ok", "skipped"}
     assert run.provenance["progress"]["stop_reason"] == "complete"
+    timed = run.results[run.results["status"] == "ok"]
+    assert set(timed["torch_threads"]) == {1} and set(timed["noisy"]) <= {True, False}  # stored per row
+    assert run.provenance["spec"]["timing"]["cpu_threads"] == 1
+
+
+def test_the_bench_table_marks_noisy_points():
+    rows = pd.DataFrame([
+        {"backend": "reference", "strategy": "native", "batch": 1, "context": "80", "next_n": n, "status": "ok",
+         "median_ms": ms, "noisy": noisy, "torch_threads": 1}
+        for n, ms, noisy in ((1, 0.5, False), (2, 0.75, True))
+    ] + [{"backend": "reference", "strategy": "native", "batch": 1, "context": "80", "next_n": 3,
+          "status": "skipped", "median_ms": None, "noisy": None, "torch_threads": None}])  # fmt: skip
+    table = bench_cli.results_table(rows, 0.05)
+    assert "500.0 " in table + " " and "750.0~" in table
+    assert "~ noisy: IQR above 5% of the median (1 of 2 points; torch threads [1])" in table
+    assert "~" not in bench_cli.results_table(rows.assign(noisy=False), 0.05)
 
 
 def test_wrong_numbers_fail_untimed_and_exceptions_error_while_the_sweep_goes_on(tmp_path, injected):

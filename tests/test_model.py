@@ -136,3 +136,24 @@ def test_model_command_prints_one_json_object(capsys):
     assert "modeled" in capsys.readouterr().out
     assert main(["model", "--gpu", "H200", "--next-n", "3"]) == 2  # no native 3-row kernel on SM90
     assert "next_n=3" in capsys.readouterr().err
+
+
+def test_model_command_takes_lists_as_bench_does(capsys):
+    argv = ["model", "--gpu", "H200", "--batch", "1,128", "--context", "8K,128K", "--next-n", "1,3,8",
+            "--strategy", "all"]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 2 * 2 * 3 * 3  # batch x context x next_n x strategy, each once
+    refused = [r for r in lines if "refused" in r]
+    assert {(r["strategy"], r["next_n"]) for r in refused} == {("native", 3), ("native", 8)}  # no SM90 kernel
+    assert all("natively" in r["refused"] and r["source"] == "modeled" for r in refused)
+    atom = next(r for r in lines if "refused" not in r and (r["strategy"], r["next_n"], r["batch"]) == ("atom", 8, 128)
+                and r["context"] == "131072")  # fmt: skip
+    assert math.isclose(atom["time_us"], predict("H200", "deepgemm", "atom", [131072] * 128, 8).time_us)
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "modeled on H200" in out and "not modeled: deepgemm native B=1 L=8K next_n=3" in " ".join(out.split())
+    assert main(["model", "--gpu", "H200", "--next-n", "1,x"]) == 2
+    assert "--next-n='1,x': values must be integers" in capsys.readouterr().err
+    assert main(["model", "--gpu", "H200", "--strategy", "native", "--next-n", "3,5"]) == 2  # nothing to model
+    assert "no combination could be modeled" in capsys.readouterr().err

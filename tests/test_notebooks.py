@@ -125,9 +125,13 @@ def test_02_reads_the_newest_measured_run(tmp_path: Path, monkeypatch: pytest.Mo
     spec = preset("ci").with_axes(next_n=(1, 3), context=("96",))
     old = tmp_path / "data" / "h200" / "run-old"
     new = tmp_path / "data" / "h200" / "run-new"
-    for run_dir in (old, new):
+    scratch = tmp_path / "data" / "h200" / "run-scratch"  # the newest, but a try-out: never shown
+    for run_dir in (old, new, scratch):
         run_sweep(spec, run_dir, "cpu", progress=False)
+    for run_dir in (old, new):
+        store.update_provenance(run_dir, scratch=False)  # CPU runs standing in for study runs
     store.update_provenance(old, created="2000-01-01T00:00:00+00:00")  # unambiguously older
+    store.update_provenance(scratch, created="2100-01-01T00:00:00+00:00")
     unfinished = tmp_path / "data" / "h200" / "run-unfinished"  # provenance but no results yet
     unfinished.mkdir()
     (unfinished / store.PROVENANCE_FILE).write_text((new / store.PROVENANCE_FILE).read_text())

@@ -11,6 +11,7 @@ from dsa_lab.cli import main
 from dsa_lab.env_info import environment_facts
 from dsa_lab.policy import (
     POLICIES,
+    RELEASES,
     Decision,
     Platform,
     PolicyQuery,
@@ -226,8 +227,9 @@ def test_detect_reads_the_rocm_generation_and_aiter(monkeypatch: pytest.MonkeyPa
 def test_policy_command_prints_one_table_per_policy(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["policy", "--next-n-max", "6"]) == 0
     out = capsys.readouterr().out
+    words = " ".join(out.split())  # rich wraps long titles
     for name in POLICIES:
-        assert name in out
+        assert f"{name}: {RELEASES[name][0]}, {RELEASES[name][1]}" in words  # the release beside its policy id
     assert "sm120" in out and "N native" in out
     assert main(["policy", "--policy", "vllm_0_33_0", "--adaptive", "--fp4"]) == 0
     out = capsys.readouterr().out

@@ -445,13 +445,10 @@ def test_ncu_target_bookkeeping_on_cpu(tmp_path: Path, monkeypatch) -> None:
 
 
 FAKE_NCU = '''#!{python}
-"""Stands in for ncu: refuses an unknown metric, else writes the target's manifest and its report, and
-prints CSV only when asked to read a report back (--import), as ncu does with --export."""
-import json, sys
+"""Stands in for ncu: refuses an unknown metric, else writes the target's manifest, prints its CSV and
+exports its report (a real one, made by ncu 2025.3 on the H200 for two steps as the manifest's)."""
+import json, shutil, sys
 args = sys.argv[1:]
-if "--import" in args:
-    print(open(args[args.index("--import") + 1]).read())
-    sys.exit(0)
 metrics = args[args.index("--metrics") + 1].split(",")
 if "bogus__metric.sum" in metrics:
     print("==ERROR== Failed to find metric bogus__metric.sum")
@@ -463,28 +460,51 @@ assert json.load(open(target[target.index("--grid") + 1]))["backend"] == ["fake"
 manifest = {manifest}
 with open(target[target.index("--manifest") + 1], "w") as handle:
     json.dump(manifest, handle)
-with open(args[args.index("--export") + 1], "w") as handle:
-    handle.write({csv!r})
+shutil.copy({report!r}, args[args.index("--export") + 1])
 print("==PROF== Connected to process 1")
+print({csv!r})
 '''
+SHIPPED_REPORT = Path(__file__).resolve().parents[1] / "data/h200/experiments/gluon-ncu-20261130/ncu_gluon.ncu-rep"
 
 
-def test_ncu_runner_retries_unknown_metrics_keeps_the_report_and_parses_it(tmp_path: Path, monkeypatch) -> None:
-    from dsa_lab.profiling.sweep import run_ncu_backend
+def test_ncu_runner_retries_unknown_metrics_keeps_the_report_and_reads_it(tmp_path: Path, monkeypatch) -> None:
+    """The kernel table comes from the kept report (through ncu-report), not from ncu's printed CSV;
+    without the ncu-report package the CSV is parsed, and the log says so."""
+    from dsa_lab.profiling import sweep as profiling_sweep
+    from dsa_lab.profiling.ncu_report import NcuReportUnavailable
 
+    if not SHIPPED_REPORT.is_file():
+        pytest.skip(f"{SHIPPED_REPORT} is not in this checkout")
+    pytest.importorskip("ncu_report")
     manifest = _manifest()
     script = tmp_path / "ncu"
-    script.write_text(FAKE_NCU.format(python=sys.executable, manifest=repr(manifest), csv=NCU_SAMPLE))
+    script.write_text(FAKE_NCU.format(python=sys.executable, manifest=repr(manifest), csv=NCU_SAMPLE,
+                                      report=str(SHIPPED_REPORT)))  # fmt: skip
     script.chmod(0o755)
     monkeypatch.setitem(registry._BACKENDS, "fake", ReferenceBackend())
     spec = grid(backend=("fake",), context=("1024",), next_n=(4,))
     metrics, dropped = ["gpu__time_duration.sum", "bogus__metric.sum", "dram__bytes_read.sum"], []
     report = tmp_path / "ncu_fake.ncu-rep"
-    kernels, got, output = run_ncu_backend(str(script), spec, ProfileSettings(TOPK), metrics, dropped, 60.0,
-                                           lambda message: None, report)  # fmt: skip
+    kernels, got, output = profiling_sweep.run_ncu_backend(str(script), spec, ProfileSettings(TOPK), metrics, dropped,
+                                                           60.0, lambda message: None, report)  # fmt: skip
     assert dropped == ["bogus__metric.sum"] and "bogus__metric.sum" not in metrics
     assert got["steps"] == manifest["steps"] and "Connected" in output
     assert report.is_file() and list(kernels["strategy"]) == ["native", "flatten", "atom"]
+    assert set(kernels["kernel"]) == {"_paged_mqa_logits_gluon_kernel"}  # the report's, not the CSV's
+    assert list(kernels["duration_ns"]) == [451264.0, 550464.0, 451264.0]  # atom: the same launch as native
+
+    def missing(path: Path) -> None:
+        raise NcuReportUnavailable("reading .ncu-rep files needs the ncu-report package")
+
+    monkeypatch.setattr(profiling_sweep, "read_ncu_report", missing)
+    said: list[str] = []
+    kernels, _, _ = profiling_sweep.run_ncu_backend(str(script), spec, ProfileSettings(TOPK), metrics, dropped, 60.0,
+                                                    said.append, tmp_path / "again.ncu-rep")  # fmt: skip
+    assert set(kernels["kernel"]) == {
+        "void paged_mqa_logits_kernel<4>(Params)",
+        "void paged_mqa_logits_kernel<1>(Params)",
+    }
+    assert any("parsing ncu's printed CSV instead" in line for line in said)
 
 
 @pytest.mark.notebook

@@ -25,7 +25,8 @@ from dsa_lab.paths import DATA_ENV
 def _as_device(run_dir: Path, name: str, capability: str, created: str) -> None:
     provenance = store.read_provenance(run_dir / store.PROVENANCE_FILE)
     environment = {**provenance["environment"], "gpu_name": name, "gpu_capability": capability}
-    store.update_provenance(run_dir, device="cuda", device_name=name, environment=environment, created=created)
+    store.update_provenance(run_dir, device="cuda", device_name=name, environment=environment, created=created,
+                            scratch=False)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -91,13 +92,16 @@ def test_the_newest_measured_sm100_run_is_picked_and_the_others_say_why(data: Pa
     shutil.copy(good / store.PROVENANCE_FILE, unfinished / store.PROVENANCE_FILE)  # no results yet
     store.update_provenance(unfinished, created="2030-01-03T00:00:00+00:00")
     _place(cpu_run, data, "h200/newest", "NVIDIA H200", "9.0", "2030-02-01T00:00:00+00:00")
+    tried = _place(cpu_run, data, "b200/try-out", "NVIDIA B200", "10.0", "2030-01-06T00:00:00+00:00")
+    store.update_provenance(tried, scratch=True)  # a bench run made without --out or --root
 
     chosen, ignored = sm100_run()
     assert chosen is not None and chosen.run.path == good and chosen.measured
     assert chosen.device_label == "NVIDIA B200" and chosen.gpu.name == "B200" and chosen.ignored == ignored
     assert sm100_evidence(chosen.run.provenance) == "compute capability 10.0"
     reasons = dict(ignored)
-    assert set(reasons) == {"gb200/misfiled", "b200/all-failed", "b200/unfinished"}  # not h200/newest, not older
+    assert set(reasons) == {"gb200/misfiled", "b200/all-failed", "b200/unfinished", "b200/try-out"}  # not h200/newest
+    assert "labelled scratch" in reasons["b200/try-out"]
     assert "not an SM100 measurement" in reasons["gb200/misfiled"] and "'9.0'" in reasons["gb200/misfiled"]
     assert "no point timed ok (failed" in reasons["b200/all-failed"]
     assert "no results.parquet" in reasons["b200/unfinished"]

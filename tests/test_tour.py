@@ -204,7 +204,39 @@ def test_the_headline_chart_draws_a_synthetic_frame() -> None:
         tour.plot_modeled_bytes(frame, 4, "1024")
 
 
+def _speedup_labels(fig) -> list[str]:
+    return [text.get_text() for text in fig.axes[0].texts if text.get_text().endswith("×")]
+
+
+def test_a_cpu_stand_in_draws_no_speedup_arrows() -> None:
+    """Wall-clock gaps on a CPU say nothing about a GPU: no bold speedup, and the legend says why."""
+    frame = _synthetic()
+    table = headline.headline_table(frame, 4, "1024")
+    gpu = tour.plot_headline(frame.assign(device="cuda"), table, 4, "1024", "test GPU", "")
+    assert _speedup_labels(gpu) == ["1.05×", "2.00×"]  # next_n 2 and 3: beyond the spread
+    cpu = tour.plot_headline(frame.assign(device="cpu"), table, 4, "1024", "CPU reference, not H200", "")
+    assert _speedup_labels(cpu) == [] and not any(t.arrow_patch for t in cpu.axes[0].texts)
+    assert any("no speedups drawn" in label for label in cpu.axes[0].get_legend_handles_labels()[1])
+    for fig in (gpu, cpu):
+        plt.close(fig)
+
+
 def test_an_untimed_vllm_strategy_is_said_in_the_table() -> None:
     frame = _synthetic().query("not (next_n == 3 and strategy == 'flatten')")
     html = tour.style_headline(headline.headline_table(frame, 4, "1024"), "test GPU").to_html()
     assert "vLLM&#x27;s strategy not timed" in html or "vLLM's strategy not timed" in html
+
+
+def test_the_readme_states_the_b1_crossover_the_shipped_run_measured(shipped_full_run: store.Run) -> None:
+    """README: at B = 1, atom over flatten (flatten time / atom time) by context, min-max over next_n."""
+    rows = shipped_full_run.results.query("status == 'ok' and backend == 'deepgemm' and batch == 1")
+    times = rows.pivot_table(index=["context", "next_n"], columns="strategy", values="median_ms")
+    times = times.dropna(subset=["atom"])
+    ratio = (times["flatten"] / times["atom"]).groupby(level="context")
+    spans = {context: f"{low:.2f}–{high:.2f}×" for context, (low, high) in ratio.agg(["min", "max"]).iterrows()}
+    both = ratio.agg(["min", "max"]).loc[["32768", "65536"]]
+    readme = " ".join((store.PACKAGE_ROOT.parent / "README.md").read_text(encoding="utf-8").split())
+    assert f"at 8K flatten wins (atom {spans['8192']}" in readme
+    assert f"at 32K and 64K it depends on next_n (atom {both['min'].min():.2f}–{both['max'].max():.2f}×" in readme
+    assert f"at 128K atom wins at every next_n ({spans['131072'][:-1]}×)" in readme
+    assert ratio.min()["131072"] > 1 and ratio.max()["8192"] < 1  # the crossover itself

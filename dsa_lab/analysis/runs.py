@@ -9,7 +9,6 @@ index flags. Runs that were skipped because they are broken are listed with the 
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,12 +21,12 @@ from dsa_lab.paths import resolve_data_path, shown_path
 from dsa_lab.roofline import GpuSpec, get_gpu, gpu_for_device
 
 CPU_STAND_IN = "CPU reference, not H200"
-SWEEP_HOW = "Make one on an H200 with `dsa-lab bench --preset h200-full` (see scripts/h200_sweep.sh)."
+SWEEP_HOW = "Make one on an H200 with `dsa-lab bench --preset h200-full --root data` (see scripts/h200_sweep.sh)."
 SM100_FOLDERS = ("b200", "gb200", "b300", "gb300")  # data/<device>/ names of SM100 GPUs (store.device_label)
 SM100_MAJOR = "10"  # compute capability 10.x: SM100 (B200, GB200) and SM103 (B300, GB300)
 SM100_SWEEP_HOW = (
     "Make one on a B200 or GB200 with `scripts/sm100_sweep.sh` (or `dsa-lab bench --preset sm100 --device cuda "
-    "--measure-ceilings`), which writes it under data/<gpu>/."
+    "--measure-ceilings --root data`), which writes it under data/<gpu>/."
 )
 
 
@@ -50,14 +49,16 @@ def timed_backends(run: store.Run) -> set[str]:
 def newest_measured_run(
     device: str, accept: Callable[[store.Run], bool] = lambda run: True
 ) -> tuple[store.Run | None, list[tuple[str, str]]]:
-    """The newest measured run under data/<device>/ that `accept` takes, and the broken ones skipped."""
+    """The newest measured study run under data/<device>/ that `accept` takes, and the broken ones skipped
+    (scratch runs, `store.is_scratch`, are try-outs, never what a notebook shows unless named by run_path)."""
     root = resolve_data_path(".")
     runs = store.list_runs(root) if root.is_dir() else pd.DataFrame()
     if runs.empty:
         return None, []
     runs = runs[runs["path"].map(lambda p: Path(p).parent.name) == device]
     ignored = [(row.path, row.problem) for row in runs.itertuples() if isinstance(row.problem, str)]
-    for row in runs[runs["problem"].isna() & (runs.get("source") == "measured")].itertuples():  # newest first
+    study = runs["problem"].isna() & (runs["source"] == "measured") & (runs["purpose"] == "study")
+    for row in runs[study].itertuples():  # newest first
         try:
             run = store.load_run(row.path)
         except store.RunFormatError as err:
@@ -96,7 +97,7 @@ def sm100_run(backend: str | None = None) -> tuple[ChosenRun | None, list[tuple[
     GB200, B300, GB300; `sm100_evidence`), whichever data/<device>/ folder holds it, and at
     least one point (of `backend`, when given) was timed ok. Passed over, with the reason:
     damaged runs and non-SM100 runs under data/b200/, data/gb200/ (`SM100_FOLDERS`), SM100
-    runs that are not measurements, cannot be read, or timed nothing. Paths are relative to
+    runs that are not measurements, are scratch, cannot be read, or timed nothing. Paths are relative to
     data/ (no machine paths in reports). None when no run qualifies (`SM100_SWEEP_HOW` says
     how to make one).
     """
@@ -120,6 +121,9 @@ def sm100_run(backend: str | None = None) -> tuple[ChosenRun | None, list[tuple[
             continue
         if provenance["source"] != "measured":
             ignored.append((_relative(path), f"an SM100 run of source {provenance['source']!r}, not measured"))
+            continue
+        if store.is_scratch(provenance):
+            ignored.append((_relative(path), "an SM100 run labelled scratch (made without --out or --root)"))
             continue
         try:
             run = store.load_run(path)
@@ -208,8 +212,7 @@ def kernel_run(run_path: str = "", device: str = "h200", backend: str = "triton"
     from dsa_lab.bench.point import preset
 
     def stand_in() -> object:
-        ci = preset("ci")  # two warm-up calls: a CPU process's first call is slow for reasons unrelated to the strategy
-        return ci.with_axes(next_n=(1, 2, 3, 4), seed=seed, timing=dataclasses.replace(ci.timing, warmup=2))
+        return preset("ci").with_axes(next_n=(1, 2, 3, 4), seed=seed)
 
     def accept(run: store.Run) -> bool:
         return run.source == "measured" and backend in timed_backends(run)
@@ -260,7 +263,8 @@ def profile_run(
 
 
 def fresh_latency_run(preset_name: str, seed: int, device: str = "cuda") -> ChosenRun:
-    """Run a sweep preset on this GPU now, store it under data/<gpu>/, and choose it."""
+    """Run a sweep preset on this GPU now, store it under data/<gpu>/, and choose it; a `tqdm.auto` bar
+    (a widget in JupyterLab) shows its progress."""
     import torch
 
     from dsa_lab.bench.point import preset
@@ -270,7 +274,7 @@ def fresh_latency_run(preset_name: str, seed: int, device: str = "cuda") -> Chos
         raise ValueError(f"run_fresh=True needs a GPU (device='cuda'); this kernel has device={device!r}, "
                          f"cuda available={torch.cuda.is_available()}")  # fmt: skip
     folder = resolve_data_path(store.device_label(torch.cuda.get_device_name())) / store.new_run_id(preset_name)
-    run_sweep(preset(preset_name).with_axes(seed=seed), folder, "cuda", progress=False,
+    run_sweep(preset(preset_name).with_axes(seed=seed), folder, "cuda", progress=True,
               extra_provenance={"preset": preset_name, "command": ["notebook run_fresh"]})  # fmt: skip
     return _measured(store.load_run(folder), [])
 

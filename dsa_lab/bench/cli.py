@@ -3,12 +3,14 @@
 Both take a grid the same way: a `--preset`, each axis overridable with a comma-separated
 list (`--next-n 1,2,4 --context 8K,mixed:1K-64K --strategy all`), `--seed`, and
 `--device auto|cpu|cuda|cuda:N`; unknown values are rejected with the allowed ones. Both
-write a run folder, `--out PATH` or `ROOT/<device>/[profiles/]<run-id>`.
+write a run folder, `--out PATH` or `ROOT/<device>/[profiles/]<run-id>`; without either,
+ROOT is the checkout's `scratch/` (ignored by git), and the run is labelled scratch, as is
+every CPU run (`store.is_scratch`): study data goes to data/ only when asked for.
 
 bench: `--max-minutes` (held even against a hung kernel: `--point-timeout`), `--max-points`,
 `--resume` (the spec comes from the run's provenance), `--retry-errors`; ends with a table
 in µs. An interrupt exits 130 and prints the command that resumes the run.
-profile: `--tool torch,ncu`, `--topk`, `--repeats`, `--torch-budget`, `--ncu-timeout`.
+profile: `--tool torch,ncu,nsight`, `--topk`, `--repeats`, `--torch-budget`, `--ncu-timeout`, `--nsight-runs`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 GRID_AXES = ("backend", "strategy", "batch", "context", "next_n", "cache_dtype", "heads", "head_dim")  # = point.AXES
 PRESET_NAMES = ("ci", "smoke", "h200-full", "sm100")  # = point.PRESETS
-TOOLS = ("torch", "ncu")
+TOOLS = ("torch", "ncu", "nsight")
 INTERRUPTED = 130
 
 
@@ -31,7 +33,7 @@ def _log(message: str) -> None:
 # ---------------------------------------------------------------- the grammar both modes share
 
 
-def add_grid_flags(parser: argparse.ArgumentParser, default_root: str = "data") -> None:
+def add_grid_flags(parser: argparse.ArgumentParser) -> None:
     """The flags that choose a grid, a device and a run folder (the same for bench and profile)."""
     grid = parser.add_argument_group("grid (comma-separated lists)")
     grid.add_argument("--preset", choices=PRESET_NAMES, default=None, help="base axes (default: ci)")
@@ -43,7 +45,8 @@ def add_grid_flags(parser: argparse.ArgumentParser, default_root: str = "data") 
     where = parser.add_argument_group("device and run folder")
     where.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda or cuda:N (default: auto)")
     where.add_argument("--out", default=None, help="run folder (default: ROOT/<device>/<run-id>)")
-    where.add_argument("--root", default=default_root, help=f"where run folders live (default: {default_root})")
+    where.add_argument("--root", default=None,
+                       help="where run folders live, e.g. data for study data (default: scratch/, ignored by git)")  # fmt: skip
     where.add_argument("--run-id", default=None, help="one folder name (default: <preset or mode>-<UTC time>)")
 
 
@@ -82,15 +85,23 @@ def run_dir_from_args(args: argparse.Namespace, device: Any, prefix: str, sub: s
     """--out as given, else ROOT/<device>/[sub/]<run-id>, the run id one plain folder name (no '/' or '..')."""
     from dsa_lab import store
     from dsa_lab.env_info import device_name
+    from dsa_lab.paths import scratch_dir
 
     if args.out:
         return Path(args.out)
     run_id = store.new_run_id(prefix) if args.run_id is None else args.run_id
     try:
-        folder = store.run_folder(args.root, store.device_label(device_name(device)), run_id)
+        folder = store.run_folder(args.root or scratch_dir(), store.device_label(device_name(device)), run_id)
     except ValueError as err:
         raise ValueError(f"--run-id: {err}") from None
     return folder.parent / sub / folder.name if sub else folder
+
+
+def scratch_run(args: argparse.Namespace, device: Any) -> bool:
+    """A run is scratch when no --out or --root placed it, or when it is not on a CUDA GPU."""
+    from dsa_lab import store
+
+    return (args.out is None and args.root is None) or store.scratch_device(device.type)
 
 
 # ---------------------------------------------------------------- bench
@@ -127,23 +138,32 @@ def bench_spec(args: argparse.Namespace, run_dir: Path | None) -> Any:
         timing = dataclasses.replace(timing, use_graph=True)
     if args.warm_l2:
         timing = dataclasses.replace(timing, cold_l2=False)
-    if args.max_seconds_per_point is not None:
-        timing = dataclasses.replace(timing, max_seconds=args.max_seconds_per_point)
+    if args.max_seconds_per_point is not None:  # a shorter budget shortens the minimum measuring time too
+        budget = args.max_seconds_per_point
+        timing = dataclasses.replace(timing, max_seconds=budget, min_seconds=min(timing.min_seconds, budget))
     return spec.with_axes(timing=timing) if timing != spec.timing else spec
 
 
-def results_table(results: Any) -> str:
-    """The timed points as µs medians: a row per (backend, strategy, batch, context), a column per next_n."""
+def results_table(results: Any, noisy_rel_iqr: float) -> str:
+    """The timed points as µs medians: a row per (backend, strategy, batch, context), a column per next_n;
+    a point stored as noisy (its IQR above `noisy_rel_iqr` of its median, `bench.timing`) is marked '~'."""
     import pandas as pd
 
-    ok = results[results["status"] == "ok"]
+    ok = results[results["status"] == "ok"].copy()
     if ok.empty:
         return "no point was timed ok"
+    noisy = ok["noisy"].fillna(False).astype(bool) if "noisy" in ok else pd.Series(False, index=ok.index)
+    ok["cell"] = [f"{m * 1e3:.1f}{'~' if n else ''}" for m, n in zip(ok["median_ms"], noisy)]
     table = ok.pivot_table(index=["backend", "strategy", "batch", "context"], columns="next_n",
-                           values="median_ms", aggfunc="first", sort=False) * 1e3  # fmt: skip
+                           values="cell", aggfunc="first", sort=False)  # fmt: skip
     table.columns = [f"n={n}" for n in table.columns]
+    note = ""
+    if noisy.any():
+        threads = sorted({int(t) for t in ok["torch_threads"].dropna()}) if "torch_threads" in ok else []
+        note = (f"\n~ noisy: IQR above {noisy_rel_iqr:.0%} of the median ({int(noisy.sum())} of {len(ok)} points"
+                + (f"; torch threads {threads}" if threads else "") + ")")  # fmt: skip
     with pd.option_context("display.width", 200, "display.max_rows", 1000, "display.max_columns", 30):
-        return "median kernel time per decode step (µs):\n" + table.to_string(float_format="{:.1f}".format, na_rep="-")
+        return "median kernel time per decode step (µs):\n" + table.fillna("-").to_string() + note
 
 
 def numerics_notes(spec: Any, device: Any) -> list[str]:
@@ -194,7 +214,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         spec, run_dir, device, resume=args.resume, retry_errors=args.retry_errors, max_points=args.max_points,
         max_minutes=args.max_minutes, point_timeout_s=args.point_timeout or DEFAULT_POINT_TIMEOUT_S,
         ceilings=args.measure_ceilings, progress=not args.no_progress,
-        extra_provenance={"preset": args.preset or "ci", "command": list(sys.argv)},
+        extra_provenance={"preset": args.preset or "ci", "command": list(sys.argv), "scratch": scratch_run(args, device)},
     )  # fmt: skip
     print(
         f"run {summary.run_dir}: {summary.recorded_now} points now, {summary.recorded_before} before, "
@@ -203,7 +223,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if summary.stop_reason == "interrupted":
         _log(f"dsa-lab bench: interrupted; the points so far are kept. Resume with: {resume_command(summary.run_dir)}")
         return INTERRUPTED
-    print(results_table(store.load_run(summary.run_dir).results))
+    print(results_table(store.load_run(summary.run_dir).results, spec.timing.noisy_rel_iqr))
     if summary.remaining:
         print(f"{summary.remaining} points left; continue with: {resume_command(summary.run_dir)}")
     return 0
@@ -217,7 +237,7 @@ def _tools(text: str) -> tuple[str, ...]:
 
     tools = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     if not tools:
-        raise ValueError("--tool: give at least one of torch, ncu (comma-separated)")
+        raise ValueError(f"--tool: give at least one of {', '.join(TOOLS)} (comma-separated)")
     for tool in tools:
         check_choice("--tool", tool, TOOLS)
     return tools
@@ -227,7 +247,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from dsa_lab import store
-    from dsa_lab.errors import check_positive
+    from dsa_lab.errors import check_positive, check_range
     from dsa_lab.profiling.ncu import NcuUnavailable, detect_ncu
     from dsa_lab.profiling.runs import profile_provenance, write_tables
     from dsa_lab.profiling.sweep import ProfileRun, ProfileSettings, run_ncu, run_torch
@@ -236,6 +256,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     for flag, value in (("--torch-budget", args.torch_budget), ("--ncu-timeout", args.ncu_timeout)):
         if value is not None:
             check_positive(flag, value)
+    check_range("--nsight-runs", args.nsight_runs, 2, 10_000)
     device = resolve_device(args.device)
     spec = spec_from_args(args)
     settings = ProfileSettings(args.topk, args.repeats, not args.no_trace)
@@ -251,11 +272,16 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         _log(
             f"dsa-lab profile: Nsight Compute {'skipped: ' + ncu_skipped if ncu_skipped else 'path: ' + status.reason}"
         )
+    nsight = _nsight_for(tools, device)
     out = run_dir_from_args(args, device, "profile", sub="profiles")
     store._check_new_folder(out)
     with store.run_lock(out):
         provenance = profile_provenance(out.name, device, spec, settings, status)
-        provenance["ncu_skipped"] = ncu_skipped
+        provenance.update(ncu_skipped=ncu_skipped, scratch=scratch_run(args, device))
+        if nsight is not None:
+            from dsa_lab.profiling.nsight_timing import nsight_version
+
+            provenance["nsight"] = {"version": nsight_version(), "tool": "cupti", "runs": args.nsight_runs}
         store.create_run(out, provenance)
         empty = pd.DataFrame()
         run = run_torch(spec, device, settings, out, _log, args.torch_budget) if "torch" in tools else ProfileRun(
@@ -267,9 +293,27 @@ def _cmd_profile(args: argparse.Namespace) -> int:
             store.update_provenance(out, ncu_metrics=outcome.metrics, ncu_metrics_dropped=outcome.dropped,
                                     ncu_reports=[p.name for p in outcome.reports])  # fmt: skip
             write_tables(run, out)
+        if nsight is not None:
+            from dsa_lab.profiling.nsight_timing import run_nsight
+
+            run.nsight, configs = run_nsight(spec, device, args.nsight_runs, _log, nsight=nsight)
+            run.configs = run.configs + configs
+            write_tables(run, out)
     _print_profile(run)
     print(f"profile run written to {out}")
     return 0
+
+
+def _nsight_for(tools: tuple[str, ...], device: Any) -> Any:
+    """nsight-python with CUPTI active when `nsight` is among the tools (None otherwise); an error saying
+    why when it cannot run here."""
+    if "nsight" not in tools:
+        return None
+    from dsa_lab.profiling.nsight_timing import NsightUnavailable, load_nsight
+
+    if device.type != "cuda":
+        raise NsightUnavailable(f"--tool nsight times CUDA kernels through CUPTI; device is {device}")
+    return load_nsight()
 
 
 def _print_profile(run: Any) -> None:
@@ -288,6 +332,11 @@ def _print_profile(run: Any) -> None:
             print(
                 ncu_summary[[c for c in shown if c in ncu_summary]].to_string(index=False, float_format="{:.4g}".format)
             )
+        if not run.nsight.empty:
+            shown = ["backend", "strategy", "batch", "context", "next_n", "harness_median_ms", "nsight_mean_ns",
+                     "nsight_ci95_low_ns", "nsight_ci95_high_ns", "nsight_stable", "timer_over_nsight"]  # fmt: skip
+            print("nsight-python (CUPTI) beside the harness's timer; timer_over_nsight = harness median / nsight mean")
+            print(run.nsight[shown].to_string(index=False, float_format="{:.4g}".format))
     for config in run.configs:
         if config.get("status") not in ("profiled", "same_as"):
             print(f"{config['tool']} {config['backend']} {config['strategy']} B={config['batch']} L={config['context']} "
@@ -327,15 +376,19 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "profile", help="profile a grid of decode points: torch.profiler tables, Nsight Compute counters",
         description="Profile one decode step per point of a grid: kernel tables and a Chrome trace from "
         "torch.profiler; DRAM bytes, L2 hit rate, occupancy and tensor-pipe use from Nsight Compute "
-        "(reports kept as .ncu-rep). Every point is checked against the reference first.",
+        "(reports kept as .ncu-rep); with --tool nsight, nsight-python's CUPTI timer beside the harness's "
+        "on the same inputs. Every point is checked against the reference first.",
         allow_abbrev=False,
     )  # fmt: skip
     add_grid_flags(profile)
     tools = profile.add_argument_group("profiling")
-    tools.add_argument("--tool", default="torch,ncu", help="torch, ncu or torch,ncu (default: both)")
+    tools.add_argument("--tool", default="torch,ncu",
+                       help="comma-separated: torch, ncu, nsight (nsight-python's CUPTI timer beside the harness's; "
+                       "needs the gpu extra) (default: torch,ncu)")  # fmt: skip
     tools.add_argument("--topk", type=int, default=2048, help="top-k of the profiled step (default 2048)")
     tools.add_argument("--repeats", type=int, default=1, help="ncu steps per point")
     tools.add_argument("--torch-budget", type=float, help="seconds after which torch.profiler starts no new point")
     tools.add_argument("--ncu-timeout", type=float, default=300.0, help="seconds per backend's ncu run")
     tools.add_argument("--no-trace", action="store_true", help="skip the native-vs-flatten Chrome trace")
+    tools.add_argument("--nsight-runs", type=int, default=5, help="nsight-python runs per point (default 5)")
     profile.set_defaults(func=_cmd_profile)

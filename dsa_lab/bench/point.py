@@ -214,6 +214,9 @@ STUDY_GRID = {
     "next_n": (1, 2, 3, 4, 5, 6, 8),
 }
 STUDY_TIMING = TimingConfig(warmup=3, min_samples=10, max_samples=100, max_seconds=0.25)
+# The CPU preset: one intra-op thread and at least 0.15 s of samples per point (a few ms a call), so that three
+# back-to-back runs agree instead of jumping by 100x with the thread pool on a busy machine.
+CPU_TIMING = TimingConfig(warmup=2, min_samples=10, max_samples=2000, max_seconds=0.6, min_seconds=0.15, window=8)
 
 
 def preset(name: str) -> SweepSpec:
@@ -225,7 +228,7 @@ def preset(name: str) -> SweepSpec:
         return SweepSpec(
             backend=("reference",), batch=(2,), context=("192", "mixed:64-256"), next_n=(1, 2, 3),
             heads=(32,), head_dim=(64,),
-            timing=TimingConfig(warmup=1, min_samples=3, max_samples=5, max_seconds=0.05, window=3),
+            timing=CPU_TIMING,
         )  # fmt: skip
     gpu_backends = _registered(("deepgemm", "triton"))
     if name == "smoke":

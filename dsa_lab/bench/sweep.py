@@ -21,6 +21,7 @@ whatever `max_minutes` leaves) holds even against a hung kernel (`bench.guard`).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -135,10 +136,12 @@ def open_run(
     from dsa_lab.env_info import environment_facts
 
     numerics = numerics_record(spec.backend, spec.cache_dtype, spec.check_tolerance, device)
+    extra.setdefault("scratch", store.scratch_device(device.type))
     if resume:
         if not (run_dir / store.PROVENANCE_FILE).exists():
             raise ValueError(f"--resume: {run_dir} holds no run to resume (no {store.PROVENANCE_FILE})")
-        provenance = store.check_resume(run_dir, spec.to_dict(), device.type, device_name(device), environment_facts())
+        provenance = store.check_resume(run_dir, _recorded_form(run_dir, spec), device.type, device_name(device),
+                                        environment_facts())  # fmt: skip
         stamp = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": extra.get("command")}
         fields: dict[str, Any] = {"resumed": provenance.get("resumed", []) + [stamp]}
         if "numerics" not in provenance:  # a run from before the numerics were recorded
@@ -152,6 +155,19 @@ def open_run(
     )  # fmt: skip
     store.create_run(run_dir, provenance)
     return provenance
+
+
+def _recorded_form(run_dir: Path, spec: SweepSpec) -> dict[str, Any]:
+    """`spec` as the run's provenance spells it when the two are the same grid: a run recorded before a
+    setting existed (min_seconds, cpu_threads...) holds that setting's default, and resumes under it."""
+    recorded = store.read_provenance(run_dir / store.PROVENANCE_FILE).get("spec")
+    try:
+        same = json.dumps(SweepSpec.from_dict(recorded).to_dict(), default=str) == json.dumps(
+            spec.to_dict(), default=str
+        )
+    except (ValueError, TypeError):
+        return spec.to_dict()  # check_resume names the mismatch
+    return recorded if same else spec.to_dict()
 
 
 def run_sweep(
@@ -217,7 +233,7 @@ def _sweep(
     stop = "complete"
     bar = tqdm(
         total=len(points), initial=len(points) - len(todo), disable=not progress, desc="bench", unit="pt",
-        mininterval=0.1 if sys.stderr.isatty() else 15.0,  # a log file gets a line every 15 s, not every point
+        mininterval=0.1 if _watched() else 15.0,  # a log file gets a line every 15 s, not every point
     )  # fmt: skip
 
     def finish(reason: str) -> None:
@@ -296,6 +312,11 @@ def _sweep(
             visits.close()
         finish(stop)
     return SweepSummary(run_dir, len(points), len(points) - len(todo), sum(counts.values()), dict(counts), stop)
+
+
+def _watched() -> bool:
+    """Someone watches the bar: a terminal, or a notebook kernel (where tqdm.auto draws a widget)."""
+    return sys.stderr.isatty() or "ipykernel" in sys.modules
 
 
 def _device_alive(device: torch.device) -> bool:

@@ -12,12 +12,21 @@ exceeds the kernel itself; that overhead is reported apart as `host_us`. Graph m
 captures `graph_launches` calls and divides a replay by that count; it cannot flush L2
 between the captured calls, and says so in `timing_method`. `time_step` times a whole decode step
 ('events' or 'graph': one step per graph, so L2 can be flushed before each replay, outside it).
+
+On the CPU, torch's intra-op thread pool makes wall-clock samples of a small call jump by
+orders of magnitude on a busy machine (a 1 ms call measured at 50 ms when a second thread
+is preempted), so CPU timing runs with `cpu_threads` intra-op threads (one by default;
+the count before is restored after) and each row records the count (`torch_threads`).
+Every point samples for at least `min_seconds` (the role of `triton.testing.do_bench`'s
+`rep`), so a fast call is not summarized by a handful of samples; and a point whose
+relative IQR exceeds `noisy_rel_iqr` is flagged `noisy`, in its row and in tables.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -37,12 +46,15 @@ class TimingConfig:
     min_samples: int = 10
     max_samples: int = 200
     max_seconds: float = 0.5  # wall-clock budget for the timed samples of one point
+    min_seconds: float = 0.0  # sample at least this long (unless max_samples comes first), as do_bench's `rep`
     rel_tolerance: float = 0.005  # relative IQR of the recent running medians that counts as settled
     window: int = 8  # running medians the noise rule looks at
     sync_every: int = 8  # timed samples between host synchronisations
     cold_l2: bool = True
     use_graph: bool = False
     graph_launches: int = 10
+    cpu_threads: int = 1  # torch intra-op threads while timing on the CPU (restored afterwards)
+    noisy_rel_iqr: float = 0.05  # a point whose IQR exceeds this share of its median is flagged noisy
 
     def __post_init__(self) -> None:
         check_range("warmup", self.warmup, 0, 10_000)
@@ -51,13 +63,15 @@ class TimingConfig:
         check_range("window", self.window, 2, 10_000)
         check_range("sync_every", self.sync_every, 1, 10_000)
         check_range("graph_launches", self.graph_launches, 1, 10_000)
+        check_range("cpu_threads", self.cpu_threads, 1, 4096)
         check_positive("max_seconds", self.max_seconds)
-        if (
-            isinstance(self.rel_tolerance, bool)
-            or not isinstance(self.rel_tolerance, (int, float))
-            or not 0 < self.rel_tolerance < 1
-        ):
-            raise ValueError(f"rel_tolerance={self.rel_tolerance!r}: must lie in (0, 1)")
+        check_positive("min_seconds", self.min_seconds, allow_zero=True)
+        if self.min_seconds > self.max_seconds:
+            raise ValueError(f"min_seconds={self.min_seconds!r}: must not exceed max_seconds={self.max_seconds!r}")
+        for name in ("rel_tolerance", "noisy_rel_iqr"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+                raise ValueError(f"{name}={value!r}: must lie in (0, 1)")
         for name in ("cold_l2", "use_graph"):
             check_choice(name, getattr(self, name), (False, True))
 
@@ -78,9 +92,11 @@ class Measurement:
     p90_ms: float
     iqr_ms: float
     rel_iqr: float
+    noisy: bool  # rel_iqr above the config's noisy_rel_iqr: the median is not to be trusted to that share
     stop_reason: str  # 'converged', 'max_samples' or 'time_budget'
     host_us: float  # median host time to issue one call (no synchronisation inside)
     warmup: int
+    torch_threads: int  # torch intra-op threads while sampling (pinned to cpu_threads on the CPU)
     spin_us: float = 0.0  # GPU busy-wait queued before each timed call (hides the host's issue time)
     samples_ms: tuple[float, ...] = field(repr=False, default=())
 
@@ -96,11 +112,12 @@ def summarize(
     device: str,
     method: str,
     stop: str,
-    warmup: int,
+    config: TimingConfig,
     spin_us: float = 0.0,
 ) -> Measurement:
     values = np.asarray(samples_ms, dtype=np.float64)
     p10, p25, median, p75, p90 = np.percentile(values, [10, 25, 50, 75, 90])
+    rel_iqr = float((p75 - p25) / median) if median > 0 else float("inf")
     return Measurement(
         device=device,
         timing_method=method,
@@ -113,10 +130,12 @@ def summarize(
         p75_ms=float(p75),
         p90_ms=float(p90),
         iqr_ms=float(p75 - p25),
-        rel_iqr=float((p75 - p25) / median) if median > 0 else float("inf"),
+        rel_iqr=rel_iqr,
+        noisy=bool(rel_iqr > config.noisy_rel_iqr),
         stop_reason=stop,
         host_us=float(np.median(host_us)) if host_us else float("nan"),
-        warmup=warmup,
+        warmup=config.warmup if device == "cpu" else max(1, config.warmup),
+        torch_threads=torch.get_num_threads(),
         spin_us=spin_us,
         samples_ms=tuple(float(x) for x in values),
     )
@@ -144,11 +163,13 @@ class StoppingRule:
 
     def reason(self) -> str | None:
         cfg = self.config
-        if len(self.samples) >= cfg.min_samples and self.settled():
+        enough = len(self.samples) >= cfg.min_samples
+        elapsed = time.perf_counter() - self.started
+        if enough and elapsed >= cfg.min_seconds and self.settled():
             return "converged"
         if len(self.samples) >= cfg.max_samples:
             return "max_samples"
-        if len(self.samples) >= cfg.min_samples and time.perf_counter() - self.started >= cfg.max_seconds:
+        if enough and elapsed >= cfg.max_seconds:
             return "time_budget"
         return None
 
@@ -223,17 +244,29 @@ def time_callable(
     return _time_events(fn, device, config)
 
 
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op thread count set to `count` for the block, and restored after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _time_wall_clock(fn: Callable[[], object], config: TimingConfig) -> Measurement:
-    for _ in range(config.warmup):
-        fn()
-    rule, host = StoppingRule(config), []
-    while (stop := rule.reason()) is None:
-        start = time.perf_counter()
-        fn()
-        elapsed = time.perf_counter() - start
-        host.append(elapsed * 1e6)
-        rule.add(elapsed * 1e3)
-    return summarize(rule.samples, host, "cpu", timing_method(torch.device("cpu"), config), stop, config.warmup)
+    with torch_threads(config.cpu_threads):
+        for _ in range(config.warmup):
+            fn()
+        rule, host = StoppingRule(config), []
+        while (stop := rule.reason()) is None:
+            start = time.perf_counter()
+            fn()
+            elapsed = time.perf_counter() - start
+            host.append(elapsed * 1e6)
+            rule.add(elapsed * 1e3)
+        return summarize(rule.samples, host, "cpu", timing_method(torch.device("cpu"), config), stop, config)
 
 
 def _time_events(fn: Callable[[], object], device: torch.device, config: TimingConfig) -> Measurement:
@@ -265,7 +298,7 @@ def _time_events(fn: Callable[[], object], device: torch.device, config: TimingC
             for begin, end in pairs:
                 rule.add(begin.elapsed_time(end))
         del flush
-    return summarize(rule.samples, host, "cuda", timing_method(device, config), stop, max(1, config.warmup), lead_us)
+    return summarize(rule.samples, host, "cuda", timing_method(device, config), stop, config, lead_us)
 
 
 def _time_graph(fn: Callable[[], object], device: torch.device, config: TimingConfig) -> Measurement:
@@ -301,7 +334,7 @@ def _time_graph(fn: Callable[[], object], device: torch.device, config: TimingCo
             for begin, end in pairs:
                 rule.add(begin.elapsed_time(end) / n)
         del graph
-    return summarize(rule.samples, host, "cuda", timing_method(device, config), stop, config.warmup, lead_us)
+    return summarize(rule.samples, host, "cuda", timing_method(device, config), stop, config, lead_us)
 
 
 TIMING_METHODS = ("events", "graph")  # a whole decode step, as `time_step` measures it
@@ -379,7 +412,7 @@ def _time_step_graph(step: Callable[[], object], device: torch.device, config: T
             for begin, end in pairs:
                 rule.add(begin.elapsed_time(end))
         del graph, flush
-    return summarize(rule.samples, host, "cuda", name, stop, max(1, config.warmup), lead_us)
+    return summarize(rule.samples, host, "cuda", name, stop, config, lead_us)
 
 
 def _median_ms_of_read(device: torch.device, gib: int) -> float:

@@ -143,7 +143,9 @@ def plot_headline(
     """Measured kernel time vs next_n at one point: a line per strategy (colour) and backend
     (marker), the kernel vLLM runs drawn bold; vLLM 0.33's choice as black diamonds; an arrow
     down to the best option where the gap is beyond the measured spread, labelled with the
-    speedup; the time floor of the point (modeled) dashed grey; provenance in the footer."""
+    speedup; the time floor of the point (modeled) dashed grey; provenance in the footer.
+    Arrows are drawn for GPU measurements only: a CPU stand-in's wall-clock gaps say nothing
+    about which strategy a GPU should take, and a bold speedup would read as if they did."""
     data = measured_ok(results)
     data = data[(data["batch"] == batch) & (data["context"] == context)]
     if data.empty:
@@ -170,14 +172,19 @@ def plot_headline(
     timed = table.dropna(subset=["vllm_us"])
     ax.scatter(timed["next_n"], timed["vllm_us"], label=f"{VLLM_RELEASE} takes (SM90 + DeepGEMM rule, {first} time)",
                **VLLM_MARKER)  # fmt: skip
-    for row in timed[timed["beyond_spread"]].itertuples():
+    on_gpu = bool((data["device"] == "cuda").all()) if "device" in data else True
+    for row in timed[timed["beyond_spread"]].itertuples() if on_gpu else ():
         ax.annotate("", xy=(row.next_n, row.best_us), xytext=(row.next_n, row.vllm_us),
                     arrowprops={"arrowstyle": "-|>", "color": "black", "linewidth": 1.3, "shrinkA": 6,
                                 "shrinkB": 4})  # fmt: skip
         ax.annotate(f"{row.speedup:.2f}×", (row.next_n, (row.vllm_us + row.best_us) / 2), xytext=(7, 0),
                     textcoords="offset points", va="center", fontsize=10, fontweight="bold", zorder=7,
                     bbox=LABEL_BOX)  # fmt: skip
-    ax.scatter([], [], marker=r"$\downarrow$", color="black", s=80, label="to the best option: vLLM's time / best (×)")
+    if on_gpu:
+        ax.scatter([], [], marker=r"$\downarrow$", color="black", s=80,
+                   label="to the best option: vLLM's time / best (×)")  # fmt: skip
+    else:
+        ax.plot([], [], linestyle="none", label="CPU wall clock: no speedups drawn\n(they say nothing about a GPU)")
     ax.set_xticks(next_ns)
     ax.set_xlim(min(next_ns) - 0.4, max(next_ns) + 0.8)  # room for the speedup labels right of the arrows
     spread = data["kernel_us"].max() / data["kernel_us"].min()

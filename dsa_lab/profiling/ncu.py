@@ -5,9 +5,11 @@ Paths, best first, and why this module takes the one it takes:
   works with any ncu since 2022.1; this is the path we run.
 - nsight-python 1.x attaches ncu to the running process but needs ncu >= 2026.2.1 and
   reports metrics per annotation (kernels of one range combined); 0.9.x re-runs the
-  calling script under ncu, i.e. this whole command. Both are detected and reported.
+  calling script under ncu, i.e. this whole command. Both are detected and reported. Its
+  CUPTI tool (no ncu needed) is what `--tool nsight` times with (`profiling.nsight_timing`).
 Metrics are requested by name; names an ncu does not know are dropped (and listed)
-rather than failing the run. Its CSV becomes tables in `ncu_tables`.
+rather than failing the run. The kept report becomes tables through `ncu_report` (ncu's CSV,
+`ncu_tables.parse_ncu_csv`, where there is no report).
 """
 
 from __future__ import annotations
@@ -181,11 +183,6 @@ def ncu_command(
         *kept,
         *target,
     ]  # fmt: skip
-
-
-def ncu_import_command(ncu: str, report: Path) -> list[str]:
-    """Print a kept report's per-kernel metrics as the same CSV a live run prints."""
-    return [ncu, "--import", str(report), "--csv", "--print-units", "base", "--page", "details"]
 
 
 def missing_metrics(output: str) -> list[str]:

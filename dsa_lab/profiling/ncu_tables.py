@@ -29,7 +29,7 @@ METRICS: dict[str, str] = {
 PERCENT_COLUMNS = ("dram_pct_peak", "l2_hit_pct", "occupancy_pct", "tensor_gmma_pct", "tensor_hmma_pct")
 SECTOR_BYTES = 32
 MARKER_KERNEL = "dsa_lab_ncu_marker"  # the name of the Triton kernel in marker.py
-_UNIT_SCALE = {
+UNIT_SCALE = {
     "byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
     "nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9, "ns": 1.0, "us": 1e3, "ms": 1e6,
 }  # fmt: skip
@@ -43,7 +43,7 @@ def _number(text: str, unit: str) -> float:
         value = float(text)
     except ValueError:
         return float("nan")
-    return value * _UNIT_SCALE.get(unit.strip().lower(), 1.0)
+    return value * UNIT_SCALE.get(unit.strip().lower(), 1.0)
 
 
 def _dims(text: str) -> tuple[int, int, int]:

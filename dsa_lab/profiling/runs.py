@@ -3,7 +3,8 @@
 A profile run is a store run folder (`provenance.json` from `dsa_lab.store`, with
 `kind: profile` and the harness's grid as `spec`) holding tables instead of timings:
 `torch_kernels.parquet`, `torch_phases.parquet`, `ncu_kernels.parquet` (one row per logits
-kernel, its point attached), `ncu_raw.txt.gz` (ncu's own output, for re-parsing),
+kernel, its point attached), `nsight_times.parquet` (`--tool nsight`: nsight-python's CUPTI
+timer beside the harness's, `profiling.nsight_timing`), `ncu_raw.txt.gz` (ncu's own output),
 `ncu_<backend>.ncu-rep` (the reports, for the Nsight Compute GUI) and Chrome traces
 `trace_<backend>.json.gz`. Profile runs live under `data/<device>/profiles/<run_id>/`, out
 of the way of `dsa-lab runs`, which lists timings.
@@ -43,6 +44,7 @@ TABLES = {
     "torch_kernels": "torch.profiler: one row per (config, phase, kernel, grid)",
     "torch_phases": "torch.profiler: one row per (config, phase)",
     "ncu_kernels": "Nsight Compute: one row per profiled logits kernel, config attached",
+    "nsight_times": "nsight-python (CUPTI) and the harness's timer on the same inputs: one row per point",
 }
 RAW_NCU = "ncu_raw.txt.gz"
 CPU_LABEL = "CPU reference, not H200"
@@ -101,7 +103,8 @@ def _modern_spec(spec: Any) -> Any:
 
 def write_tables(run: ProfileRun, folder: Path) -> None:
     """Write the run's tables next to its provenance (atomically, one file each)."""
-    for name, frame in (("torch_kernels", run.kernels), ("torch_phases", run.phases), ("ncu_kernels", run.ncu)):
+    tables = [("torch_kernels", run.kernels), ("torch_phases", run.phases), ("ncu_kernels", run.ncu)]
+    for name, frame in [*tables, *([("nsight_times", run.nsight)] if not run.nsight.empty else [])]:
         path = folder / f"{name}.parquet"
         tmp = path.with_name(f".{path.name}.tmp")
         with store.writing(path):
@@ -178,8 +181,9 @@ def load_profile_run(folder: str | Path) -> ProfileRun:
     provenance = {**provenance, "spec": _modern_spec(provenance.get("spec"))}
     configs = [_modern_config(c) for c in configs]
     return ProfileRun(
-        table("torch_kernels"), table("torch_phases"), table("ncu_kernels"), configs, provenance, folder, raw_text
-    )
+        table("torch_kernels"), table("torch_phases"), table("ncu_kernels"), configs, provenance, folder, raw_text,
+        nsight=table("nsight_times"),
+    )  # fmt: skip
 
 
 def cpu_reference_run(

@@ -38,11 +38,11 @@ from dsa_lab.profiling.ncu import (
     missing_metrics,
     ncu_command,
     ncu_failure,
-    ncu_import_command,
     query_metric_names,
     require_ncu,
     usable_metrics,
 )
+from dsa_lab.profiling.ncu_report import NcuReportUnavailable, read_ncu_report
 from dsa_lab.profiling.ncu_tables import CONFIG_KEYS, METRICS, attach_configs, parse_ncu_csv, summarize_ncu
 from dsa_lab.profiling.torch_profile import compare_in_one_trace, profile_step
 from dsa_lab.topk import DEFAULT_TOPK, MAX_TOPK
@@ -77,6 +77,7 @@ class ProfileRun:
     folder: Path | None = None
     raw_ncu: str = ""
     ignored: list[tuple[str, str]] = field(default_factory=list)  # (folder, problem) of stored runs passed over
+    nsight: pd.DataFrame = field(default_factory=pd.DataFrame)  # nsight-python's timer beside the harness's
 
     @property
     def ncu_summary(self) -> pd.DataFrame:
@@ -236,8 +237,9 @@ def run_ncu_backend(
     """ncu over the target for one backend's grid: (kernel rows with configs, the manifest, ncu's output).
 
     Metrics ncu reports as unknown move from `metrics` to `dropped` and the run is retried.
-    With `report`, ncu also writes its report there (`--export`); when it then prints no
-    CSV itself, the CSV is read back from the report (`--import`).
+    With `report`, ncu also writes its report there (`--export`) and the kernel table is read
+    from it (`ncu_report.read_ncu_report`); ncu's printed CSV is parsed only without a report,
+    or, said in the log, where the ncu-report package is missing or cannot read the report.
     """
     backend = spec.backend[0]
     steps = len(spec.points()) * settings.repeats
@@ -264,12 +266,13 @@ def run_ncu_backend(
             dropped += unknown
         log(f"ncu {backend}: exit {code} after {time.perf_counter() - started:.0f} s")
         manifest = _read_manifest(manifest_path)
-    table = parse_ncu_csv(output)
-    if table.empty and report is not None and report.is_file():
-        imported = subprocess.run(ncu_import_command(ncu, report), capture_output=True, text=True, timeout=timeout_s)
-        output += "\n" + imported.stdout
-        table = parse_ncu_csv(imported.stdout)
-    kernels = attach_configs(table, manifest)
+    table = None
+    if report is not None and report.is_file():
+        try:
+            table = read_ncu_report(report)
+        except (NcuReportUnavailable, ValueError) as err:
+            log(f"ncu {backend}: {err}; parsing ncu's printed CSV instead")
+    kernels = attach_configs(parse_ncu_csv(output) if table is None else table, manifest)
     if kernels.empty:
         failure = ncu_failure(output, code) or "ncu profiled no logits kernel"
         log(f"ncu {backend}: {failure}")
