@@ -182,7 +182,9 @@ def run_logits(
     for i, launch in enumerate(metadata.launches):
         packed = pack_launch(launch, inputs)
         schedule = (
-            schedules[i] if schedules is not None else backend.schedule(packed.context_lens, inputs.batch.block_size, packed.block_table)
+            schedules[i]
+            if schedules is not None
+            else backend.schedule(packed.context_lens, inputs.batch.block_size, packed.block_table)
         )
         outputs.append(launch_logits(backend, packed, inputs.cache, metadata.max_context_len, schedule))
     return outputs

@@ -64,7 +64,9 @@ def phased_decode(
         metadata = plan.build_metadata(batch, inputs.cache.block_table)
         if check:
             check_launches(metadata, inputs)
-        schedules = [backend.schedule(launch.context_lens, batch.block_size, launch.block_table) for launch in metadata.launches]
+        schedules = [
+            backend.schedule(launch.context_lens, batch.block_size, launch.block_table) for launch in metadata.launches
+        ]
     outputs = []
     for launch, schedule in zip(metadata.launches, schedules, strict=True):
         with phase("pack", nvtx):
