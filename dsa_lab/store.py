@@ -36,12 +36,13 @@ from typing import Any
 
 import pandas as pd
 
+from dsa_lab import axes
+
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.parquet"
 PROVENANCE_FILE = "provenance.json"
 POINTS_FILE = "points.jsonl"
 LOCK_FILE = ".lock"
-AXES = ("backend", "strategy", "batch", "context", "next_n", "cache_dtype", "heads", "head_dim")
 TIME_COLUMNS = ("p25_ms", "median_ms", "p75_ms")  # in this order for every timed (status ok) row
 RESUME_ENVIRONMENT = (
     "gpu_name", "gpu_capability", "driver", "cuda", "torch", "triton", "deep_gemm", "deepgemm_pr340_origin", "python",
@@ -60,10 +61,17 @@ PROVENANCE_KEYS = (
     "environment",
     "git",
 )
-RESULT_COLUMNS = (
-    "point_key", "status", "message", "source", "backend", "strategy", "batch", "context",
-    "next_n", "cache_dtype", "heads", "head_dim", "median_ms", "p25_ms", "p75_ms", "iqr_ms",
-)  # fmt: skip
+RESULT_COLUMNS = (  # every run has these; an axis added later is filled in on load (`axes.complete`)
+    "point_key",
+    "status",
+    "message",
+    "source",
+    *(a.column for a in axes.AXES if a.stored_always),
+    "median_ms",
+    "p25_ms",
+    "p75_ms",
+    "iqr_ms",
+)
 PACKAGE_ROOT = Path(__file__).resolve().parent
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -479,7 +487,7 @@ def load_run(path: str | Path) -> Run:
     if results["point_key"].map(lambda key: not isinstance(key, str)).any() or results["point_key"].duplicated().any():
         raise RunFormatError(f"{results_path}: point_key must be unique strings")
     _check_times(results, results_path)
-    return Run(run_dir, provenance, results)
+    return Run(run_dir, provenance, axes.complete(results))
 
 
 def _check_times(results: pd.DataFrame, path: Path) -> None:

@@ -159,9 +159,10 @@ def test_decision_table_compares_the_fastest_with_vllm_0_33_on_sm90() -> None:
 
     with pytest.raises(ValueError, match=r"backend='triton'.*\['deepgemm'\]"):
         decision_table(results, "triton")
-    mixed = pd.concat([results, pd.DataFrame([{**_row("atom", 3, 9.0), "cache_dtype": "mxfp4", "head_dim": 128}])])
-    with pytest.raises(ValueError, match="2 shapes"):
-        decision_table(mixed, "deepgemm")
+    other = {**_row("atom", 3, 9.0), "cache_dtype": "mxfp4", "strategy": "flatten"}  # another shape: decided apart
+    mixed = decision_table(pd.concat([results, pd.DataFrame([other])]), "deepgemm")
+    assert mixed.groupby("cache_dtype").size().to_dict() == {"fp8": 4, "mxfp4": 1}
+    assert mixed.set_index("cache_dtype").loc["mxfp4", "recommended_us"] == 9.0
 
 
 def test_modeled_rows_have_no_spread_to_be_significant_against() -> None:

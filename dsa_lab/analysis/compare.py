@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dsa_lab.store import AXES, Run, load_run, writing
+from dsa_lab import axes
+from dsa_lab.store import Run, load_run, writing
 
 VERDICTS = ("slower", "unsure", "nan", "faster", "same")  # the order a report lists them in
 DEFAULT_THRESHOLD = 0.05
@@ -83,7 +84,7 @@ def compare_runs(
             f"runs {a.path} ({a.source}) and {b.path} ({b.source}) differ in source; "
             "measured and modeled times are not compared silently (allow_mixed_sources=True to do it anyway)"
         )
-    keep = ["point_key", *[c for c in AXES if c in a.results], "status", "median_ms", "p25_ms", "p75_ms"]
+    keep = ["point_key", *[c for c in axes.NAMES if c in a.results], "status", "median_ms", "p25_ms", "p75_ms"]
     left = a.results[keep + (["samples_ms"] if "samples_ms" in a.results else [])]
     right = b.results[
         ["point_key", "status", "median_ms", "p25_ms", "p75_ms"] + (["samples_ms"] if "samples_ms" in b.results else [])
@@ -93,7 +94,7 @@ def compare_runs(
     rng = np.random.default_rng(seed)
     rows = []
     for row in merged.to_dict("records"):
-        out = {key: row[key] for key in ("point_key", *AXES) if key in row}
+        out = {key: row[key] for key in ("point_key", *axes.NAMES) if key in row}
         out.update(status_a=row["status_a"], status_b=row["status_b"], median_ms_a=row["median_ms_a"],
                    median_ms_b=row["median_ms_b"])  # fmt: skip
         timed = row["status_a"] == "ok" and row["status_b"] == "ok"
@@ -116,7 +117,7 @@ def compare_runs(
                 note = "no stored samples: interval from the interquartile ranges"
         out.update(ratio=ratio, ci_low=low, ci_high=high, verdict=_verdict(ratio, low, high, threshold), note=note)
         rows.append(out)
-    columns = ["point_key", *[c for c in AXES if c in merged], "status_a", "status_b", "median_ms_a", "median_ms_b",
+    columns = ["point_key", *[c for c in axes.NAMES if c in merged], "status_a", "status_b", "median_ms_a", "median_ms_b",
                "ratio", "ci_low", "ci_high", "verdict", "note"]  # fmt: skip
     table = pd.DataFrame(rows, columns=columns)
     if table.empty:
@@ -180,17 +181,13 @@ def summarize(table: pd.DataFrame, a: Run, b: Run, threshold: float) -> Summary:
     )  # fmt: skip
 
 
-SHOWN = ["backend", "strategy", "batch", "context", "next_n", "median_ms_a", "median_ms_b", "ratio", "ci_low",
-         "ci_high", "verdict", "note"]  # fmt: skip
+VERDICT_COLUMNS = ["median_us_a", "median_us_b", "ratio", "ci_low", "ci_high", "verdict", "note"]
 
 
 def _shown(table: pd.DataFrame) -> pd.DataFrame:
-    shown = table[[c for c in SHOWN if c in table]].copy()
-    for column in ("median_ms_a", "median_ms_b"):
-        shown[column.replace("_ms_", "_us_")] = shown.pop(column) * 1e3
-    order = [c for c in ("backend", "strategy", "batch", "context", "next_n", "median_us_a", "median_us_b", "ratio",
-                         "ci_low", "ci_high", "verdict", "note") if c in shown]  # fmt: skip
-    return shown[order]
+    """The rows for people: every axis that varies (backend and strategy always), times in µs, the verdict."""
+    shown = table.assign(median_us_a=table["median_ms_a"] * 1e3, median_us_b=table["median_ms_b"] * 1e3)
+    return shown[[*axes.shown(shown), *VERDICT_COLUMNS]]
 
 
 def to_markdown(table: pd.DataFrame, summary_lines: list[str]) -> str:

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
-from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS, DEPLOYMENT, decode_step, tokens_per_step
+from dsa_lab import axes
+from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS, DEEPSEEK_V32, DEPLOYMENT, decode_step, tokens_per_step
 from dsa_lab.model.gpus import get_gpu
 from dsa_lab.model.indexer import atom_sizes, predict
 from dsa_lab.policy import Platform, PolicyQuery, step_path
@@ -44,8 +45,9 @@ class IndexerTimes:
     def __init__(self, results: pd.DataFrame | None, measured_gpu: str = "H200") -> None:
         self.measured_gpu = measured_gpu
         self._measured: dict[tuple[str, str, int, int, int], float] = {}
-        if results is not None:
-            ok = results[(results["status"] == "ok") & (results["source"] == "measured")]
+        if results is not None:  # the model's indexer shape only (DeepSeek-V3.2: 64 heads of 128, FP8 cache)
+            shape = {"heads": DEEPSEEK_V32.index_heads, "head_dim": DEEPSEEK_V32.index_head_dim, "cache_dtype": "fp8"}
+            ok = axes.select(results[(results["status"] == "ok") & (results["source"] == "measured")], shape)
             ok = ok[ok["context"].str.isdigit()]
             for row in ok.itertuples():
                 key = (row.backend, row.strategy, int(row.batch), int(row.context), int(row.next_n))

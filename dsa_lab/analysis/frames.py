@@ -6,17 +6,20 @@ Pure pandas over a results frame (`store.load_run(...).results`, measured or mod
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from dsa_lab import axes
 from dsa_lab.policy import Platform, PolicyQuery, step_path
 from dsa_lab.workload import ContextSpec
 
 SM90_DEEPGEMM = Platform("sm90", True)
 BASELINE = "deepgemm"
 DEEPGEMM_BACKENDS = ("deepgemm", "deepgemm-pr340")  # the vendored release and a build of its PR #340
-POINT = ["batch", "context", "next_n"]
+POINT = list(axes.POINT_KEYS)  # what every answer here is computed per: the step and its shape
+SERIES = list(axes.SERIES_KEYS)  # what competes at a point: backend, strategy, config
+STUDY_SHAPE = {"cache_dtype": "fp8", "heads": 64, "head_dim": 128}  # DeepSeek-V3.2's indexer
 
 
 def context_order(labels: Iterable[str]) -> list[str]:
@@ -24,26 +27,36 @@ def context_order(labels: Iterable[str]) -> list[str]:
     return sorted(set(labels), key=lambda c: (c.startswith("mixed"), ContextSpec.parse(c).high, c))
 
 
-REQUIRED_COLUMNS = ("backend", "strategy", "batch", "context", "next_n", "status", "median_ms", "source")
-SHAPE_COLUMNS = ("heads", "head_dim", "cache_dtype")
+REQUIRED_COLUMNS = (*axes.NAMES, "status", "median_ms", "source")
 
 
 def ok_rows(results: pd.DataFrame) -> pd.DataFrame:
-    """Timed rows with `kernel_us` (median, µs) and a `series` label `strategy (backend)`."""
+    """Timed rows with `kernel_us` (median, µs) and a `series` label 'strategy (backend)' (', config' when
+    not the backend's own rule); every axis column present (a modeled frame's added later axes filled in)."""
+    results = axes.complete(results)
     missing = [c for c in REQUIRED_COLUMNS if c not in results.columns]
     if missing:
         raise ValueError(f"results: missing columns {missing}")
     ok = results[results["status"] == "ok"].copy()
-    shape_columns = [c for c in SHAPE_COLUMNS if c in ok.columns]
-    shapes = ok[shape_columns].drop_duplicates() if shape_columns else ok.iloc[:1, :0]
-    if len(shapes) > 1:
-        raise ValueError(
-            f"results: {len(shapes)} shapes ({', '.join(shape_columns)}) in one frame; "
-            f"filter to one, e.g. results[results.cache_dtype == 'fp8']: {shapes.to_dict('records')}"
-        )
     ok["kernel_us"] = ok["median_ms"] * 1e3
-    ok["series"] = ok["strategy"] + " (" + ok["backend"] + ")"
+    tuned = ok["config"].map(lambda c: "" if not axes.axis("config").in_key(c) else f", {c}")
+    ok["series"] = ok["strategy"] + " (" + ok["backend"] + tuned + ")"
     return ok.reset_index(drop=True)
+
+
+def one_shape(results: pd.DataFrame, shape: Mapping[str, object] | None = None) -> tuple[pd.DataFrame, str]:
+    """The rows of one shape (cache dtype, heads, head dim), which is what a chart draws, and a note
+    naming it when the run holds several ('' when it holds one). `shape`: which (default: the one closest
+    to the study's, H = 64, D = 128, FP8: most of those values, the first of equals)."""
+    present = axes.shapes(results)
+    if len(present) <= 1:
+        return results, ""
+    wanted = dict(shape) if shape is not None else max(present, key=lambda s: sum(s[k] == STUDY_SHAPE[k] for k in s))
+    if wanted not in present:
+        raise ValueError(f"shape={wanted}: not in this run; its shapes are {present}")
+    others = "; ".join(axes.describe_shape(s) for s in present if s != wanted)
+    note = f"{len(present)} shapes in this run; showing {axes.describe_shape(wanted)} (also measured: {others})."
+    return axes.select(results, wanted), note
 
 
 def vllm_choice(next_n: int, platform: Platform = SM90_DEEPGEMM) -> str:
@@ -129,31 +142,34 @@ def mixed_context_gap(
     backend, strategy = candidate
     mine = data[(data["backend"] == backend) & (data["strategy"] == strategy)].set_index(POINT)["median_ms"]
     best = best_option(frame, baseline).set_index(POINT)["best_ms"]
+    at, step = POINT.index("context"), POINT.index("next_n")
+
+    def uniform_twin(key: tuple) -> tuple:
+        return (*key[:at], str(ContextSpec.parse(key[at]).high), *key[at + 1 :])
+
+    mixed = [k for k in mine.index if ContextSpec.parse(k[at]).mixed]
+    groups: dict[tuple, list[tuple]] = {}
+    for key in mixed:  # every next_n of one (batch, mixed context, shape)
+        if uniform_twin(key) in mine.index and key in best.index and uniform_twin(key) in best.index:
+            groups.setdefault((*key[:step], *key[step + 1 :]), []).append(key)
     rows = []
-    for label in sorted({c for c in data["context"] if ContextSpec.parse(c).mixed}):
-        spec = ContextSpec.parse(label)
-        uniform = str(spec.high)
-        for batch in sorted(data.loc[data["context"] == label, "batch"].unique()):
-            keys = [(batch, label, n) for n in sorted(data.loc[data["context"] == label, "next_n"].unique())]
-            pairs = [
-                (k, (batch, uniform, k[2])) for k in keys if k in mine.index and (batch, uniform, k[2]) in mine.index
-            ]
-            pairs = [(m, u) for m, u in pairs if m in best.index and u in best.index]
-            if not pairs:
-                continue
-            lens = spec.seq_lens(int(batch), seed)
-            mixed_ms = pd.Series([mine[m] for m, _ in pairs])
-            row = {
-                "batch": int(batch), "mixed": label, "uniform": uniform,
-                "token_share": sum(lens) / (spec.high * int(batch)), "longest": max(lens), "mean": sum(lens) / len(lens),
-                "candidate_scale": _span(mixed_ms / [mine[u] for _, u in pairs]),
-                "baseline_scale": _span(pd.Series([best[m] / best[u] for m, u in pairs])),
-                "vs_best": _span(pd.Series([best[m] for m, _ in pairs]) / mixed_ms),
-                "programs": None, "busy_programs": None, "blocks_per_program": None, "num_sms": num_sms,
-            }  # fmt: skip
-            if backend == "triton":
-                row["programs"], row["busy_programs"], row["blocks_per_program"] = _triton_grid(lens, num_sms)
-            rows.append(row)
+    for _, keys in sorted(groups.items(), key=lambda item: (item[0][at], item[0])):
+        spec = ContextSpec.parse(keys[0][at])
+        batch = int(keys[0][POINT.index("batch")])
+        lens = spec.seq_lens(batch, seed)
+        mixed_ms = pd.Series([mine[k] for k in keys])
+        row = {
+            **{name: keys[0][i] for i, name in enumerate(POINT) if name not in ("context", "next_n")},
+            "batch": batch, "mixed": spec.label, "uniform": str(spec.high),
+            "token_share": sum(lens) / (spec.high * batch), "longest": max(lens), "mean": sum(lens) / len(lens),
+            "candidate_scale": _span(mixed_ms / [mine[uniform_twin(k)] for k in keys]),
+            "baseline_scale": _span(pd.Series([best[k] / best[uniform_twin(k)] for k in keys])),
+            "vs_best": _span(pd.Series([best[k] for k in keys]) / mixed_ms),
+            "programs": None, "busy_programs": None, "blocks_per_program": None, "num_sms": num_sms,
+        }  # fmt: skip
+        if backend == "triton":
+            row["programs"], row["busy_programs"], row["blocks_per_program"] = _triton_grid(lens, num_sms)
+        rows.append(row)
     return pd.DataFrame(rows)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from dsa_lab import store
+from dsa_lab import axes, store
 from dsa_lab.analysis import lab_notes
 from dsa_lab.analysis.frames import DEEPGEMM_BACKENDS, POINT, best_option, by_point, measured_ok
 from dsa_lab.analysis.modeled import modeled_native_rows
@@ -296,8 +296,8 @@ def ncu_comparison(path: str) -> pd.DataFrame:
         raise FileNotFoundError(f"{shown_path(folder)}: the run holds no Nsight Compute rows; make one with {NCU_HOW}")
     summary = run.ncu_summary
     tensor = next((c for c in TENSOR_COLUMNS if c in summary and summary[c].notna().any()), None)
-    keys = ["backend", "strategy", "batch", "context", "next_n"]
-    names = run.ncu.groupby(keys)["kernel"].agg(_kernel_name)
+    keys = [name for name in axes.NAMES if name in run.ncu and name in summary]
+    names = run.ncu.groupby(keys, dropna=False)["kernel"].agg(_kernel_name)
     table = summary.merge(names.rename("kernel").reset_index(), on=keys)
     table = table.assign(us=table["duration_ns"] / 1e3, tensor_pipe_pct=table[tensor] if tensor else float("nan"))
     table = table.sort_values(["next_n", "backend", "strategy"]).reset_index(drop=True)

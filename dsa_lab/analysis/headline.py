@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dsa_lab.analysis.frames import POINT, SM90_DEEPGEMM, best_option, measured_ok, vllm_choice, vllm_path
+from dsa_lab.analysis.frames import POINT, SM90_DEEPGEMM, best_option, by_point, measured_ok, vllm_choice, vllm_path
 from dsa_lab.analysis.modeled import SM90_NATIVE_SIZES
 from dsa_lab.cache import bytes_per_token
 from dsa_lab.errors import check_choice, check_range
@@ -198,24 +198,24 @@ def headline_table(
     backends = sorted(data["backend"].unique())
     if vllm_backend not in backends:
         raise ValueError(f"vllm_backend={vllm_backend!r}: not timed at this point; allowed values are {backends}")
-    per_backend = [best_option(data, backend).assign(best_backend=backend) for backend in backends]
-    best = pd.concat(per_backend, ignore_index=True)
-    best = best.loc[best.groupby("next_n")["best_ms"].idxmin()]
+    best = best_option(data, backends)
     path = vllm_path(data, vllm_backend, platform)
     table = path.merge(best, on=POINT, how="left")
-    pieces = data.set_index(["next_n", "backend", "strategy"])["pieces"] if "pieces" in data else pd.Series(dtype=str)
-    keys = zip(table["next_n"], table["best_backend"], table["best_strategy"])
-    table["best_pieces"] = [str(pieces[k]) if k[2] == "atom" and pd.notna(pieces.get(k)) else "" for k in keys]
+    pieces = data.set_index([*POINT, "backend", "strategy"])["pieces"] if "pieces" in data else pd.Series(dtype=str)
+    keys = table[[*POINT, "best_backend", "best_strategy"]].itertuples(index=False, name=None)
+    table["best_pieces"] = [str(pieces[k]) if k[-1] == "atom" and pd.notna(pieces.get(k)) else "" for k in keys]
     table["vllm_backend"] = vllm_backend
     table["vllm_us"] = table["vllm_ms"] * 1e3
     table["best_us"] = table["best_ms"] * 1e3
     table["speedup"] = table["vllm_ms"] / table["best_ms"]
     table["beyond_spread"] = table["vllm_p25_ms"] > table["best_p75_ms"]
-    floors = data.groupby("next_n")[["floor_ms", "floor_bound"]].first() if "floor_ms" in data else None
-    table["floor_us"] = table["next_n"].map(floors["floor_ms"]) * 1e3 if floors is not None else np.nan
-    table["floor_bound"] = table["next_n"].map(floors["floor_bound"]) if floors is not None else None
+    if "floor_ms" in data:
+        floors = data.groupby(POINT, as_index=False)[["floor_ms", "floor_bound"]].first()
+        table = table.merge(floors, on=POINT, how="left").assign(floor_us=lambda t: t["floor_ms"] * 1e3)
+    else:
+        table = table.assign(floor_us=np.nan, floor_bound=None)
     table["next_n"] = table["next_n"].astype(int)
-    return table.sort_values("next_n")[HEADLINE_COLUMNS].reset_index(drop=True)
+    return by_point(table)[[*HEADLINE_COLUMNS, *(k for k in POINT if k not in HEADLINE_COLUMNS)]]
 
 
 def headline_reading(table: pd.DataFrame, device_label: str, run_id: str, batch: int, context: str) -> str:

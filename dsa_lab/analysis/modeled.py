@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from dsa_lab.analysis.frames import measured_ok, ok_rows
+from dsa_lab.analysis.frames import POINT, measured_ok, ok_rows
 from dsa_lab.analysis.runs import SM100_SWEEP_HOW, ChosenRun, sm100_evidence, sm100_run
 from dsa_lab.metadata import STRATEGIES
 from dsa_lab.paths import resolve_data_path, shown_path
@@ -52,11 +52,10 @@ def modeled_rows_like(results: pd.DataFrame, gpu: GpuSpec, seed: int) -> pd.Data
     """One modeled row per measured (batch, context, next_n, strategy, shape): the strategy's
     bytes and FLOPs at `gpu`'s ceilings (atom pieces as SM90 DeepGEMM plans them), backend
     'model (<gpu>)'. `seed` must be the run's, so mixed contexts get the same lengths."""
-    keys = ["strategy", "batch", "context", "next_n", "heads", "head_dim", "cache_dtype"]
     rows = [
         _modeled_row(f"model ({gpu.name})", k.batch, k.context, ContextSpec.parse(k.context).seq_lens(k.batch, seed),
                      k.next_n, k.strategy, gpu, k.heads, k.head_dim, k.cache_dtype)
-        for k in ok_rows(results)[keys].drop_duplicates().itertuples()
+        for k in ok_rows(results)[["strategy", *POINT]].drop_duplicates().itertuples()
     ]  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -118,18 +117,12 @@ SM100_STRATEGIES = ("native", "flatten")  # atom on SM100 is the native launch (
 
 
 def _points(points: pd.DataFrame | None) -> pd.DataFrame:
-    """(batch, context, next_n, heads, head_dim, cache_dtype) to model: `points`' timed rows, or the sm100 grid."""
-    shape = {"heads": 64, "head_dim": 128, "cache_dtype": "fp8"}
+    """The points (`frames.POINT`) to model: `points`' timed rows, or the sm100 preset's grid."""
     if points is None:
-        from dsa_lab.bench.point import STUDY_GRID  # the sm100 preset's grid (= h200-full's)
+        from dsa_lab.bench.point import preset
 
-        grid = [(b, c, n) for b in STUDY_GRID["batch"] for c in STUDY_GRID["context"] for n in STUDY_GRID["next_n"]]
-        return pd.DataFrame(grid, columns=["batch", "context", "next_n"]).assign(**shape)
-    ok = ok_rows(points)
-    for column, value in shape.items():
-        if column not in ok.columns:
-            ok = ok.assign(**{column: value})
-    return ok[["batch", "context", "next_n", *shape]].drop_duplicates().reset_index(drop=True)
+        return pd.DataFrame([p.axes() for p in preset("sm100").points()])[POINT].drop_duplicates()
+    return ok_rows(points)[POINT].drop_duplicates().reset_index(drop=True)
 
 
 def calibrated_rows(

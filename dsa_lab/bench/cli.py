@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-GRID_AXES = ("backend", "strategy", "batch", "context", "next_n", "cache_dtype", "heads", "head_dim")  # = point.AXES
-PRESET_NAMES = ("ci", "smoke", "h200-full", "sm100")  # = point.PRESETS
+from dsa_lab import axes
+from dsa_lab.bench.point import PRESETS
+
 TOOLS = ("torch", "ncu")
 INTERRUPTED = 130
 
@@ -34,11 +35,9 @@ def _log(message: str) -> None:
 def add_grid_flags(parser: argparse.ArgumentParser, default_root: str = "data") -> None:
     """The flags that choose a grid, a device and a run folder (the same for bench and profile)."""
     grid = parser.add_argument_group("grid (comma-separated lists)")
-    grid.add_argument("--preset", choices=PRESET_NAMES, default=None, help="base axes (default: ci)")
-    for axis in GRID_AXES:
-        extra = " or 'all'" if axis == "strategy" else ""
-        grid.add_argument(f"--{axis.replace('_', '-')}", dest=axis, default=None, metavar="LIST",
-                          help=f"{axis} values, comma-separated{extra}")  # fmt: skip
+    grid.add_argument("--preset", choices=PRESETS, default=None, help="base axes (default: ci)")
+    for axis in axes.AXES:
+        grid.add_argument(axis.flag, dest=axis.name, default=None, metavar="LIST", help=axis.help)
     grid.add_argument("--seed", type=int, default=None)
     where = parser.add_argument_group("device and run folder")
     where.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda or cuda:N (default: auto)")
@@ -63,19 +62,18 @@ def resolve_device(text: str) -> Any:
 
 def spec_from_args(args: argparse.Namespace, base: Any = None) -> Any:
     """The grid: `base` (or the preset) with every axis given on the command line replaced."""
-    from dsa_lab.bench.point import parse_values, preset
+    from dsa_lab.bench.point import preset
 
     spec = base if base is not None else preset(args.preset or "ci")
-    overrides: dict[str, Any] = {
-        axis: parse_values(axis, getattr(args, axis)) for axis in GRID_AXES if getattr(args, axis) is not None
-    }
+    given = [axis for axis in axes.AXES if getattr(args, axis.name) is not None]
+    overrides: dict[str, Any] = {axis.name: axis.parse(getattr(args, axis.name)) for axis in given}
     if args.seed is not None:
         overrides["seed"] = args.seed
     return spec.with_axes(**overrides) if overrides else spec
 
 
 def _grid_given(args: argparse.Namespace) -> bool:
-    return args.preset is not None or args.seed is not None or any(getattr(args, a) is not None for a in GRID_AXES)
+    return args.preset is not None or args.seed is not None or any(getattr(args, a) is not None for a in axes.NAMES)
 
 
 def run_dir_from_args(args: argparse.Namespace, device: Any, prefix: str, sub: str | None = None) -> Path:
@@ -133,14 +131,15 @@ def bench_spec(args: argparse.Namespace, run_dir: Path | None) -> Any:
 
 
 def results_table(results: Any) -> str:
-    """The timed points as µs medians: a row per (backend, strategy, batch, context), a column per next_n."""
+    """The timed points as µs medians: a column per next_n, a row per backend, strategy and every other axis
+    that varies in the run."""
     import pandas as pd
 
     ok = results[results["status"] == "ok"]
     if ok.empty:
         return "no point was timed ok"
-    table = ok.pivot_table(index=["backend", "strategy", "batch", "context"], columns="next_n",
-                           values="median_ms", aggfunc="first", sort=False) * 1e3  # fmt: skip
+    rows = [name for name in axes.shown(ok) if name != "next_n"]
+    table = ok.pivot_table(index=rows, columns="next_n", values="median_ms", aggfunc="first", sort=False) * 1e3
     table.columns = [f"n={n}" for n in table.columns]
     with pd.option_context("display.width", 200, "display.max_rows", 1000, "display.max_columns", 30):
         return "median kernel time per decode step (µs):\n" + table.to_string(float_format="{:.1f}".format, na_rep="-")

@@ -36,7 +36,7 @@ from dsa_lab.bench import guard
 from dsa_lab.bench.check import check_point, run_launches
 from dsa_lab.bench.guard import PointTimeout, deadline
 from dsa_lab.bench.numerics import numerics_record
-from dsa_lab.bench.point import AXES, PRESETS, Point, SweepPoint, SweepSpec, expand, preset
+from dsa_lab.bench.point import PRESETS, Point, SweepPoint, SweepSpec, expand, preset
 from dsa_lab.bench.timing import Measurement, TimingConfig, measure_ceilings, time_callable, timing_method
 from dsa_lab.bench.walk import Visit, prepare, release, skip_reason, walk
 from dsa_lab.env_info import device_name
@@ -46,7 +46,7 @@ from dsa_lab.roofline import GpuSpec, floor_ms, get_gpu, gpu_for_device, rooflin
 from dsa_lab.workload import ContextSpec
 
 __all__ = [
-    "AXES", "PRESETS", "ContextSpec", "Point", "SweepPoint", "SweepSpec", "SweepSummary", "expand", "preset",
+    "PRESETS", "ContextSpec", "Point", "SweepPoint", "SweepSpec", "SweepSummary", "expand", "preset",
     "resume_command", "run_sweep", "skip_reason",
 ]  # fmt: skip
 

@@ -17,6 +17,7 @@ import itertools
 import numpy as np
 import pandas as pd
 
+from dsa_lab import axes
 from dsa_lab.model.gpus import GpuCeilings, get_gpu
 from dsa_lab.model.indexer import FITS, KernelFit, fit_key, predict, program_spec_us, spec_us, step_work
 from dsa_lab.workload import ContextSpec
@@ -101,7 +102,7 @@ def h200_errors(points: pd.DataFrame) -> pd.DataFrame:
         predict("H200", p.backend, p.strategy, p.seq_lens, p.next_n, p.heads, p.head_dim).time_us
         for p in points.itertuples()
     ]
-    out = points[["backend", "strategy", "batch", "context", "next_n", "measured_us"]].copy()
+    out = points[[*(name for name in axes.NAMES if name in points), "measured_us"]].copy()
     out["modeled_us"] = modeled
     out["error"] = out["modeled_us"] / out["measured_us"] - 1
     return out
@@ -126,8 +127,8 @@ def reread_table(ncu: pd.DataFrame) -> pd.DataFrame:
     """DRAM read over unique KV bytes per launch of a strategy (Nsight Compute's logits kernels,
     `profiling.runs.load_profile_run(...).ncu`): ~1 for native, ~next_n for DeepGEMM's
     flatten at B = 128, ~1 for Triton's."""
-    keys = ["backend", "strategy", "batch", "context", "next_n"]
-    per_launch = ncu.groupby(keys, as_index=False).agg(
+    keys = [name for name in axes.NAMES if name in ncu]
+    per_launch = ncu.groupby(keys, as_index=False, dropna=False).agg(
         dram_read_bytes=("dram_read_bytes", "mean"), unique_kv_bytes=("unique_kv_bytes", "first")
     )
     per_launch["dram_over_unique"] = per_launch["dram_read_bytes"] / per_launch["unique_kv_bytes"]

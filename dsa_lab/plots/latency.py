@@ -22,7 +22,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator, NullLocator
 from pandas.io.formats.style import Styler
 
-from dsa_lab.analysis.frames import SM90_DEEPGEMM, context_order, ok_rows, speedup_over_vllm, vllm_choice
+from dsa_lab.analysis.frames import POINT, SERIES, SM90_DEEPGEMM, context_order, ok_rows, speedup_over_vllm, vllm_choice
 from dsa_lab.plots.style import (
     MODELED,
     MODELED_HATCH,
@@ -113,7 +113,7 @@ def plot_vs_vllm(
 def speedup_table(frame: pd.DataFrame, baseline: str = "flatten") -> pd.DataFrame:
     """Per backend and point: `baseline` time / strategy time (> 1: the strategy is faster)."""
     data = ok_rows(frame)
-    keys = ["source", "backend", "batch", "context", "next_n"]
+    keys = ["source", *(k for k in SERIES if k != "strategy"), *POINT]
     base = data[data["strategy"] == baseline].set_index(keys)["median_ms"].rename("baseline_ms")
     others = data[data["strategy"] != baseline].join(base, on=keys, how="inner")
     others["speedup"] = others["baseline_ms"] / others["median_ms"]
@@ -211,13 +211,13 @@ def decision_table(frame: pd.DataFrame, backend: str, platform: Platform = SM90_
         raise ValueError(f"backend={backend!r}: no timed rows; allowed values are {available}")
     data = data[data["backend"] == backend]
     rows = []
-    for (n, batch, context), part in data.groupby(["next_n", "batch", "context"]):
+    for point, part in data.groupby(POINT):
         best = part.loc[part["median_ms"].idxmin()]
-        choice = vllm_choice(int(n), platform)
+        choice = vllm_choice(int(best["next_n"]), platform)
         chosen = part[part["strategy"] == choice]
         vllm_us = float(chosen["median_ms"].iloc[0] * 1e3) if not chosen.empty else np.nan
         rows.append({
-            "next_n": int(n), "batch": int(batch), "context": context, "source": best["source"],
+            **dict(zip(POINT, point)), "source": best["source"],
             "recommended": best["strategy"], "recommended_us": best["median_ms"] * 1e3,
             "vllm_0_33": choice, "vllm_us": vllm_us, "vllm_slowdown": vllm_us / (best["median_ms"] * 1e3),
             "significant": (bool(not chosen.empty and chosen["p25_ms"].iloc[0] > best["p75_ms"])
@@ -226,8 +226,8 @@ def decision_table(frame: pd.DataFrame, backend: str, platform: Platform = SM90_
         })  # fmt: skip
     table = pd.DataFrame(rows)
     order = {c: i for i, c in enumerate(_context_order(table["context"]))}
-    table = table.sort_values(["next_n", "batch", "context"], key=lambda s: s.map(order) if s.name == "context" else s)
-    return table.reset_index(drop=True)
+    keys = ["next_n", *(k for k in POINT if k != "next_n")]
+    return table.sort_values(keys, key=lambda s: s.map(order) if s.name == "context" else s).reset_index(drop=True)
 
 
 def _points(count: int) -> str:

@@ -14,6 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+from dsa_lab import axes
+
 # friendly column -> ncu metric; tensor-pipe names differ by generation, so all are asked for.
 METRICS: dict[str, str] = {
     "duration_ns": "gpu__time_duration.sum",
@@ -129,10 +131,8 @@ def _same_config(row: dict[str, Any], config: dict[str, Any]) -> bool:
     return all(row.get(key) == config.get(key) for key in CONFIG_KEYS)
 
 
-CONFIG_KEYS = (
-    "backend", "strategy", "device_name", "batch", "context", "next_n", "heads", "head_dim",
-    "cache_dtype", "launches", "kernel_rows", "unique_kv_bytes", "strategy_kv_bytes", "flops",
-)  # fmt: skip
+# The columns naming a point in every profile table: its axes, the device, and the plan's counts.
+CONFIG_KEYS = (*axes.NAMES, "device_name", "launches", "kernel_rows", "unique_kv_bytes", "strategy_kv_bytes", "flops")
 
 
 def _config_columns(config: dict[str, Any]) -> dict[str, Any]:

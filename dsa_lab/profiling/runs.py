@@ -8,7 +8,7 @@ kernel, its point attached), `ncu_raw.txt.gz` (ncu's own output, for re-parsing)
 `trace_<backend>.json.gz`. Profile runs live under `data/<device>/profiles/<run_id>/`, out
 of the way of `dsa-lab runs`, which lists timings.
 
-Columns carry the harness's names (`bench.point.AXES` and the plan's: batch, context,
+Columns carry the harness's names (`dsa_lab.axes` and the plan's: batch, context,
 heads, launches, strategy_kv_bytes, flops...). Runs stored before the harness was merged
 used other names (batch_size, context_len, num_heads, logits_calls, modeled_kv_bytes,
 useful_flops, device); `load_profile_run` renames them (`LEGACY_NAMES`), so old and new
@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from dsa_lab import store
+from dsa_lab import axes, store
 from dsa_lab.bench.point import SweepSpec, preset
 from dsa_lab.env_info import device_name
 from dsa_lab.profiling.ncu import NcuStatus
@@ -75,13 +75,13 @@ def profile_provenance(
 
 
 def _modern(frame: pd.DataFrame) -> pd.DataFrame:
-    """A profile table under the harness's column names (older runs' names renamed)."""
+    """A profile table under the harness's column names (older runs' names renamed, axes added since filled in)."""
     if "logits_calls" in frame.columns and "launches" in frame.columns:
         frame = frame.rename(columns={"launches": "kernel_launches"})  # old torch tables: kernel launch counts
     frame = frame.rename(columns={old: new for old, new in LEGACY_NAMES.items() if old in frame.columns})
     if "context" in frame.columns:
         frame["context"] = frame["context"].map(str)
-    return frame
+    return axes.complete(frame) if not frame.empty else frame
 
 
 def _modern_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -237,8 +237,8 @@ def ignored_note(run: ProfileRun) -> str:
 
 
 def versus_native(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    """Each strategy's `columns` divided by native's at the same backend, batch, context and next_n."""
-    keys = [k for k in ("backend", "batch", "context", "next_n") if k in frame]
+    """Each strategy's `columns` divided by native's at the same values of every other axis."""
+    keys = [k for k in axes.NAMES if k != "strategy" and k in frame]
     native = frame.loc[frame["strategy"] == "native", keys + columns]
     merged = frame[keys + ["strategy", *columns]].merge(native, on=keys, how="left", suffixes=("", "_native"))
     for column in columns:
