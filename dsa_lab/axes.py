@@ -212,7 +212,7 @@ def shapes(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def describe_shape(shape: Mapping[str, Any]) -> str:
-    """'heads=64, head_dim=128, cache_dtype=fp8'."""
+    """'cache_dtype=fp8, heads=64, head_dim=128'."""
     return ", ".join(f"{k}={shape[k]}" for k in SHAPE_KEYS if k in shape)
 
 

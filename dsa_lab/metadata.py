@@ -241,12 +241,10 @@ def strategy_pieces(strategy: str, next_n: int, native_sizes: Sequence[int]) -> 
 
 
 def build_metadata(
-    strategy: str,
-    batch: DecodeBatch,
-    block_table: torch.Tensor,
-    native_sizes: Sequence[int] = (1, 2, 4),
+    strategy: str, batch: DecodeBatch, block_table: torch.Tensor, native_sizes: Sequence[int]
 ) -> DecodeMetadata:
-    """Dispatch by strategy name; atom pieces come from `strategy_pieces` (`plan_atoms` over `native_sizes`)."""
+    """Dispatch by strategy name; atom pieces come from `strategy_pieces` (`plan_atoms` over `native_sizes`,
+    the next_n the backend runs natively: `decode.native_sizes_for`)."""
     check_choice("strategy", strategy, STRATEGIES)
     native_sizes = _check_sizes(native_sizes)
     if strategy == "native":

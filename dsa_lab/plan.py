@@ -14,13 +14,15 @@ it derives, once, everything the layers above read instead of deriving it again:
   and the useful FLOPs (2·H·D per query row and cached token it sees);
 - `label` ('4+1', '4[pad 1]', '512x1'), and `same_as_native` (an atom plan of one piece).
 
-`metadata` builds the tensors of these launches (`build_metadata_for`), `roofline` turns
-the cost into floors and modeled times, the harness records the columns, and the
-analysis and charts read the same numbers.
+`metadata` builds the tensors of these launches (`build_metadata`), `model.roofline` turns
+the cost into floors and modeled times, the performance model (`model.indexer`) counts its
+launches' work from the pieces, row contexts and KV tokens here, the harness records the
+columns, and the analysis and charts read the same numbers: this is the only launch geometry.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,8 +44,7 @@ from dsa_lab.workload import MAX_NEXT_N, DecodeBatch
 LOGIT_BYTES = 4  # float32 logits
 WEIGHT_BYTES = 4  # float32 head weights
 Q_BYTES = 1  # fp8 queries
-SM90_DEEPGEMM_SIZES = (1, 2, 4)  # the default of `native_sizes`: DeepGEMM's SM90 kernels (say so when you use it)
-ANY_NEXT_N = tuple(range(1, MAX_NEXT_N + 1))  # a backend native for every next_n
+ANY_NEXT_N = tuple(range(1, MAX_NEXT_N + 1))  # a backend native for every next_n (the plan's default)
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class LaunchPlan:
     heads: int = 64
     head_dim: int = 128
     cache_dtype: str = "fp8"
-    native_sizes: tuple[int, ...] = SM90_DEEPGEMM_SIZES  # next_n the backend runs natively
+    native_sizes: tuple[int, ...] = ANY_NEXT_N  # next_n the backend runs natively (its `native_sizes`)
     pieces: tuple[AtomPiece, ...] = field(init=False, compare=False)
     launch_shapes: tuple[tuple[int, int], ...] = field(init=False, compare=False)  # (rows, next_n') per launch
     cost: StepCost = field(init=False, compare=False, repr=False)
@@ -135,19 +136,30 @@ class LaunchPlan:
             return ((self.batch * self.next_n, 1, self.next_n - 1),)
         return tuple((self.batch, p.size, p.offset) for p in self.pieces)
 
+    def row_contexts(self, rows: Iterable[int] | None = None) -> list[int]:
+        """The context of native rows `rows` (default: all next_n) of every request, request-major."""
+        rows = list(range(self.next_n) if rows is None else rows)
+        return [row_context(length, self.next_n, j) for length in self.seq_lens for j in rows]
+
+    def piece_rows(self, piece: AtomPiece) -> range:
+        """The real native rows a launch of `piece` computes (its padding rows, offset < 0, left out)."""
+        return range(max(piece.offset, 0), piece.offset + piece.size)
+
+    def piece_kv_tokens(self, piece: AtomPiece) -> int:
+        """KV tokens a native launch of `piece` reads: each request's, up to its last row's context."""
+        return sum(row_context(length, self.next_n, piece.offset + piece.size - 1) for length in self.seq_lens)
+
     def _cost(self) -> StepCost:
         """Bytes and FLOPs of one step; KV is counted in tokens, not whole blocks."""
-        n, per_token = self.next_n, bytes_per_token(self.head_dim, self.cache_dtype)
-        contexts = sum(row_context(length, n, j) for length in self.seq_lens for j in range(n))
-        tokens = n * self.batch
+        per_token = bytes_per_token(self.head_dim, self.cache_dtype)
+        contexts = sum(self.row_contexts())
+        tokens = self.next_n * self.batch
         side_bytes = contexts * LOGIT_BYTES + tokens * self.heads * (self.head_dim * Q_BYTES + WEIGHT_BYTES)
         unique_kv = sum(self.seq_lens) * per_token
         if self.strategy == "flatten":
             read_tokens = contexts
         else:
-            read_tokens = sum(
-                row_context(length, n, p.offset + p.size - 1) for length in self.seq_lens for p in self.pieces
-            )
+            read_tokens = sum(self.piece_kv_tokens(p) for p in self.pieces)
         return StepCost(
             unique_bytes=unique_kv + side_bytes,
             strategy_bytes=read_tokens * per_token + side_bytes,

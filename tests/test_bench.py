@@ -49,6 +49,7 @@ def tiny(**axes) -> SweepSpec:
 
 class _Injected(ReferenceBackend):
     baseline = False
+    presets = ()  # in no preset: a test's own
 
 
 class _WrongBackend(_Injected):
@@ -704,7 +705,7 @@ def test_sm100_preset_with_a_faked_sm100_gpu(monkeypatch, capsys):
     assert all("same launch as native" in reasons[(b, "atom", n)] for b in spec.backend for n in spec.next_n)
     assert all(reasons[(b, "flatten", n)] is None for b in spec.backend for n in spec.next_n)
     assert bench_cli.numerics_notes(spec, cuda) == [
-        f"numerics: deepgemm on cuda: K scales ue8m0, checked to 0.01 ({numerics.NUMERICS[('deepgemm', 10)].reason})"
+        f"numerics: deepgemm on cuda: K scales ue8m0, checked to 0.01 ({registry.get_backend('deepgemm').numerics[10].reason})"
     ]
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # the same grid on SM90
     assert bench_cli.numerics_notes(spec, cuda) == []

@@ -11,8 +11,8 @@ import pytest
 
 from dsa_lab import store
 from dsa_lab.bench.sweep import preset, run_sweep
+from dsa_lab.notebook import FALLBACK_MIME, PROVENANCE_MIME
 from dsa_lab.paths import DATA_ENV
-from dsa_lab.report import FALLBACK_MIME, PROVENANCE_MIME
 
 pytestmark = pytest.mark.notebook
 

@@ -1,14 +1,14 @@
-"""`dsa-lab bench` and `dsa-lab profile`: two modes of one harness, one grammar of flags.
+"""`dsa-lab bench`, and the grammar of flags every mode of the harness shares (`dsa-lab profile` too).
 
-Both take a grid the same way: a `--preset`, each axis overridable with a comma-separated
-list (`--next-n 1,2,4 --context 8K,mixed:1K-64K --strategy all`), `--seed`, and
-`--device auto|cpu|cuda|cuda:N`; unknown values are rejected with the allowed ones. Both
-write a run folder, `--out PATH` or `ROOT/<device>/[profiles/]<run-id>`.
+A grid is chosen the same way in every mode: a `--preset`, each axis of `dsa_lab.axes` overridable
+with a comma-separated list (`--next-n 1,2,4 --context 8K,mixed:1K-64K --strategy all`), `--seed`,
+and `--device auto|cpu|cuda|cuda:N`; unknown values are rejected with the allowed ones. Every mode
+writes a run folder, `--out PATH` or `ROOT/<device>/[profiles/]<run-id>` (`add_grid_flags`,
+`spec_from_args`, `run_dir_from_args`; `dsa_lab.profiling.cli` defines `dsa-lab profile` with them).
 
 bench: `--max-minutes` (held even against a hung kernel: `--point-timeout`), `--max-points`,
 `--resume` (the spec comes from the run's provenance), `--retry-errors`; ends with a table
 in µs. An interrupt exits 130 and prints the command that resumes the run.
-profile: `--tool torch,ncu`, `--topk`, `--repeats`, `--torch-budget`, `--ncu-timeout`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Any
 from dsa_lab import axes
 from dsa_lab.bench.point import PRESETS
 
-TOOLS = ("torch", "ncu")
 INTERRUPTED = 130
 
 
@@ -174,8 +173,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     points = spec.points()
     if args.dry_run:
         skipped = sum(skip_reason(p, device) is not None for p in points)
-        print(f"{len(points)} points ({skipped} skipped here on {device.type}); "
-              f"estimated H200 time ~{estimate_seconds(spec) / 60:.1f} min")  # fmt: skip
+        print(
+            f"{len(points)} points ({skipped} skipped here on {device.type}); "
+            f"estimated H200 time ~{estimate_seconds(spec) / 60:.1f} min"
+        )
         for line in numerics_notes(spec, device):
             print(line)
         return 0
@@ -185,16 +186,26 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         major, minor = torch.cuda.get_device_capability(device)
         if major != 10:
             _log(f"dsa-lab bench: note: preset sm100 on a GPU of compute capability {major}.{minor} (not SM100)")
-    print(f"sweep: {len(points)} points; backends {spec.backend}; batch {spec.batch}; context {spec.context}; "
-          f"next_n {spec.next_n}; strategies {spec.strategy}; device {device}", flush=True)  # fmt: skip
+    print(
+        f"sweep: {len(points)} points; backends {spec.backend}; batch {spec.batch}; context {spec.context}; "
+        f"next_n {spec.next_n}; strategies {spec.strategy}; device {device}",
+        flush=True,
+    )
     for line in numerics_notes(spec, device):
         print(line, flush=True)
     summary = run_sweep(
-        spec, run_dir, device, resume=args.resume, retry_errors=args.retry_errors, max_points=args.max_points,
-        max_minutes=args.max_minutes, point_timeout_s=args.point_timeout or DEFAULT_POINT_TIMEOUT_S,
-        ceilings=args.measure_ceilings, progress=not args.no_progress,
+        spec,
+        run_dir,
+        device,
+        resume=args.resume,
+        retry_errors=args.retry_errors,
+        max_points=args.max_points,
+        max_minutes=args.max_minutes,
+        point_timeout_s=args.point_timeout or DEFAULT_POINT_TIMEOUT_S,
+        ceilings=args.measure_ceilings,
+        progress=not args.no_progress,
         extra_provenance={"preset": args.preset or "ci", "command": list(sys.argv)},
-    )  # fmt: skip
+    )
     print(
         f"run {summary.run_dir}: {summary.recorded_now} points now, {summary.recorded_before} before, "
         f"{summary.remaining} left of {summary.total}; {summary.counts}; stop: {summary.stop_reason}"
@@ -208,97 +219,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- profile
-
-
-def _tools(text: str) -> tuple[str, ...]:
-    from dsa_lab.errors import check_choice
-
-    tools = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    if not tools:
-        raise ValueError("--tool: give at least one of torch, ncu (comma-separated)")
-    for tool in tools:
-        check_choice("--tool", tool, TOOLS)
-    return tools
-
-
-def _cmd_profile(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from dsa_lab import store
-    from dsa_lab.errors import check_positive
-    from dsa_lab.profiling.ncu import NcuUnavailable, detect_ncu
-    from dsa_lab.profiling.runs import profile_provenance, write_tables
-    from dsa_lab.profiling.sweep import ProfileRun, ProfileSettings, run_ncu, run_torch
-
-    tools = _tools(args.tool)
-    for flag, value in (("--torch-budget", args.torch_budget), ("--ncu-timeout", args.ncu_timeout)):
-        if value is not None:
-            check_positive(flag, value)
-    device = resolve_device(args.device)
-    spec = spec_from_args(args)
-    settings = ProfileSettings(args.topk, args.repeats, not args.no_trace)
-    status = detect_ncu() if "ncu" in tools else None
-    ncu_skipped = None
-    if status is not None:
-        if not status.usable:
-            ncu_skipped = "; ".join(status.problems)
-        elif device.type != "cuda":
-            ncu_skipped = f"ncu profiles CUDA kernels; device is {device}"
-        if ncu_skipped and tools == ("ncu",):
-            raise NcuUnavailable(ncu_skipped)
-        _log(
-            f"dsa-lab profile: Nsight Compute {'skipped: ' + ncu_skipped if ncu_skipped else 'path: ' + status.reason}"
-        )
-    out = run_dir_from_args(args, device, "profile", sub="profiles")
-    store._check_new_folder(out)
-    with store.run_lock(out):
-        provenance = profile_provenance(out.name, device, spec, settings, status)
-        provenance["ncu_skipped"] = ncu_skipped
-        store.create_run(out, provenance)
-        empty = pd.DataFrame()
-        run = run_torch(spec, device, settings, out, _log, args.torch_budget) if "torch" in tools else ProfileRun(
-            empty, empty, empty, [])  # fmt: skip
-        write_tables(run, out)  # written now and again after ncu, so a cut-short ncu run keeps these
-        if status is not None and not ncu_skipped:
-            outcome = run_ncu(spec, settings, status, device, out, args.ncu_timeout, _log)
-            run.ncu, run.raw_ncu, run.configs = outcome.kernels, outcome.raw, run.configs + outcome.configs
-            store.update_provenance(out, ncu_metrics=outcome.metrics, ncu_metrics_dropped=outcome.dropped,
-                                    ncu_reports=[p.name for p in outcome.reports])  # fmt: skip
-            write_tables(run, out)
-    _print_profile(run)
-    print(f"profile run written to {out}")
-    return 0
-
-
-def _print_profile(run: Any) -> None:
-    import pandas as pd
-
-    from dsa_lab.profiling.torch_profile import summarize_torch
-
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
-        torch_summary = summarize_torch(run.kernels)
-        if not torch_summary.empty:
-            print(torch_summary.drop(columns=["device_name"]).to_string(index=False, float_format="{:.4g}".format))
-        ncu_summary = run.ncu_summary
-        if not ncu_summary.empty:
-            shown = ["backend", "strategy", "batch", "next_n", "duration_ns", "dram_read_per_unique", "l2_hit_pct",
-                     "tensor_gmma_pct", "tensor_hmma_pct", "effective_tbps"]  # fmt: skip
-            print(
-                ncu_summary[[c for c in shown if c in ncu_summary]].to_string(index=False, float_format="{:.4g}".format)
-            )
-    for config in run.configs:
-        if config.get("status") not in ("profiled", "same_as"):
-            print(f"{config['tool']} {config['backend']} {config['strategy']} B={config['batch']} L={config['context']} "
-                  f"n={config['next_n']}: {config['status']}: {config['reason']}")  # fmt: skip
-
-
 # ---------------------------------------------------------------- registration
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
-    bench = sub.add_parser("bench", help="check and time a grid of decode points into a run folder (resumable)",
-                           description=__doc__.split("\n\n")[0], allow_abbrev=False)  # fmt: skip
+    bench = sub.add_parser(
+        "bench",
+        help="check and time a grid of decode points into a run folder (resumable)",
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
+    )
     add_grid_flags(bench)
     run = bench.add_argument_group("running")
     run.add_argument("--resume", action="store_true", help="continue the run in --out (its spec from its provenance)")
@@ -309,8 +239,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "--max-minutes", type=float, default=None, help="stop after this long, even inside a point (resumable)"
     )
     run.add_argument("--max-points", type=int, default=None, help="stop after this many new points (resumable)")
-    run.add_argument("--point-timeout", type=float, default=None,
-                     help="seconds one point may take (JIT compile, check, timing) before it is an error (default 300)")  # fmt: skip
+    run.add_argument(
+        "--point-timeout",
+        type=float,
+        default=None,
+        help="seconds one point may take (JIT compile, check, timing) before it is an error (default 300)",
+    )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--dry-run", action="store_true", help="count the points and estimate the H200 time; run nothing")
     timing = bench.add_argument_group("timing")
@@ -321,20 +255,3 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "--measure-ceilings", action="store_true", help="measure read bandwidth and FP8 GEMM rate first"
     )
     bench.set_defaults(func=_cmd_bench)
-
-    profile = sub.add_parser(
-        "profile", help="profile a grid of decode points: torch.profiler tables, Nsight Compute counters",
-        description="Profile one decode step per point of a grid: kernel tables and a Chrome trace from "
-        "torch.profiler; DRAM bytes, L2 hit rate, occupancy and tensor-pipe use from Nsight Compute "
-        "(reports kept as .ncu-rep). Every point is checked against the reference first.",
-        allow_abbrev=False,
-    )  # fmt: skip
-    add_grid_flags(profile)
-    tools = profile.add_argument_group("profiling")
-    tools.add_argument("--tool", default="torch,ncu", help="torch, ncu or torch,ncu (default: both)")
-    tools.add_argument("--topk", type=int, default=2048, help="top-k of the profiled step (default 2048)")
-    tools.add_argument("--repeats", type=int, default=1, help="ncu steps per point")
-    tools.add_argument("--torch-budget", type=float, help="seconds after which torch.profiler starts no new point")
-    tools.add_argument("--ncu-timeout", type=float, default=300.0, help="seconds per backend's ncu run")
-    tools.add_argument("--no-trace", action="store_true", help="skip the native-vs-flatten Chrome trace")
-    profile.set_defaults(func=_cmd_profile)

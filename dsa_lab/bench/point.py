@@ -19,8 +19,8 @@ from typing import Any
 
 from dsa_lab import axes
 from dsa_lab.bench.timing import TimingConfig
-from dsa_lab.errors import as_int, check_choice, check_range
-from dsa_lab.kernels import backend_names
+from dsa_lab.errors import UnsupportedShape, as_int, check_choice, check_range
+from dsa_lab.kernels import get_backend, preset_backends
 from dsa_lab.plan import LaunchPlan
 from dsa_lab.workload import ContextSpec, DecodeBatch
 
@@ -89,6 +89,8 @@ class _SpecMethods:
     def __post_init__(self) -> None:
         for axis in axes.AXES:
             object.__setattr__(self, axis.name, axis.check(getattr(self, axis.name)))
+        for config in self.config:
+            _check_config(config, self.backend)
         shortest = min(ContextSpec.parse(c).low for c in self.context)
         if shortest < max(self.next_n):
             raise ValueError(f"context: shortest length {shortest} is below the largest next_n={max(self.next_n)}")
@@ -134,6 +136,18 @@ class _SpecMethods:
         return cls(**values)
 
 
+def _check_config(config: str, backends: Sequence[str]) -> None:
+    """A config must be one at least one backend of the grid takes (the others' points are skipped)."""
+    refusals = []
+    for name in backends:
+        try:
+            get_backend(name).configured(config)
+            return
+        except UnsupportedShape as err:
+            refusals.append(str(err))
+    raise ValueError(f"config={config!r}: no backend of the grid takes it ({'; '.join(refusals)})")
+
+
 SweepSpec = dataclasses.make_dataclass(
     "SweepSpec",
     [(a.name, tuple, field(default_factory=a.defaults)) for a in axes.AXES],
@@ -148,10 +162,6 @@ def expand(spec: SweepSpec) -> list[Point]:
     return spec.points()
 
 
-def _registered(names: Sequence[str]) -> tuple[str, ...]:
-    return tuple(name for name in names if name in backend_names())
-
-
 STUDY_GRID = {
     "batch": (1, 16, 64, 128),
     "context": ("8192", "32768", "65536", "131072", "mixed:1024-65536"),
@@ -161,20 +171,24 @@ STUDY_TIMING = TimingConfig(warmup=3, min_samples=10, max_samples=100, max_secon
 
 
 def preset(name: str) -> SweepSpec:
-    """'ci' (CPU, reference, tiny), 'smoke' (GPU, small), 'h200-full' (the study's grid on an H200) or
-    'sm100' (the same grid for a B200/GB200: DeepGEMM and Triton native for any next_n, so atom
-    plans are one native piece and recorded as skipped)."""
+    """'ci' (CPU, tiny), 'smoke' (GPU, small), 'h200-full' (the study's grid on an H200) or 'sm100' (the same
+    grid for a B200/GB200, where DeepGEMM and Triton are native for any next_n, so atom plans are one native
+    piece and recorded as skipped). Each preset's backends are those that declare it (`LogitsBackend.presets`)."""
     check_choice("preset", name, PRESETS)
+    backend = preset_backends(name)
     if name == "ci":
-        return SweepSpec(
-            backend=("reference",), batch=(2,), context=("192", "mixed:64-256"), next_n=(1, 2, 3),
-            heads=(32,), head_dim=(64,),
-            timing=TimingConfig(warmup=1, min_samples=3, max_samples=5, max_seconds=0.05, window=3),
-        )  # fmt: skip
-    gpu_backends = _registered(("deepgemm", "triton"))
+        timing = TimingConfig(warmup=1, min_samples=3, max_samples=5, max_seconds=0.05, window=3)
+        grid = {
+            "batch": (2,),
+            "context": ("192", "mixed:64-256"),
+            "next_n": (1, 2, 3),
+            "heads": (32,),
+            "head_dim": (64,),
+        }
+        return SweepSpec(backend=backend, timing=timing, **grid)
     if name == "smoke":
+        timing = TimingConfig(warmup=3, min_samples=10, max_samples=50, max_seconds=0.2)
         return SweepSpec(
-            backend=gpu_backends, batch=(1, 8), context=("4096", "mixed:1024-8192"), next_n=(1, 2, 3, 4),
-            timing=TimingConfig(warmup=3, min_samples=10, max_samples=50, max_seconds=0.2),
-        )  # fmt: skip
-    return SweepSpec(backend=gpu_backends, timing=STUDY_TIMING, **STUDY_GRID)
+            backend=backend, batch=(1, 8), context=("4096", "mixed:1024-8192"), next_n=(1, 2, 3, 4), timing=timing
+        )
+    return SweepSpec(backend=backend, timing=STUDY_TIMING, **STUDY_GRID)

@@ -30,6 +30,7 @@ machine, and `scripts/gluon_dev.py check` runs it against the reference on the H
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -38,7 +39,9 @@ import torch
 from dsa_lab.errors import check_choice, check_range
 from dsa_lab.kernels.registry import (
     Availability,
+    ConfigSpace,
     LogitsBackend,
+    ModelTraits,
     check_native_call,
     num_sms,
     ready_native_call,
@@ -747,7 +750,17 @@ class GluonNativeBackend(LogitsBackend):
     """Our warp-specialised Gluon kernel (SM90): any next_n natively, each KV tile read once per request."""
 
     name = "gluon"
+    family = "dsa_lab"
+    label = "Gluon (ours)"
+    marker = "P"
+    color = "#bcbd22"
+    presets = ("smoke", "h200-full")  # SM90 only
+    packages: ClassVar[tuple[str, ...]] = ("triton",)
+    resume_fields: ClassVar[tuple[str, ...]] = ("triton",)
     cleans_tail: ClassVar[bool] = True
+    # Any rows natively, float32 logits, relu and a weighted FMA a head; a persistent grid splits the KV evenly.
+    model_traits: ClassVar[Mapping[str, ModelTraits]] = {"sm90": ModelTraits(1, 4, 2.0)}
+    config_space: ClassVar[ConfigSpace] = ConfigSpace(GluonConfig, choose_gluon_config, paged_mqa_logits_gluon)
 
     def availability(self, device: torch.device) -> Availability:
         return availability(device)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from dsa_lab.kernels import modeled_backends, vllm_backend
 from dsa_lab.metadata import STRATEGIES
 from dsa_lab.model.gpus import GPUS, get_gpu
-from dsa_lab.model.indexer import BACKENDS, predict
+from dsa_lab.model.indexer import predict
 from dsa_lab.workload import ContextSpec
 
 
@@ -47,7 +48,7 @@ def _run(args: argparse.Namespace) -> int:
 def register_cli(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("model", help="modeled time of one indexer decode step on a GPU (calibrated on the H200)")
     parser.add_argument("--gpu", choices=tuple(GPUS), default="B200")
-    parser.add_argument("--backend", choices=BACKENDS, default="deepgemm")
+    parser.add_argument("--backend", choices=modeled_backends(), default=vllm_backend().name)
     parser.add_argument("--strategy", choices=STRATEGIES, default="native")
     parser.add_argument("--batch", type=int, default=128, help="requests in the step (default 128)")
     parser.add_argument("--context", default="65536", help="cached tokens a request: 65536, 64K or mixed:1K-64K")

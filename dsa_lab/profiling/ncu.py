@@ -170,17 +170,25 @@ def ncu_command(
     return [
         ncu,
         "--csv",
-        "--print-units", "base",
-        "--clock-control", "none",
-        "--replay-mode", "kernel",
-        "--cache-control", "all",
-        "--profile-from-start", "off",
-        "--target-processes", "application-only",  # not the compilers JIT backends start
-        "--launch-count", str(launch_count),
-        "--metrics", ",".join(metrics),
+        "--print-units",
+        "base",
+        "--clock-control",
+        "none",
+        "--replay-mode",
+        "kernel",
+        "--cache-control",
+        "all",
+        "--profile-from-start",
+        "off",
+        "--target-processes",
+        "application-only",  # not the compilers JIT backends start
+        "--launch-count",
+        str(launch_count),
+        "--metrics",
+        ",".join(metrics),
         *kept,
         *target,
-    ]  # fmt: skip
+    ]
 
 
 def ncu_import_command(ncu: str, report: Path) -> list[str]:

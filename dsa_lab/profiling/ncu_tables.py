@@ -32,9 +32,19 @@ PERCENT_COLUMNS = ("dram_pct_peak", "l2_hit_pct", "occupancy_pct", "tensor_gmma_
 SECTOR_BYTES = 32
 MARKER_KERNEL = "dsa_lab_ncu_marker"  # the name of the Triton kernel in marker.py
 _UNIT_SCALE = {
-    "byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
-    "nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9, "ns": 1.0, "us": 1e3, "ms": 1e6,
-}  # fmt: skip
+    "byte": 1.0,
+    "kbyte": 1e3,
+    "mbyte": 1e6,
+    "gbyte": 1e9,
+    "tbyte": 1e12,
+    "nsecond": 1.0,
+    "usecond": 1e3,
+    "msecond": 1e6,
+    "second": 1e9,
+    "ns": 1.0,
+    "us": 1e3,
+    "ms": 1e6,
+}
 
 
 def _number(text: str, unit: str) -> float:
