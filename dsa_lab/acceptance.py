@@ -12,7 +12,7 @@ per request where drafts are admitted per request, e.g. adaptive verification ad
 request's drafts by their survival probability, the running product of its per-position
 confidences (`vllm/v1/worker/gpu/spec_decode/adaptive_verification.py`,
 `_assign_draft_token_budget`). The draw here is a model of such a step, not a replay of a trace;
-`policy.step_route` then says what vLLM 0.33 does with it.
+`policy_steps.step_route` then says what vLLM 0.33 does with it.
 
 `PUBLISHED` holds the profiles we quote, each with its source (docs/ARCHITECTURE.md lists them).
 """

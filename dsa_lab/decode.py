@@ -19,7 +19,7 @@ import torch
 
 from dsa_lab.cache import PagedCache
 from dsa_lab.errors import check_range, check_tensor
-from dsa_lab.kernels import LogitsBackend, get_backend
+from dsa_lab.kernels import LogitsBackend, baseline_backend, get_backend
 from dsa_lab.kernels.registry import check_logits_values
 from dsa_lab.metadata import DecodeMetadata, KernelLaunch, build_metadata
 from dsa_lab.topk import DEFAULT_TOPK, MAX_TOPK, topk_per_row
@@ -110,9 +110,15 @@ def launch_logits(
     if not isinstance(cache, PagedCache):  # a bare tensor would leave its dtype to be guessed
         raise ValueError(f"cache: expected a PagedCache (it carries cache_dtype), got {type(cache).__name__}")
     return backend.logits(
-        packed.q, cache.data, packed.weights, packed.context_lens, packed.block_table, max_context_len, schedule,
+        packed.q,
+        cache.data,
+        packed.weights,
+        packed.context_lens,
+        packed.block_table,
+        max_context_len,
+        schedule,
         cache_dtype=cache.cache_dtype,
-    )  # fmt: skip
+    )
 
 
 def native_sizes_for(backend: LogitsBackend, device: torch.device) -> tuple[int, ...]:
@@ -193,15 +199,16 @@ def run_logits(
 def run_decode(
     inputs: DecodeInputs,
     strategy: str,
-    backend: str | LogitsBackend = "reference",
+    backend: str | LogitsBackend | None = None,
     topk: int = DEFAULT_TOPK,
     max_context_len: int | None = None,
 ) -> DecodeResult:
-    """Build the strategy's metadata, run every launch, scatter rows back and pick the top-k; the logits are
-    `max_context_len` wide (`metadata.logits_width`: the longest context unless wider)."""
+    """Build the strategy's metadata, run every launch, scatter rows back and pick the top-k (`backend`: a
+    name, a backend, or None for the correctness baseline, the reference); the logits are `max_context_len`
+    wide (`metadata.logits_width`: the longest context unless wider)."""
     _check_inputs(inputs)
     check_range("topk", topk, 1, MAX_TOPK)
-    kernel = resolve_backend(backend)
+    kernel = baseline_backend() if backend is None else resolve_backend(backend)
     device = inputs.q.device
     batch = inputs.batch
     metadata = build_metadata(

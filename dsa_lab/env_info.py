@@ -8,12 +8,31 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.metadata
+import importlib.util
+import os
 import platform as host_platform
 import shutil
 import subprocess
+from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from dsa_lab.kernels import backend_names, get_backend, vllm_backend
+from dsa_lab.policy import CAPABILITY_FAMILIES, CDNA_BY_GFX, Platform
+
+
+def _declared(field: str) -> tuple[str, ...]:
+    """Every registered backend's `field` (packages, versions, resume fields), each name once."""
+    return tuple(dict.fromkeys(name for backend in backend_names() for name in getattr(get_backend(backend), field)))
+
+
+PACKAGES = (*_declared("packages"), "vllm")  # Python packages a run's provenance names by installed version
+LIBRARY_KEYS = ("torch", *PACKAGES, *_declared("versions"))  # the libraries a notebook's provenance record names
+VERSION_KEYS = (*LIBRARY_KEYS, "cuda")  # what a chart's footer names
+# The facts a resumed run must keep (`store.check_resume`): the GPU, driver, CUDA, torch, python, and
+# what every backend declares (`LogitsBackend.resume_fields`).
+RESUME_FIELDS = ("gpu_name", "gpu_capability", "driver", "cuda", "torch", *_declared("resume_fields"), "python")
 
 
 def _package_version(name: str) -> str | None:
@@ -57,40 +76,52 @@ def _gpu_facts() -> dict[str, Any]:
     }
 
 
+def detect_platform() -> Platform:
+    """This machine as vLLM's decode policies see it (`policy.Platform`): torch's device capability (or
+    HIP's GPU arch) and whether deep_gemm imports (as vLLM finds it); aiter counts when
+    VLLM_ROCM_USE_AITER is on and the package is installed."""
+    has_deep_gemm = vllm_backend().library_imports()
+    if not torch.cuda.is_available():
+        return Platform("other", has_deep_gemm)
+    if torch.version.hip:
+        arch = torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]
+        aiter = os.environ.get("VLLM_ROCM_USE_AITER", "0").lower() in ("1", "true")
+        found = aiter and importlib.util.find_spec("aiter") is not None
+        return Platform("rocm", has_deep_gemm, CDNA_BY_GFX.get(arch, 0), found)
+    major, _ = torch.cuda.get_device_capability()
+    return Platform(CAPABILITY_FAMILIES.get(major, "other"), has_deep_gemm)
+
+
 @functools.cache
 def environment_facts() -> dict[str, Any]:
-    """GPU, driver, CUDA/HIP, library versions, python and OS; cached (importing deep_gemm is slow)."""
-    from dsa_lab.kernels.deepgemm_pr340 import import_pr340
-    from dsa_lab.policy import Platform, import_deep_gemm
-
-    policy_platform = Platform.detect()
-    deep_gemm, origin = import_deep_gemm()
-    pr340, pr340_origin = import_pr340()
+    """GPU, driver, CUDA/HIP, library versions (every backend's own, `LogitsBackend.environment`),
+    python and OS; cached (importing deep_gemm is slow)."""
+    backends = {key: value for name in backend_names() for key, value in get_backend(name).environment().items()}
     return {
         **_gpu_facts(),
         "driver": _nvidia_driver(),
         "cuda": torch.version.cuda,
         "hip": torch.version.hip,
         "torch": torch.__version__,
-        "triton": _package_version("triton"),
-        "vllm": _package_version("vllm"),
-        "deep_gemm": getattr(deep_gemm, "__version__", "unknown") if deep_gemm else None,
-        "deep_gemm_origin": origin if deep_gemm else None,
-        "deepgemm_pr340": getattr(pr340, "__version__", "unknown") if pr340 else None,
-        "deepgemm_pr340_origin": pr340_origin if pr340 else None,
+        **{package: _package_version(package) for package in PACKAGES},
+        **backends,
         "python": host_platform.python_version(),
         "os": host_platform.platform(),
-        "policy_platform": policy_platform.family,
+        "policy_platform": detect_platform().family,
         "dsa_lab": _package_version("dsa_lab"),
     }
+
+
+def version_line(environment: Mapping[str, Any]) -> str:
+    """'torch 2.11.0, triton 3.6.0, vllm 0.33.0, deep_gemm 2.8.1, cuda 13.0': what a chart's footer names."""
+    parts = [f"{key} {environment[key]}" for key in VERSION_KEYS if environment.get(key)]
+    notes = (get_backend(name).version_note(environment) for name in backend_names())
+    return ", ".join([*parts, *(note for note in notes if note)])
 
 
 def _print_env(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
-
-    from dsa_lab.kernels import backend_names, get_backend
-    from dsa_lab.policy import Platform
 
     facts = environment_facts()
     console = Console()
@@ -106,20 +137,8 @@ def _print_env(args: argparse.Namespace) -> int:
     versions = Table(title="versions")
     versions.add_column("component")
     versions.add_column("version")
-    for key in (
-        "python",
-        "torch",
-        "cuda",
-        "hip",
-        "triton",
-        "vllm",
-        "deep_gemm",
-        "deep_gemm_origin",
-        "deepgemm_pr340",
-        "deepgemm_pr340_origin",
-        "dsa_lab",
-        "os",
-    ):
+    backend_facts = [key for name in backend_names() for key in get_backend(name).environment()]
+    for key in ("python", "torch", "cuda", "hip", *PACKAGES, *backend_facts, "dsa_lab", "os"):
         versions.add_row(key, str(facts[key]))
     console.print(versions)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -127,13 +146,16 @@ def _print_env(args: argparse.Namespace) -> int:
     backends.add_column("backend")
     backends.add_column("available")
     backends.add_column("native next_n")
+    backends.add_column("config knobs (--config)")
     backends.add_column("why not")
     for name in backend_names():
         backend = get_backend(name)
         state = backend.availability(device)
         native = backend.native_next_n(device) if state.ok else None
         shown = "any" if native is None else ",".join(map(str, sorted(native)))
-        backends.add_row(name, "[green]yes[/]" if state.ok else "[red]no[/]", shown if state.ok else "", state.reason)
+        knobs = ", ".join(backend.config_space.knobs) if backend.config_space else "rule only"
+        available = "[green]yes[/]" if state.ok else "[red]no[/]"
+        backends.add_row(name, available, shown if state.ok else "", knobs, state.reason)
     console.print(backends)
     return 0
 

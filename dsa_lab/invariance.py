@@ -18,11 +18,6 @@ from dsa_lab.decode import DecodeResult
 from dsa_lab.kernels import get_backend
 from dsa_lab.topk import compare_selections
 
-BATCH_INVARIANT_BACKENDS = frozenset({"reference"})
-"""Backends whose logits for a row do not depend on the launch it shares, bit for bit, on any
-device: the reference sums q.k exactly and rounds everything else elementwise in a fixed
-order (see `dsa_lab.kernels.reference`). Their tolerance is 0."""
-
 GPU_RELATIVE_TOLERANCE = 1e-5
 """Max |logit difference| between strategies, relative to the largest |logit|, for other
 backends. A GPU kernel's float32 accumulation order may follow the launch shape (split-K,
@@ -89,12 +84,14 @@ def compare_strategies(results: Mapping[str, DecodeResult], baseline: str = "nat
 
 
 def tolerance_for(backend: str, scale: float) -> float:
-    """Allowed max |logit diff| between strategies: 0.0 for a batch-invariant backend (the
-    reference, on any device), else `GPU_RELATIVE_TOLERANCE` x `scale` (the largest |logit|)."""
-    get_backend(backend)  # an unknown name raises, naming the registered ones
+    """Allowed max |logit diff| between strategies: 0.0 for a backend that declares itself batch invariant
+    (`LogitsBackend.batch_invariant`: a row's logits never depend on the launch it shares, bit for bit, on
+    any device, as the reference's exact sums make them), else `GPU_RELATIVE_TOLERANCE` x `scale` (the
+    largest |logit|)."""
+    invariant = get_backend(backend).batch_invariant  # an unknown name raises, naming the registered ones
     if not (isinstance(scale, (int, float)) and 0 <= scale < float("inf")):
         raise ValueError(f"scale={scale!r}: must be a finite number >= 0 (the largest |logit|)")
-    return 0.0 if backend in BATCH_INVARIANT_BACKENDS else GPU_RELATIVE_TOLERANCE * float(scale)
+    return 0.0 if invariant else GPU_RELATIVE_TOLERANCE * float(scale)
 
 
 def check_agreement(table: pd.DataFrame, tolerance: float) -> str:

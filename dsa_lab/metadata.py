@@ -259,11 +259,12 @@ def build_metadata(
     strategy: str,
     batch: DecodeBatch,
     block_table: torch.Tensor,
-    native_sizes: Sequence[int] = (1, 2, 4),
+    native_sizes: Sequence[int],
     max_context_len: int | None = None,
 ) -> DecodeMetadata:
-    """Dispatch by strategy name; atom pieces come from `strategy_pieces` (`plan_atoms` over `native_sizes`);
-    `max_context_len` is the logits' width (`logits_width`)."""
+    """Dispatch by strategy name; atom pieces come from `strategy_pieces` (`plan_atoms` over `native_sizes`,
+    the next_n the backend runs natively: `decode.native_sizes_for`); `max_context_len` is the logits'
+    width (`logits_width`)."""
     check_choice("strategy", strategy, STRATEGIES)
     native_sizes = _check_sizes(native_sizes)
     if strategy == "native":

@@ -20,14 +20,15 @@ wider logits than the longest context (`logits_width`: vLLM passes its `max_mode
 a wider output costs depends on the kernel: one that leaves the tail writes only what each row
 owns, one that cleans it writes the whole width (`StepCost.logit_bytes(cleans_tail)`).
 
-`metadata` builds the tensors of these launches (`build_metadata_for`), `roofline` turns
-the cost into floors and modeled times, the harness records the columns, and the
-analysis and charts read the same numbers.
+`metadata` builds the tensors of these launches (`build_metadata`), `model.roofline` turns
+the cost into floors and modeled times, the performance model (`model.indexer`) counts its
+launches' work from the pieces, row contexts and KV tokens here, the harness records the
+columns, and the analysis and charts read the same numbers: this is the only launch geometry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,8 +50,7 @@ from dsa_lab.workload import MAX_NEXT_N, DecodeBatch
 LOGIT_BYTES = 4  # float32 logits
 WEIGHT_BYTES = 4  # float32 head weights
 Q_BYTES = 1  # fp8 queries
-SM90_DEEPGEMM_SIZES = (1, 2, 4)  # the default of `native_sizes`: DeepGEMM's SM90 kernels (say so when you use it)
-ANY_NEXT_N = tuple(range(1, MAX_NEXT_N + 1))  # a backend native for every next_n
+ANY_NEXT_N = tuple(range(1, MAX_NEXT_N + 1))  # a backend native for every next_n (the plan's default)
 DEEPSEEK_V32_MAX_MODEL_LEN = 163_840  # vLLM's max_model_len for DeepSeek-V3.2, as issue 19 gives it
 
 
@@ -137,7 +137,7 @@ class LaunchPlan:
     heads: int = 64
     head_dim: int = 128
     cache_dtype: str = "fp8"
-    native_sizes: tuple[int, ...] = SM90_DEEPGEMM_SIZES  # next_n the backend runs natively
+    native_sizes: tuple[int, ...] = ANY_NEXT_N  # next_n the backend runs natively (its `native_sizes`)
     decode_lens: tuple[int, ...] | None = None  # rows each request brings; None (or all next_n): next_n each
     logits_width: int | None = None  # the kernels' max_context_len; None: the longest context
     pieces: tuple[AtomPiece, ...] = field(init=False, compare=False)
@@ -226,14 +226,26 @@ class LaunchPlan:
             return ((self.tokens, 1, self.next_n - 1),)
         return tuple((self.batch, p.size, p.offset) for p in self.pieces)
 
+    def row_contexts(self, rows: Iterable[int] | None = None) -> list[int]:
+        """The context of native rows `rows` (default: all next_n) of every request, request-major."""
+        rows = list(range(self.next_n) if rows is None else rows)
+        return [row_context(length, self.next_n, j) for length in self.seq_lens for j in rows]
+
+    def piece_rows(self, piece: AtomPiece) -> range:
+        """The real native rows a launch of `piece` computes (its padding rows, offset < 0, left out)."""
+        return range(max(piece.offset, 0), piece.offset + piece.size)
+
+    def piece_kv_tokens(self, piece: AtomPiece) -> int:
+        """KV tokens a native launch of `piece` reads: each request's, up to its last row's context."""
+        return sum(row_context(length, self.next_n, piece.offset + piece.size - 1) for length in self.seq_lens)
+
     def _cost(self) -> StepCost:
         """Bytes and FLOPs of one step; KV is counted in tokens, not whole blocks. Real rows are
         right-aligned (a request of d rows holds native rows n - d .. n - 1, as `metadata` lays them)."""
         n, per_token = self.next_n, bytes_per_token(self.head_dim, self.cache_dtype)
         real = tuple(zip(self.seq_lens, self.rows_per_request))
         contexts = sum(row_context(length, n, j) for length, d in real for j in range(n - d, n))
-        tokens = self.tokens
-        q_and_weights = tokens * self.heads * (self.head_dim * Q_BYTES + WEIGHT_BYTES)
+        q_and_weights = self.tokens * self.heads * (self.head_dim * Q_BYTES + WEIGHT_BYTES)
         side_bytes = contexts * LOGIT_BYTES + q_and_weights
         unique_kv = sum(self.seq_lens) * per_token
         if self.strategy == "flatten":
@@ -243,11 +255,11 @@ class LaunchPlan:
             # gives row j (front padding included) `L - n + 1 + j`, clamped at 0
             owned = sum(
                 max(0, length - n + 1 + j)
-                for length in self.seq_lens for p in self.pieces for j in range(p.offset, p.offset + p.size)
-            )  # fmt: skip
-            read_tokens = sum(
-                row_context(length, n, p.offset + p.size - 1) for length in self.seq_lens for p in self.pieces
+                for length in self.seq_lens
+                for p in self.pieces
+                for j in range(p.offset, p.offset + p.size)
             )
+            read_tokens = sum(self.piece_kv_tokens(p) for p in self.pieces)
         return StepCost(
             unique_bytes=unique_kv + side_bytes,
             strategy_bytes=read_tokens * per_token + side_bytes,

@@ -23,28 +23,33 @@ The policies read like the code they model; `tests/test_conformance_vllm.py` che
 
 from __future__ import annotations
 
-import argparse
-import functools
-import importlib
-import importlib.util
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from types import ModuleType
 
 import pandas as pd
-import torch
 
-from dsa_lab.errors import check_choice, check_int_sequence, check_range
+from dsa_lab.errors import check_choice, check_range
+from dsa_lab.kernels import vllm_backend
+from dsa_lab.workload import MAX_NEXT_N as MAX_DECODE_ROWS  # query rows a batch of the harness may have
 
 FAMILIES = ("sm90", "sm100", "sm120", "rocm", "other")
+FAMILY_LABELS = {  # how people name each family
+    "sm90": "Hopper SM90 (H100, H200)",
+    "sm100": "Blackwell SM100 (B200, GB200)",
+    "sm120": "SM120 (RTX PRO 6000)",
+    "rocm": "ROCm (MI300)",
+    "other": "other CUDA GPU or none",
+}
 PATHS = ("native", "flatten", "varlen", "rejected")
 SYMBOLS = {"native": "N", "flatten": "F", "varlen": "V", "rejected": "-"}
 DEEPSEEK_V32 = "DeepseekV32ForCausalLM"
 DEEPSEEK_V4_ARCHS = ("DeepseekV4ForCausalLM", "DeepseekV41ForCausalLM")
 MODEL_ARCHS = (DEEPSEEK_V32, *DEEPSEEK_V4_ARCHS)
 MAX_NEXT_N = 32
-_CAPABILITY_FAMILIES = {9: "sm90", 10: "sm100", 12: "sm120"}
+CAPABILITY_FAMILIES = {9: "sm90", 10: "sm100", 12: "sm120"}  # compute capability major -> family
+# vLLM's copy of DeepGEMM's SM90 native set (`vllm.utils.deep_gemm.native_next_n_supported` hard-codes it):
+# what vLLM runs declares the set, and tests/test_conformance_vllm.py holds vLLM's function to it.
+VLLM_SM90_NATIVE = vllm_backend().native_sizes_on(next(m for m, f in CAPABILITY_FAMILIES.items() if f == "sm90"))
 # vLLM's `get_cdna_version()` by GPU arch (vllm/platforms/rocm.py); 0 = not a CDNA GPU.
 CDNA_BY_GFX = {"gfx90a": 2, "gfx942": 3, "gfx950": 4, "gfx1250": 5}
 CDNA_VERSIONS = (0, 2, 3, 4, 5)
@@ -98,41 +103,6 @@ class Platform:
     @property
     def label(self) -> str:
         return f"{self.name}{'+dg' if self.has_deep_gemm else ''}"
-
-    @classmethod
-    def detect(cls) -> Platform:
-        """This machine: torch's device capability (or HIP's GPU arch) and an importable deep_gemm.
-
-        deep_gemm counts when it imports (see `import_deep_gemm`); aiter counts when
-        VLLM_ROCM_USE_AITER is on and the package is installed.
-        """
-        has_deep_gemm = import_deep_gemm()[0] is not None
-        if not torch.cuda.is_available():
-            return cls("other", has_deep_gemm)
-        if torch.version.hip:
-            arch = torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]
-            aiter = os.environ.get("VLLM_ROCM_USE_AITER", "0").lower() in ("1", "true")
-            return cls(
-                "rocm", has_deep_gemm, CDNA_BY_GFX.get(arch, 0), aiter and importlib.util.find_spec("aiter") is not None
-            )
-        major, _ = torch.cuda.get_device_capability()
-        return cls(_CAPABILITY_FAMILIES.get(major, "other"), has_deep_gemm)
-
-
-@functools.cache
-def import_deep_gemm() -> tuple[ModuleType | None, str]:
-    """`deep_gemm`, else vLLM's vendored `vllm.third_party.deep_gemm` (as vLLM's
-    `has_deep_gemm()` tries them): the module and its name, or None and every error.
-
-    Only imports (seconds: it imports vLLM); never touches the GPU.
-    """
-    errors = []
-    for name in ("deep_gemm", "vllm.third_party.deep_gemm"):
-        try:
-            return importlib.import_module(name), name
-        except Exception as err:  # ImportError, or an extension that fails to load
-            errors.append(f"{name}: {type(err).__name__}: {err}")
-    return None, "; ".join(errors)
 
 
 @dataclass(frozen=True)
@@ -242,8 +212,8 @@ def pr52164(q: PolicyQuery) -> Decision:
         return rejected
     if q.platform.family == "sm100":
         return _native("SM100: any next_n native (multi-atom kernel)")
-    if q.platform.family == "sm90" and q.next_n in (1, 2, 4):
-        return _native("SM90: next_n in {1, 2, 4} native")
+    if q.platform.family == "sm90" and q.next_n in VLLM_SM90_NATIVE:
+        return _native(f"SM90: next_n in {set(VLLM_SM90_NATIVE)} native")
     if q.next_n in (1, 2):
         return _native("next_n in {1, 2}: native everywhere")
     return _flatten(f"{q.platform.family}: no native kernel for next_n={q.next_n}")
@@ -270,7 +240,7 @@ def native_next_n_supported(p: Platform, next_n: int) -> bool:
     On ROCm it says {1, 2, 4} too - harmless, since `_supports_native_decode` never
     consults it off CUDA.
     """
-    return next_n in (1, 2, 4) if _capability_family_90(p) else True
+    return next_n in VLLM_SM90_NATIVE if _capability_family_90(p) else True
 
 
 def supports_native_decode(p: Platform, next_n: int) -> bool:
@@ -283,6 +253,13 @@ def supports_native_decode(p: Platform, next_n: int) -> bool:
     if p.family == "sm90":
         return native_next_n_supported(p, next_n)
     return next_n in (1, 2)
+
+
+def vllm_native_sizes(p: Platform) -> tuple[int, ...]:
+    """vLLM's view of the row counts the platform's kernel takes natively (`supports_native_decode`):
+    what an atom plan as vLLM would see it cuts next_n into. The harness asks each backend instead
+    (`LogitsBackend.native_sizes`)."""
+    return tuple(n for n in range(1, MAX_DECODE_ROWS + 1) if supports_native_decode(p, n)) or (1,)
 
 
 def supports_varlen(p: Platform) -> bool:
@@ -398,97 +375,6 @@ def vllm_0_33_0(q: PolicyQuery) -> Decision:
     return _native(f"{p.label}: native kernel for next_n={q.next_n}")
 
 
-def step_uses_native(q: PolicyQuery, max_decode_len: int, uniform: bool = True) -> bool:
-    """vLLM 0.33's per-step rule: does this decode step's kernel see rows per request?
-
-    Dense builder (`build()`): native only if the builder did not flatten (nor take
-    varlen) and the kernel takes this step's `max_decode_len` rows natively; a native
-    builder sends ragged requests to the prefill path, so `uniform` does not matter.
-    e.g. SM90 + DeepGEMM, next_n = 4: a step whose longest request has 3 rows flattens.
-    ROCm MXFP4 builder (`native_decode`): native only if every decoding request has all
-    next_n rows (`uniform` and `max_decode_len == next_n`; padding requests aside).
-    """
-    check_range("max_decode_len", max_decode_len, 1, q.next_n)
-    if not isinstance(uniform, bool):
-        raise ValueError(f"uniform={uniform!r}: must be a bool")
-    decision = vllm_0_33_0(q)
-    if decision.path == "rejected":
-        raise ValueError(f"{q}: rejected at startup; no decode step exists")
-    if decision.builder == "rocm_mxfp4":
-        return decision.native_next_n and uniform and max_decode_len == q.next_n
-    builder_native = not (use_flattening_0_33(q) or supports_varlen(q.platform))
-    return builder_native and (max_decode_len <= 1 or supports_native_decode(q.platform, max_decode_len))
-
-
-def step_path(q: PolicyQuery, max_decode_len: int, uniform: bool = True) -> str:
-    """'native', 'flatten' or 'varlen' for one vLLM 0.33 decode step."""
-    if step_uses_native(q, max_decode_len, uniform):
-        return "native"
-    return "varlen" if vllm_0_33_0(q).path == "varlen" else "flatten"
-
-
-STEP_ROUTES = ("native", "padded", "flatten", "varlen")
-
-
-@dataclass(frozen=True)
-class StepRoute:
-    """What vLLM 0.33 does with one decode step whose requests bring `decode_lens` rows.
-
-    `decodes` requests take the indexer's decode path (padding requests included), the other
-    `prefills` its prefill path; `path` is how the decodes reach the paged kernel: 'native'
-    (`[B, max_decode_len]` rows), 'padded' (native, shorter requests packed up to
-    max_decode_len rows by `pack_seq_triton`: vLLM's `requires_padding`), 'flatten' (one row
-    per token) or 'varlen' (SM100 + DeepGEMM).
-    """
-
-    path: str
-    decodes: int
-    prefills: int
-    max_decode_len: int
-
-    def __post_init__(self) -> None:
-        check_choice("path", self.path, STEP_ROUTES)
-
-
-def decode_count_0_33(decode_lens: Sequence[int], decode_threshold: int, require_uniform: bool) -> int:
-    """`split_decodes_and_prefills` (vllm/v1/attention/backends/utils.py) on a batch with no
-    prefill: how many leading requests stay decodes. A builder that may go native asks for
-    uniform decodes (`require_uniform`), so the first request whose rows differ from the first
-    request's (padding requests, 0 rows, aside) and every request after it go to the prefill path."""
-    lens = tuple(decode_lens)
-    if max(lens) <= decode_threshold and (not require_uniform or decode_threshold <= 1):
-        return len(lens)
-    if lens[0] > decode_threshold:
-        return 0
-    if require_uniform:
-        is_prefill = [n != lens[0] and n != 0 for n in lens]
-    else:
-        is_prefill = [n > decode_threshold for n in lens]
-    return is_prefill.index(True) if any(is_prefill) else len(lens)
-
-
-def step_route(q: PolicyQuery, decode_lens: Sequence[int]) -> StepRoute:
-    """vLLM 0.33's `DeepseekV32IndexerMetadataBuilder.build()` on one decode step: the split
-    (`decode_count_0_33`, with the builder's `decode_threshold = next_n` and `require_uniform =
-    not (use_flattening or supports_varlen)`), then the per-step path of the decodes
-    (`step_uses_native` on their longest request; `requires_padding` when their rows differ).
-    `decode_lens` run in vLLM's batch order; padding requests (0 rows) come last."""
-    lens = check_int_sequence("decode_lens", decode_lens, 0, q.next_n)
-    if not lens or lens[0] == 0:
-        raise ValueError(f"decode_lens={lens!r:.80}: need requests, the first decoding (padding requests come last)")
-    decision = vllm_0_33_0(q)
-    if decision.path == "rejected":
-        raise ValueError(f"{q}: rejected at startup; no decode step exists")
-    require_uniform = not (decision.use_flattening or supports_varlen(q.platform))
-    decodes = decode_count_0_33(lens, q.next_n, require_uniform)
-    kept = lens[:decodes]
-    longest, uniform = max(kept), min(kept) == max(kept)
-    path = step_path(q, longest, uniform)
-    if path == "native" and decision.builder == "dense" and not uniform:
-        path = "padded"
-    return StepRoute(path, decodes, len(lens) - decodes, longest)
-
-
 Policy = Callable[[PolicyQuery], Decision]
 POLICIES: dict[str, Policy] = {
     "before_pr45322": before_pr45322,
@@ -551,49 +437,3 @@ def decision_matrix(
                             )
                         )
     return pd.DataFrame(rows)
-
-
-_COLOURS = {"N": "bold green", "F": "bold red", "V": "bold cyan", "-": "dim"}
-
-
-def _print_matrix(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    check_range("next_n_max", args.next_n_max, 1, MAX_NEXT_N)
-    names = list(POLICIES) if args.policy == "all" else [args.policy]
-    next_ns = range(1, args.next_n_max + 1)
-    frame = decision_matrix(names, None, next_ns, args.fp4, args.adaptive, args.model_arch)
-    console = Console()
-    for name in names:
-        release, change = RELEASES[name]
-        table = Table(
-            title=f"{name}: {release}, {change}  (fp4={args.fp4}, adaptive={args.adaptive}, {args.model_arch})"
-        )
-        table.add_column("platform")
-        table.add_column("deep_gemm")
-        for n in next_ns:
-            table.add_column(str(n), justify="center")
-        part = frame[frame.policy == name]
-        for p in all_platforms():
-            cells = part[(part.platform == p.name) & (part.deep_gemm == p.has_deep_gemm)].sort_values("next_n")
-            symbols = [SYMBOLS[path] for path in cells.path]
-            table.add_row(p.name, "yes" if p.has_deep_gemm else "no", *(f"[{_COLOURS[s]}]{s}[/]" for s in symbols))
-        console.print(table)
-    console.print("N native  F flatten  V varlen (SM100 DeepGEMM, per-token rows)  - rejected at startup")
-    return 0
-
-
-def register_cli(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("policy", help="which vLLM version flattens the indexer decode batch, where")
-    parser.add_argument("--next-n-max", type=int, default=8, help="largest next_n column (default 8)")
-    parser.add_argument("--fp4", action="store_true", help="MXFP4 indexer cache")
-    parser.add_argument("--adaptive", action="store_true", help="adaptive speculative verification")
-    parser.add_argument("--policy", choices=("all", *POLICIES), default="all")
-    parser.add_argument(
-        "--model-arch",
-        choices=MODEL_ARCHS,
-        default=DEEPSEEK_V32,
-        help="decides the ROCm builder, MXFP4 and adaptive acceptance on ROCm",
-    )
-    parser.set_defaults(func=_print_matrix)

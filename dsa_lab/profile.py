@@ -1,7 +1,7 @@
 """Profiling the decode paths: the profiling modes of the harness, and the entry Nsight Compute runs.
 
-`dsa-lab profile` (defined with `dsa-lab bench` in `dsa_lab.bench.cli`, one grammar of
-flags) profiles a grid of points: torch.profiler tables and traces in this process
+`dsa-lab profile` (`dsa_lab.profiling.cli`, with the flags of `dsa-lab bench`: one grammar)
+profiles a grid of points: torch.profiler tables and traces in this process
 (`profiling.sweep.run_torch`), Nsight Compute counters over a target process
 (`profiling.sweep.run_ncu`, `profiling.target`). This module is the front door for
 notebooks and tests, and the entry ncu runs: `python -m dsa_lab.profile --ncu-target ...`.

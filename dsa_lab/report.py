@@ -3,7 +3,7 @@
 Each `notebooks/NN_*.ipynb` runs in order on whatever device is present (passed to it
 as the papermill parameter `device`). A failing notebook is recorded with its cell and
 error and the rest still run, so one broken chart never hides the others. Notebooks
-announce the data they used with `show_provenance`; the index lists it beside each one.
+announce the data they used (`dsa_lab.notebook.show_provenance`); the index lists it beside each one.
 Per notebook the report keeps a reader's page without code (`NN_x.html`), the page with
 code (`NN_x.code.html`), the executed notebook, and every chart as PNG and SVG
 (`figures/`); `dsa_lab.report_page` builds the landing page.
@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -34,52 +35,13 @@ from papermill.exceptions import PapermillExecutionError
 from tqdm import tqdm
 
 from dsa_lab import report_page
-from dsa_lab.store import git_state
+from dsa_lab.notebook import FALLBACK_MIME, PROVENANCE_MIME
+from dsa_lab.provenance import git_state
 
 PAPERMILL_BANNER_TAG = "papermill-error-cell-tag"
-PROVENANCE_MIME = "application/vnd.dsa-lab.provenance+json"
-FALLBACK_MIME = "application/vnd.dsa-lab.fallback+json"
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_.+\.ipynb$")
 DEFAULT_NOTEBOOKS = Path("notebooks")
 DEFAULT_OUT = Path("reports")
-
-
-def show_provenance(provenance: Mapping[str, Any], label: str) -> None:
-    """Display, inside a notebook, which run a chart came from; `build_report` collects it."""
-    from IPython.display import display
-
-    record = {"label": label, **{k: v if _is_plain(v) else json.dumps(v, default=str) for k, v in provenance.items()}}
-    summary = ", ".join(f"{k}={v}" for k, v in record.items() if k != "label")
-    display(
-        {PROVENANCE_MIME: record, "text/plain": f"data used ({label}): {summary}"},
-        raw=True,
-    )
-
-
-def show_fallback(missing: str, shown_instead: str) -> None:
-    """A banner saying that the notebook shows stand-in data; `build_report` flags it in the index.
-
-    Falling back is never silent: a reader sees what was missing, what is shown instead,
-    and the command that makes the real data.
-    """
-    from html import escape
-
-    from IPython.display import display
-
-    html = (
-        '<div class="dsa-lab-fallback" style="border-left:6px solid #d4a72c;background:#fff8c5;'
-        'padding:.6em 1em;margin:.4em 0;color:#3b2300">'
-        f"<b>Not the measured data: {escape(shown_instead)}.</b><br>{escape(missing)}</div>"
-    )
-    display(
-        {FALLBACK_MIME: {"missing": missing, "shown_instead": shown_instead}, "text/html": html,
-         "text/plain": f"NOT THE MEASURED DATA: {shown_instead}. {missing}"},
-        raw=True,
-    )  # fmt: skip
-
-
-def _is_plain(value: Any) -> bool:
-    return isinstance(value, (str, int, float, bool)) or value is None
 
 
 @dataclass
@@ -172,8 +134,17 @@ def build_report(
             bar.set_postfix_str(path.name)
             outcomes.append(_run_one(path, out_dir, params, workdir, execution_timeout))
     result = ReportResult(out_dir, params, outcomes, git_state())
-    _write_index(result, report_page.headline_findings())
+    _write_index(result, _findings(notebooks_dir))
     return result
+
+
+def _findings(notebooks_dir: Path) -> report_page.Findings:
+    """The headline of the run and shape the tour notebook names (none without the tour)."""
+    tour = [p for p in find_notebooks(notebooks_dir) if p.name.startswith(report_page.HEADLINE_NOTEBOOK)]
+    if not tour:
+        text = f"No tour notebook ({report_page.HEADLINE_NOTEBOOK}_*.ipynb) among the notebooks: no headline."
+        return report_page.Findings(None, f"<p class='fallback'>{escape(text)}</p>", text + "\n")
+    return report_page.headline_findings(*report_page.headline_point(tour[0]))
 
 
 @contextlib.contextmanager

@@ -1,14 +1,15 @@
 """The report's landing page: findings first, then one card per notebook, provenance folded.
 
 `dsa-lab report` (dsa_lab.report) executes the notebooks; this module turns what they
-produced into what a reader opens: the headline table generated from the shipped H200
-run (also written as Markdown to paste into a pull request), a line, a thumbnail and a
+produced into what a reader opens: the headline table generated from the run and shape the tour
+notebook (00) names in its parameters (also written as Markdown to paste into a pull request), a line, a thumbnail and a
 status per notebook, every chart as PNG and SVG under `figures/`, and the notebooks'
 HTML without code (the code-visible page and the executed notebook sit beside it).
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import io
 import re
@@ -20,9 +21,11 @@ from typing import Any
 import mistune
 import nbformat
 import pandas as pd
+import papermill
 
-HEADLINE_RUN = "h200/h200-full-20261129"
-HEADLINE_BATCH, HEADLINE_CONTEXT = 128, "65536"
+from dsa_lab.workload import ContextSpec
+
+HEADLINE_NOTEBOOK = "00"  # the tour: its parameters name the headline's run and shape
 THUMB_WIDTH = 360
 FIGURE_MIMES = {"image/png": "png", "image/svg+xml": "svg"}
 
@@ -36,20 +39,28 @@ class Findings:
     markdown: str  # the table as Markdown, for pull requests and issues
 
 
-def headline_findings(
-    run_path: str = HEADLINE_RUN, batch: int = HEADLINE_BATCH, context: str = HEADLINE_CONTEXT
-) -> Findings:
-    """What vLLM 0.33 takes and what is fastest per next_n at one large shape of the shipped run."""
+def headline_point(notebook: Path) -> tuple[str, int, str]:
+    """(run path, batch, context) of the headline, as the tour notebook's parameters cell names them
+    (`run_path`, `batch`, `context`): the report shows the run and shape the tour shows."""
+    values = {name: ast.literal_eval(p["default"]) for name, p in papermill.inspect_notebook(str(notebook)).items()}
+    return values["run_path"], values["batch"], ContextSpec.parse(values["context"]).label
+
+
+def headline_findings(run_path: str, batch: int, context: str) -> Findings:
+    """What vLLM 0.33 takes and what is fastest per next_n at one shape of one measured run."""
     from dsa_lab.analysis import headline
+    from dsa_lab.analysis.frames import one_shape
     from dsa_lab.analysis.runs import latency_run
 
     chosen = latency_run(run_path) if _run_present(run_path) else None
     if chosen is None or not chosen.measured:
-        text = (f"The measured run `{run_path}` is not in this checkout's data folder, so there is no headline. "
-                "Make one on an H200 with `dsa-lab bench --preset h200-full`.")  # fmt: skip
+        text = (
+            f"The measured run `{run_path}` is not in this checkout's data folder, so there is no headline. "
+            "Make one on an H200 with `dsa-lab bench --preset h200-full`."
+        )
         return Findings(None, f"<p class='fallback'>{mistune.html(text)}</p>", text + "\n")
     run_id = chosen.run.provenance["run_id"]
-    table = headline.headline_table(chosen.run.results, batch, context)
+    table = headline.headline_table(one_shape(chosen.run.results)[0], batch, context)
     reading = headline.headline_reading(table, chosen.device_label, run_id, batch, context)
     return Findings(table, mistune.html(reading), headline_markdown(table, chosen.device_label, run_id, batch, context))
 
@@ -74,8 +85,10 @@ def headline_markdown(table: pd.DataFrame, device_label: str, run_id: str, batch
     ]
     for row in table.itertuples():
         pieces = f" {row.best_pieces}" if row.best_pieces else ""
-        lines.append(f"| {row.next_n} | {row.vllm_strategy} ({row.vllm_backend}) | {row.vllm_us:.0f} | "
-                     f"{row.best_strategy}{pieces} ({row.best_backend}) | {row.best_us:.0f} | {row.speedup:.2f}× |")  # fmt: skip
+        lines.append(
+            f"| {row.next_n} | {row.vllm_strategy} ({row.vllm_backend}) | {row.vllm_us:.0f} | "
+            f"{row.best_strategy}{pieces} ({row.best_backend}) | {row.best_us:.0f} | {row.speedup:.2f}× |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -151,11 +164,15 @@ def headline_html(findings: Findings) -> str:
     for row in findings.table.itertuples():
         pieces = f" {row.best_pieces}" if row.best_pieces else ""
         mark = " class='win'" if row.beyond_spread else ""
-        rows.append(f"<tr><td>{row.next_n}</td><td>{row.vllm_strategy} ({row.vllm_backend})</td><td>{row.vllm_us:.0f}</td>"
-                    f"<td{mark}><b>{row.best_strategy}{pieces}</b> ({row.best_backend})</td><td>{row.best_us:.0f}</td>"
-                    f"<td{mark}>{row.speedup:.2f}×</td></tr>")  # fmt: skip
-    head = ("<tr><th>next_n</th><th>vLLM 0.33 takes</th><th>µs</th><th>fastest measured</th><th>µs</th>"
-            "<th>speedup over vLLM</th></tr>")  # fmt: skip
+        rows.append(
+            f"<tr><td>{row.next_n}</td><td>{row.vllm_strategy} ({row.vllm_backend})</td><td>{row.vllm_us:.0f}</td>"
+            f"<td{mark}><b>{row.best_strategy}{pieces}</b> ({row.best_backend})</td><td>{row.best_us:.0f}</td>"
+            f"<td{mark}>{row.speedup:.2f}×</td></tr>"
+        )
+    head = (
+        "<tr><th>next_n</th><th>vLLM 0.33 takes</th><th>µs</th><th>fastest measured</th><th>µs</th>"
+        "<th>speedup over vLLM</th></tr>"
+    )
     caption = findings.markdown.splitlines()[0].replace("`", "")
     return f"<table class='headline'><caption>{escape(caption)}</caption>{head}{''.join(rows)}</table>"
 

@@ -9,26 +9,24 @@ os.replace). A run folder is never overwritten, and only one process writes it a
 that was started with another spec, or on another device or environment. `load_run`
 checks both files and names the file (and rows) at fault: every read failure, and any
 timed row with a non-finite or non-positive time or quartiles out of order, becomes a
-`RunFormatError`; `list_runs` lists a damaged run with its problem instead of failing.
+`RunFormatError` (`listing.list_runs` lists a damaged run with its problem instead of failing).
 Writes that the OS refuses (no space, read-only, permission) raise `RunWriteError`, one
-line naming the path. Every row carries `source` (measured or modeled). Run ids are plain
-folder names (`check_run_id`), so a run folder never lands outside its root.
+line naming the path. Every row carries `source` (measured or modeled) and a column per axis
+(`dsa_lab.axes`; one an older run lacks is filled in on load). Run ids are plain folder names
+(`check_run_id`), so a run folder never lands outside its root. A new run's provenance is
+`provenance.build_provenance`'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import errno
 import fcntl
-import hashlib
 import json
 import math
 import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,16 +34,15 @@ from typing import Any
 
 import pandas as pd
 
+from dsa_lab import axes
+from dsa_lab.env_info import RESUME_FIELDS
+
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.parquet"
 PROVENANCE_FILE = "provenance.json"
 POINTS_FILE = "points.jsonl"
 LOCK_FILE = ".lock"
-AXES = ("backend", "strategy", "batch", "context", "next_n", "cache_dtype", "heads", "head_dim")
 TIME_COLUMNS = ("p25_ms", "median_ms", "p75_ms")  # in this order for every timed (status ok) row
-RESUME_ENVIRONMENT = (
-    "gpu_name", "gpu_capability", "driver", "cuda", "torch", "triton", "deep_gemm", "deepgemm_pr340_origin", "python",
-)  # fmt: skip
 SOURCES = ("measured", "modeled")
 STATUSES = ("ok", "failed", "error", "skipped")
 PROVENANCE_KEYS = (
@@ -60,11 +57,17 @@ PROVENANCE_KEYS = (
     "environment",
     "git",
 )
-RESULT_COLUMNS = (
-    "point_key", "status", "message", "source", "backend", "strategy", "batch", "context",
-    "next_n", "cache_dtype", "heads", "head_dim", "median_ms", "p25_ms", "p75_ms", "iqr_ms",
-)  # fmt: skip
-PACKAGE_ROOT = Path(__file__).resolve().parent
+RESULT_COLUMNS = (  # every run has these; an axis added later is filled in on load (`axes.complete`)
+    "point_key",
+    "status",
+    "message",
+    "source",
+    *(a.column for a in axes.AXES if a.stored_always),
+    "median_ms",
+    "p25_ms",
+    "p75_ms",
+    "iqr_ms",
+)
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -129,72 +132,6 @@ def is_scratch(provenance: dict[str, Any]) -> bool:
     """Whether a run is scratch (a try-out) rather than study data: its provenance's `scratch`
     (written by bench and profile), else, for runs recorded before it, `scratch_device`."""
     return bool(provenance.get("scratch", scratch_device(provenance.get("device"))))
-
-
-# ---------------------------------------------------------------- provenance
-
-
-def git_state() -> dict[str, Any]:
-    """Commit and dirty flag of the checkout (env DSA_LAB_GIT_SHA / DSA_LAB_GIT_DIRTY win, for copies
-    without .git such as the device machine's), plus a hash of the package sources that needs no git."""
-    state: dict[str, Any] = {"sha": os.environ.get("DSA_LAB_GIT_SHA"), "dirty": None, "tree_sha256": _package_hash()}
-    if os.environ.get("DSA_LAB_GIT_DIRTY") is not None:
-        state["dirty"] = os.environ["DSA_LAB_GIT_DIRTY"].lower() in ("1", "true", "yes")
-    if state["sha"] is None:
-        try:
-            root = PACKAGE_ROOT.parent
-            sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-            porcelain = subprocess.run(
-                ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=10
-            )
-        except (OSError, subprocess.SubprocessError) as err:
-            state["error"] = f"git not usable: {err}"
-            return state
-        if sha.returncode == 0:
-            state["sha"] = sha.stdout.strip()
-            state["dirty"] = bool(porcelain.stdout.strip())
-        else:
-            state["error"] = sha.stderr.strip() or "git rev-parse failed"
-    return state
-
-
-def _package_hash() -> str:
-    digest = hashlib.sha256()
-    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
-        digest.update(str(path.relative_to(PACKAGE_ROOT)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def build_provenance(
-    run_id: str,
-    device: str,
-    device_name: str,
-    source: str,
-    seed: int,
-    timing_method: str,
-    spec: dict[str, Any],
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    from dsa_lab.env_info import environment_facts  # imported here: it imports torch
-
-    if source not in SOURCES:
-        raise ValueError(f"source={source!r}: allowed values are {SOURCES}")
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": run_id,
-        "source": source,
-        "device": device,
-        "device_name": device_name,
-        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": list(sys.argv),
-        "timing_method": timing_method,
-        "seed": seed,
-        "spec": spec,
-        "environment": environment_facts(),
-        "git": git_state(),
-        **(extra or {}),
-    }
 
 
 # ---------------------------------------------------------------- writing
@@ -284,7 +221,7 @@ def check_resume(
     Refused when: the run was started with another spec; its rows disagree with its log
     (results.parquet holds a point points.jsonl lacks, or another status or time for it:
     rebuilding from the log would lose or change rows); or it was measured on another
-    device or environment (`RESUME_ENVIRONMENT`), whose times must not be mixed in.
+    device or environment (`env_info.RESUME_FIELDS`), whose times must not be mixed in.
     """
     run_dir = Path(run_dir)
     provenance = read_provenance(run_dir / PROVENANCE_FILE)
@@ -300,7 +237,7 @@ def check_resume(
     differ = [f"{key} {there[key]!r} -> {here[key]!r}" for key in here if there[key] != here[key]]
     differ += [
         f"{key} {recorded.get(key)!r} -> {environment.get(key)!r}"
-        for key in RESUME_ENVIRONMENT
+        for key in RESUME_FIELDS
         if key in recorded and recorded.get(key) != environment.get(key)
     ]
     if differ:
@@ -490,7 +427,7 @@ def load_run(path: str | Path) -> Run:
     if results["point_key"].map(lambda key: not isinstance(key, str)).any() or results["point_key"].duplicated().any():
         raise RunFormatError(f"{results_path}: point_key must be unique strings")
     _check_times(results, results_path)
-    return Run(run_dir, provenance, results)
+    return Run(run_dir, provenance, axes.complete(results))
 
 
 def _check_times(results: pd.DataFrame, path: Path) -> None:
@@ -511,80 +448,3 @@ def _check_times(results: pd.DataFrame, path: Path) -> None:
             shown = ", ".join(f"row {i} ({timed.at[i, 'point_key']})" for i in rows[:3])
             more = f" and {len(rows) - 3} more" if len(rows) > 3 else ""
             raise RunFormatError(f"{path}: {len(rows)} timed row(s) with {what}: {shown}{more}")
-
-
-def _run_folders(root: Path) -> list[Path]:
-    """Folders `root/<device>/<run_id>/` holding any run file (a damaged run included)."""
-    names = (PROVENANCE_FILE, RESULTS_FILE, POINTS_FILE)
-    return sorted(
-        folder for folder in root.glob("*/*") if folder.is_dir() and any((folder / n).exists() for n in names)
-    )
-
-
-def _result_rows(path: Path) -> int:
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.read_metadata(path).num_rows
-    except Exception as err:  # pyarrow raises several types for corrupt files
-        raise RunFormatError(f"{path}: not a readable parquet file ({type(err).__name__}: {err})") from None
-
-
-def list_runs(root: str | Path = "data") -> pd.DataFrame:
-    """One row per run folder under `root` (device/run_id/), newest first.
-
-    `purpose` tells study data from scratch (`is_scratch`: CPU runs, and bench or profile runs
-    written where no --out or --root said). A damaged run (bad provenance, unreadable results)
-    is listed with its `problem` (the file and what is wrong) rather than failing the listing
-    or hiding the good runs.
-    """
-    root = Path(root)
-    if not root.is_dir():
-        raise ValueError(f"root={str(root)!r}: no such folder (the data folder holds <device>/<run_id>/ runs)")
-    rows = []
-    for folder in _run_folders(root):
-        try:
-            provenance = read_provenance(folder / PROVENANCE_FILE)
-            results = folder / RESULTS_FILE
-            count = _result_rows(results) if results.is_file() else None
-        except RunFormatError as err:
-            rows.append({"path": str(folder), "problem": str(err)})
-            continue
-        rows.append(
-            {
-                "path": str(folder),
-                "run_id": provenance["run_id"],
-                "device": provenance.get("device_name", provenance["device"]),
-                "source": provenance["source"],
-                "purpose": "scratch" if is_scratch(provenance) else "study",
-                "created": provenance["created"],
-                "rows": count,
-                "problem": None if count is not None else f"no {RESULTS_FILE} yet",
-            }
-        )
-    columns = ["path", "run_id", "device", "source", "purpose", "created", "rows", "problem"]
-    frame = pd.DataFrame(rows, columns=columns)
-    return frame.sort_values("created", ascending=False, na_position="last").reset_index(drop=True)
-
-
-def _cmd_runs(args: argparse.Namespace) -> int:
-    from dsa_lab.paths import data_dir, scratch_dir
-
-    roots = [Path(args.root)] if args.root else [data_dir(), *[p for p in (scratch_dir(),) if p.is_dir()]]
-    frame = pd.concat([list_runs(root) for root in roots], ignore_index=True)
-    if frame.empty:
-        print(f"no runs under {' or '.join(map(str, roots))}")
-        return 0
-    print(frame.to_string(index=False))
-    bad = int(frame["problem"].notna().sum() - (frame["problem"] == f"no {RESULTS_FILE} yet").sum())
-    if bad:
-        print(f"{bad} damaged run(s) listed with their problem", file=sys.stderr)
-    return 0
-
-
-def register_cli(subparsers: argparse._SubParsersAction) -> None:
-    runs = subparsers.add_parser("runs", help="list the runs stored under a data folder")
-    runs.add_argument("--root", default=None,
-                      help="folder holding <device>/<run_id>/ runs (default: data/ and scratch/, the purpose column "
-                      "telling study from scratch)")  # fmt: skip
-    runs.set_defaults(func=_cmd_runs)

@@ -35,7 +35,7 @@ import triton.testing  # noqa: E402
 from dsa_lab.kernels import triton_native as tn  # noqa: E402
 from dsa_lab.kernels.cubin import cuobjdump  # noqa: E402
 from dsa_lab.kernels.reference import paged_mqa_logits  # noqa: E402
-from dsa_lab.roofline import GPUS  # noqa: E402
+from dsa_lab.model.roofline import GPUS  # noqa: E402
 
 HBM_BYTES_PER_S = GPUS["H200-measured"].hbm_tbps * 1e12  # 4.2e12, this project's measured ceilings
 FP8_FLOPS_PER_S = GPUS["H200-measured"].fp8_tflops * 1e12  # 1.31e15

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from dsa_lab import store
 from dsa_lab.cli import main
+from dsa_lab.listing import list_runs
+from dsa_lab.provenance import build_provenance
 
 FAST_BENCH = ["bench", "--preset", "ci", "--backend", "reference", "--batch", "1", "--context", "64", "--next-n", "1",
               "--strategy", "native", "--no-progress", "--device", "cpu"]  # fmt: skip
@@ -88,7 +90,7 @@ def test_unknown_flags_and_choices_are_argparse_errors(capsys) -> None:
 
 
 def _run(root: Path, name: str) -> Path:
-    provenance = store.build_provenance(name, "cpu", "cpu", "measured", 0, "wall_clock", {})
+    provenance = build_provenance(name, "cpu", "cpu", "measured", 0, "wall_clock", {})
     run_dir = store.create_run(root / "cpu" / name, provenance)
     store.append_point(run_dir, {"point_key": "k", "status": "ok", "source": "measured"})
     store.write_results(run_dir)
@@ -129,7 +131,7 @@ def test_reading_the_shipped_data_changes_nothing(capsys) -> None:
 
     before = digest()
     assert main(["runs", "--root", str(data)]) == 0
-    listing = store.list_runs(data)
+    listing = list_runs(data)
     for path in listing.loc[listing["problem"].isna(), "path"]:
         store.load_run(path)
     for folder in scan_profile_runs(data).runs:

@@ -17,7 +17,9 @@ from dsa_lab.metadata import build_metadata
 from dsa_lab.workload import random_inputs, uniform_batch
 
 INPUTS = random_inputs(uniform_batch(2, 100, 3, num_heads=32, head_dim=64), seed=0)
-ATOM = build_metadata("atom", INPUTS.batch, INPUTS.cache.block_table)  # 3 = one padded 4 with sizes (1, 2, 4)
+ATOM = build_metadata(
+    "atom", INPUTS.batch, INPUTS.cache.block_table, (1, 2, 4)
+)  # 3 = one padded 4 with sizes (1, 2, 4)
 SPLIT = build_metadata("atom", INPUTS.batch, INPUTS.cache.block_table, (1, 2))  # 2 + 1: two launches
 REFERENCE = get_backend("reference")
 OUTPUTS = run_logits(INPUTS, SPLIT, REFERENCE)
@@ -31,7 +33,7 @@ def with_table(table: torch.Tensor):
 OUT_OF_RANGE = INPUTS.cache.block_table.clone()
 OUT_OF_RANGE[1, 0] = 10**6
 OTHER = build_metadata(
-    "native", uniform_batch(3, 100, 3, num_heads=32, head_dim=64), torch.zeros(3, 2, dtype=torch.int32)
+    "native", uniform_batch(3, 100, 3, num_heads=32, head_dim=64), torch.zeros(3, 2, dtype=torch.int32), (1, 2, 4)
 )
 
 CASES = {

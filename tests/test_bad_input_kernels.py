@@ -1,9 +1,9 @@
-"""Bad input to every backend's `logits` (DeepGEMM's convention plus `cache_dtype`): refused by name.
+"""Bad input to every registered backend's `logits` (DeepGEMM's convention plus `cache_dtype`): refused by name.
 
 No kernel is launched: every refusal happens in the host checks (and, for CPU tensors,
-the value scan) before it, so this runs without the Triton interpreter. DeepGEMM cannot
-run on a CPU: its host checks still name bad arguments, and good ones get BackendUnavailable
-with the reason.
+the value scan) before it, so this runs without the Triton interpreter. DeepGEMM, its PR #340
+build and the Gluon kernel cannot run on a CPU: their host checks still name bad arguments,
+and good ones get BackendUnavailable with the reason (`tests/test_backend_contract.py`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsa_lab.errors import BackendUnavailable, UnsupportedShape
-from dsa_lab.kernels import get_backend
+from dsa_lab.kernels import backend_names, get_backend
 from dsa_lab.kernels import triton_native as tn
 from dsa_lab.kernels.reference import paged_mqa_logits
 from dsa_lab.kernels.registry import check_logits_args
 
-BACKENDS = ("reference", "triton", "deepgemm")
+BACKENDS = backend_names()  # every registered backend gets the battery, whether it can run here or not
 CPU_SCANNED = ("reference", "triton")  # backends whose CPU calls scan context lens and block ids
 
 

@@ -37,7 +37,7 @@ CASES = {
     "table list": (lambda: build_native_metadata(BATCH, TABLE.tolist()), r"block_table: expected int32"),
     "table rows": (lambda: build_native_metadata(BATCH, TABLE[:1]), r"block_table: 1 rows"),
     "table too narrow": (lambda: build_flatten_metadata(BATCH, TABLE[:, :2]), r"block_table: 2 blocks per request"),
-    "strategy": (lambda: build_metadata("interleave", BATCH, TABLE), r"strategy='interleave'"),
+    "strategy": (lambda: build_metadata("interleave", BATCH, TABLE, (1, 2, 4)), r"strategy='interleave'"),
     "native_sizes string": (lambda: build_metadata("native", BATCH, TABLE, "124"), r"native_sizes="),
     "native_sizes zero": (lambda: build_metadata("atom", BATCH, TABLE, (0, 2)), r"native_sizes\[0\]=0"),
     "native_sizes empty": (lambda: build_metadata("atom", BATCH, TABLE, ()), r"native_sizes"),
@@ -90,4 +90,4 @@ def test_a_table_too_narrow_for_the_longest_request_is_refused(lens: list[int], 
     table = torch.zeros(len(lens), max(0, need - short), dtype=torch.int32)
     for strategy in ("native", "flatten", "atom"):
         with pytest.raises(ValueError, match=r"block_table: \d+ blocks per request"):
-            build_metadata(strategy, batch, table)
+            build_metadata(strategy, batch, table, (1, 2, 4))

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsa_lab import store
+from dsa_lab.listing import list_runs
 from dsa_lab.profiling.runs import ignored_note, load_profile_run, scan_profile_runs, shipped_or_cpu_reference
 from dsa_lab.profiling.torch_profile import read_trace
 
@@ -89,7 +90,7 @@ def test_runs_listing_shows_a_damaged_run_beside_the_good_one(tmp_path: Path, ca
     name, content, says = CORRUPT[case]
     make_run(tmp_path, "good")
     damage(make_run(tmp_path, "bad"), name, content)
-    listing = store.list_runs(tmp_path).set_index("path")
+    listing = list_runs(tmp_path).set_index("path")
     good, bad = str(tmp_path / "cpu" / "good"), str(tmp_path / "cpu" / "bad")
     assert pd.isna(listing.loc[good, "problem"]) and listing.loc[good, "rows"] == 1
     assert name in listing.loc[bad, "problem"] or case == "results missing"
@@ -152,7 +153,7 @@ def test_a_run_id_cannot_leave_its_root(run_id: object) -> None:
 
 def test_list_runs_of_a_missing_root_says_so(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"root='.*nowhere': no such folder"):
-        store.list_runs(tmp_path / "nowhere")
+        list_runs(tmp_path / "nowhere")
 
 
 def test_create_run_over_a_file_is_refused(tmp_path: Path) -> None:

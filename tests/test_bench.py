@@ -22,12 +22,12 @@ import pandas as pd
 import pytest
 import torch
 
-from dsa_lab import store
+from dsa_lab import axes, store
 from dsa_lab.bench import cli as bench_cli
 from dsa_lab.bench import inputs as bench_inputs
 from dsa_lab.bench import numerics, sweep, timing, walk
 from dsa_lab.bench import point as bench_point
-from dsa_lab.bench.point import SweepSpec, expand, parse_values
+from dsa_lab.bench.point import SweepSpec, expand
 from dsa_lab.bench.sweep import run_sweep
 from dsa_lab.bench.timing import StoppingRule, TimingConfig, summarize, time_callable
 from dsa_lab.cache import build_paged_cache, gather_request_keys, random_paged_cache, split_block
@@ -50,6 +50,7 @@ def tiny(**axes) -> SweepSpec:
 
 class _Injected(ReferenceBackend):
     baseline = False
+    presets = ()  # in no preset: a test's own
 
 
 class _WrongBackend(_Injected):
@@ -333,19 +334,19 @@ def test_presets_exist_and_h200_full_covers_the_study():
     assert bench_point.preset("ci").backend == ("reference",)
     sm100 = bench_point.preset("sm100")
     assert (sm100.batch, sm100.context, sm100.next_n) == (full.batch, full.context, full.next_n)
-    assert bench_point.PRESETS == bench_cli.PRESET_NAMES and bench_point.AXES == bench_cli.GRID_AXES
+    assert bench_point.PRESETS == bench_cli.PRESETS
     with pytest.raises(ValueError, match="preset"):
         bench_point.preset("huge")
 
 
 def test_one_list_syntax_for_every_axis():
-    assert parse_values("next_n", "1, 2,4") == (1, 2, 4)
-    assert parse_values("strategy", "all") == ("native", "flatten", "atom")
-    assert parse_values("context", "8K,mixed:1K-64K") == ("8K", "mixed:1K-64K")
+    assert axes.axis("next_n").parse("1, 2,4") == (1, 2, 4)
+    assert axes.axis("strategy").parse("all") == ("native", "flatten", "atom")
+    assert axes.axis("context").parse("8K,mixed:1K-64K") == ("8K", "mixed:1K-64K")
     with pytest.raises(ValueError, match="--next-n='1 2': values must be integers, comma-separated"):
-        parse_values("next_n", "1 2")
+        axes.axis("next_n").parse("1 2")
     with pytest.raises(ValueError, match="--batch: give at least one value"):
-        parse_values("batch", " , ")
+        axes.axis("batch").parse(" , ")
 
 
 def test_a_spec_round_trips_through_its_provenance_form():
@@ -767,7 +768,7 @@ def test_sm100_preset_with_a_faked_sm100_gpu(monkeypatch, capsys):
     assert all("same launch as native" in reasons[(b, "atom", n)] for b in spec.backend for n in spec.next_n)
     assert all(reasons[(b, "flatten", n)] is None for b in spec.backend for n in spec.next_n)
     assert bench_cli.numerics_notes(spec, cuda) == [
-        f"numerics: deepgemm on cuda: K scales ue8m0, checked to 0.01 ({numerics.NUMERICS[('deepgemm', 10)].reason})"
+        f"numerics: deepgemm on cuda: K scales ue8m0, checked to 0.01 ({registry.get_backend('deepgemm').numerics[10].reason})"
     ]
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # the same grid on SM90
     assert bench_cli.numerics_notes(spec, cuda) == []

@@ -21,7 +21,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from dsa_lab import store
+from dsa_lab import listing, store
 from dsa_lab.cli import main
 from dsa_lab.notebook_git import refresh_entry, refresh_index
 from dsa_lab.paths import DATA_ENV, SCRATCH_ENV
@@ -199,7 +199,7 @@ def test_runs_lists_study_and_scratch_apart(tmp_path: Path, monkeypatch: pytest.
     assert main(["runs"]) == 0
     rows = {line.split()[1]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
     assert rows["study"][4] == "study" and rows["try"][4] == "scratch" and rows["old"][4] == "scratch"
-    purposes = store.list_runs(tmp_path / "data").set_index("run_id")["purpose"].to_dict()
+    purposes = listing.list_runs(tmp_path / "data").set_index("run_id")["purpose"].to_dict()
     assert purposes == {"study": "study", "old": "scratch"}
 
 

@@ -69,13 +69,12 @@ from dsa_lab.policy import (
     indexer_backend_takes_device_query_lens,
     indexer_builder,
     native_next_n_supported,
-    step_route,
-    step_uses_native,
     supports_native_decode,
     supports_varlen,
     use_flattening_0_33,
     vllm_0_33_0,
 )
+from dsa_lab.policy_steps import step_route, step_uses_native
 from dsa_lab.workload import DecodeBatch, ragged_decode_batch, uniform_batch, with_padding
 
 # DeepSeek-V4's ROCm attention layer lives in a module that reads the GPU arch when imported;

@@ -266,7 +266,6 @@ def _sm100_sweep(monkeypatch, run_dir, numerics_table=None):
     """The sm100 preset, narrowed to a CPU-sized grid, swept with DeepGEMM (the stand-in module) and
     the reference on a faked SM100 GPU: every point checked, timed and stored as on a B200."""
     from dsa_lab import store
-    from dsa_lab.bench import numerics
     from dsa_lab.bench.point import preset
     from dsa_lab.bench.sweep import run_sweep
     from dsa_lab.bench.timing import TimingConfig
@@ -280,8 +279,8 @@ def _sm100_sweep(monkeypatch, run_dir, numerics_table=None):
     monkeypatch.setattr(DeepGemmBackend, "availability", lambda self, device: Availability(True, ""))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
-    if numerics_table is not None:
-        monkeypatch.setattr(numerics, "NUMERICS", numerics_table)
+    if numerics_table is not None:  # what the backend declares per compute capability, replaced
+        monkeypatch.setattr(DeepGemmBackend, "numerics", numerics_table)
     spec = preset("sm100").with_axes(
         backend=("deepgemm", "reference"), batch=(2,), context=("192",), next_n=(1, 3), heads=(64,), head_dim=(128,),
         timing=TimingConfig(warmup=1, min_samples=2, max_samples=3, max_seconds=0.01, window=2),
@@ -321,9 +320,9 @@ def test_sm100_sweep_checks_deepgemm_on_power_of_two_scales_at_its_own_bound(mon
 def test_sm100_deepgemm_points_fail_without_either_half(monkeypatch, tmp_path, entry, expected):
     """The check can fail: without power-of-two scales, or without the SM100 bound, every DeepGEMM
     point of the sweep is recorded as failed (what an SM100 run recorded before both were added)."""
-    from dsa_lab.bench.numerics import Numerics
+    from dsa_lab.kernels.registry import Numerics
 
-    table = {("deepgemm", 10): Numerics(entry["k_scales"], entry["tolerance"], "test")}
+    table = {10: Numerics(entry["k_scales"], entry["tolerance"], "test")}
     _, rows = _sm100_sweep(monkeypatch, tmp_path / "sm100", table)
     deepgemm = rows.loc["deepgemm"]
     checked = deepgemm[deepgemm["status"] != "skipped"]

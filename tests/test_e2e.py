@@ -22,14 +22,15 @@ from dsa_lab.model.decode_step import (  # noqa: E402
     distinct_experts,
     tokens_per_step,
 )
-from dsa_lab.model.gpus import H200_RUN  # noqa: E402
 from dsa_lab.paths import resolve_data_path  # noqa: E402
 from dsa_lab.plots import e2e as plots  # noqa: E402
+
+H200_RUN = "h200/h200-full-20261129"  # the shipped H200 sweep the measured indexer times come from
 
 
 @pytest.fixture(scope="module")
 def times() -> e2e.IndexerTimes:
-    return e2e.IndexerTimes(store.load_run(resolve_data_path(H200_RUN)).results)
+    return e2e.IndexerTimes(store.load_run(resolve_data_path(H200_RUN)).results, "triton")
 
 
 def test_tokens_per_step_adds_the_acceptance_rates():
@@ -68,7 +69,7 @@ def test_indexer_times_are_measured_where_the_sweep_has_them(times):
     assert times("H200", "native", 128, 4096, 1)[1] == "modeled"  # not in the sweep
     assert times("B200", e2e.VLLM, 128, 65536, 3)[1] == "modeled"
     assert e2e.vllm_strategy("B200", 3) == ("deepgemm", "native")
-    stand_in = e2e.IndexerTimes(None)
+    stand_in = e2e.IndexerTimes(None, "triton")
     assert stand_in("H200", "native", 128, 65536, 1)[1] == "modeled"
 
 

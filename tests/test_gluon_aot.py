@@ -95,7 +95,7 @@ def compile_case(kind: str, next_n: int) -> dict:
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory) -> dict[tuple[str, int], dict]:
     """Every case's report, from one child process (no TRITON_INTERPRET, a fresh Triton cache)."""
-    if importlib.util.find_spec("triton") is None or gn.gluon_kernel is None:
+    if importlib.util.find_spec("triton") is None or gn.paged_mqa_logits_gluon_kernel is None:
         pytest.skip(f"no Gluon here: {gn.GLUON_IMPORT_ERROR or 'triton is not installed'}")
     cases = [["gluon", n] for n in NEXT_N] + [[kind, n] for kind in ("schedule", "tail") for n in SCHEDULE_NEXT_N]
     found = compile_in_child(__file__, cases, tmp_path_factory.mktemp("triton_cache"))

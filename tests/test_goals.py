@@ -1,4 +1,4 @@
-"""Issue 13's goals (`analysis.goals`) and the best option over several backends (`frames.best_option`):
+"""Issue 13's goals (`studies.goals`) and the best option over several backends (`frames.best_option`):
 hand-built runs whose every verdict is known, then the shipped Gluon run."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from dsa_lab.analysis import frames, goals  # noqa: E402
+from dsa_lab.analysis import frames  # noqa: E402
 from dsa_lab.analysis.runs import timed_backends  # noqa: E402
+from dsa_lab.model.roofline import GpuSpec, floor_ms  # noqa: E402
 from dsa_lab.paths import DATA_ENV, resolve_data_path  # noqa: E402
 from dsa_lab.plan import LaunchPlan  # noqa: E402
-from dsa_lab.plots import kernel, style  # noqa: E402
-from dsa_lab.roofline import GpuSpec, floor_ms  # noqa: E402
+from dsa_lab.plots import style  # noqa: E402
+from dsa_lab.studies import goals, lab_notes  # noqa: E402
 
 CEILINGS = {"read_tbps": 4.0, "fp8_tflops": 1300.0}
 PROVENANCE = {"device_name": "NVIDIA H200", "seed": 0, "ceilings": CEILINGS, "run_id": "hand-built"}
@@ -58,7 +59,7 @@ def results() -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def points(results: pd.DataFrame) -> pd.DataFrame:
-    return goals.goal_points(results, PROVENANCE).set_index(POINT)
+    return goals.goal_points(results, PROVENANCE, candidate="gluon").set_index(POINT)
 
 
 @pytest.fixture(autouse=True)
@@ -71,12 +72,12 @@ def test_best_option_over_one_or_several_backends(results: pd.DataFrame) -> None
     one = frames.best_option(results).set_index(POINT)  # the default: the vendored DeepGEMM alone
     assert one.loc[(64, "32768", 3), ["best_backend", "best_strategy"]].tolist() == ["deepgemm", "atom"]
     assert np.isclose(one.loc[(64, "32768", 3), "best_ms"], 0.120)
-    both = frames.best_option(results, frames.DEEPGEMM_BACKENDS).set_index(POINT)
+    both = frames.best_option(results, frames.vllm_family()).set_index(POINT)
     assert both.loc[(64, "32768", 3), ["best_backend", "best_strategy"]].tolist() == ["deepgemm-pr340", "native"]
     assert np.isclose(both.loc[(64, "32768", 3), "best_ms"], 0.090)
     assert both.loc[(128, "65536", 3), "best_backend"] == "deepgemm"  # 500 µs beats PR #340's 505
     assert both.loc[(16, "8192", 2), "best_backend"] == "deepgemm"  # triton's 10 µs is no DeepGEMM option
-    rivals = frames.best_option(results, frames.DEEPGEMM_BACKENDS, ("flatten", "atom")).set_index(POINT)
+    rivals = frames.best_option(results, frames.vllm_family(), ("flatten", "atom")).set_index(POINT)
     assert rivals.loc[(16, "8192", 2), "best_strategy"] == "flatten" and np.isclose(
         rivals.loc[(16, "8192", 2), "best_ms"], 0.025
     )
@@ -132,7 +133,7 @@ def test_summary_per_next_n(points: pd.DataFrame) -> None:
 
 
 def test_sentences_say_met_missed_and_where(points: pd.DataFrame) -> None:
-    first, second, third, fourth = goals.goal_sentences(points.reset_index())
+    first, second, third, fourth = goals.goal_sentences(points.reset_index(), "gluon")
     assert first.startswith("**Goal 1 missed**")
     assert "n=3 (1.111×)" in first and "native (deepgemm-pr340) 90.0 µs" in first
     assert "next_n [1, 2, 5, 6, 7, 8] not measured" in first and "Not judged at 1 more" in first
@@ -145,23 +146,23 @@ def test_sentences_say_met_missed_and_where(points: pd.DataFrame) -> None:
 
 def test_not_judged_without_ceilings_or_small_batches(results: pd.DataFrame) -> None:
     large = results[results["batch"] >= 64]
-    table = goals.goal_points(large, {"device_name": "cpu", "seed": 0})
+    table = goals.goal_points(large, {"device_name": "cpu", "seed": 0}, candidate="gluon")
     assert table["floor_us"].isna().all() and table["goal3"].isna().all()
-    _, _, third, fourth = goals.goal_sentences(table)
+    _, _, third, fourth = goals.goal_sentences(table, "gluon")
     assert third.startswith("**Goal 3 not judged**") and fourth.startswith("**Goal 4 not judged**")
     with pytest.raises(ValueError, match="provenance: no 'seed'"):
-        goals.goal_points(large, {"device_name": "NVIDIA H200", "ceilings": CEILINGS})
+        goals.goal_points(large, {"device_name": "NVIDIA H200", "ceilings": CEILINGS}, candidate="gluon")
 
 
 def test_a_missing_candidate_is_an_error(results: pd.DataFrame) -> None:
     with pytest.raises(ValueError, match="candidate='gluon': no measured timed 'native' rows"):
-        goals.goal_points(results[results["backend"] != "gluon"], PROVENANCE)
+        goals.goal_points(results[results["backend"] != "gluon"], PROVENANCE, candidate="gluon")
     other = goals.goal_points(results, PROVENANCE, candidate="triton").set_index(POINT)
     assert other["candidate_us"].notna().sum() == 1 and np.isclose(other.loc[(16, "8192", 2), "ratio"], 10 / 15)
 
 
 def test_heatmap_ratio_cells_and_footer(points: pd.DataFrame) -> None:
-    fig = kernel.plot_goal_ratio_heatmap(points.reset_index(), "NVIDIA H200", "measured on NVIDIA H200 | run x")
+    fig = goals.plot_goal_ratio_heatmap(points.reset_index(), "NVIDIA H200", "measured on NVIDIA H200 | run x", "gluon")
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert "1.111\nnative\ndeepgemm-pr340" in texts  # two DeepGEMM backends win somewhere: the cell names it
     assert "0.760\natom\ndeepgemm" in texts
@@ -169,19 +170,19 @@ def test_heatmap_ratio_cells_and_footer(points: pd.DataFrame) -> None:
     norm = fig.axes[0].collections[0].norm
     assert norm.vcenter == 1.0 and np.isclose(1.0 - norm.vmin, norm.vmax - 1.0)
     with pytest.raises(ValueError, match="no point has both"):
-        kernel.plot_goal_ratio_heatmap(points.reset_index().assign(ratio=np.nan), "H200")
-    html = kernel.style_goal_points(points.reset_index()).to_html()
+        goals.plot_goal_ratio_heatmap(points.reset_index().assign(ratio=np.nan), "H200", None, "gluon")
+    html = goals.style_goal_points(points.reset_index()).to_html()
     assert "missed" in html and "met" in html
 
 
 def test_no_run_says_what_is_missing(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(DATA_ENV, str(tmp_path))
-    chosen, missing = goals.goal_run("h200/h200-gluon-20261130")
+    chosen, missing = goals.goal_run("h200/h200-gluon-20261130", "h200", "gluon")
     assert chosen is None
     assert "No measured H200 run with the 'gluon' backend" in missing and "is not there" in missing
-    assert "scripts/h200_sweep.sh --backend deepgemm,deepgemm-pr340,triton,gluon" in missing
+    assert "scripts/h200_sweep.sh --backend deepgemm,deepgemm-pr340,gluon,triton" in missing
     with pytest.raises(FileNotFoundError, match="No Nsight Compute run at .*dsa-lab profile"):
-        goals.ncu_comparison("h200/experiments/gluon-ncu-20261130")
+        goals.ncu_comparison("h200/experiments/gluon-ncu-20261130", "gluon")
 
 
 SHIPPED = "h200/h200-gluon-20261130"
@@ -190,9 +191,9 @@ SHIPPED_NCU = "h200/experiments/gluon-ncu-20261130"
 
 @pytest.mark.skipif(not resolve_data_path(SHIPPED).is_dir(), reason=f"data/{SHIPPED} is not in this checkout")
 def test_the_shipped_gluon_run() -> None:
-    chosen, missing = goals.goal_run(SHIPPED)
+    chosen, missing = goals.goal_run(SHIPPED, "h200", "gluon")
     assert chosen is not None and not missing and chosen.run.provenance["run_id"] == "h200-gluon-20261130"
-    table = goals.goal_points(chosen.run.results, chosen.run.provenance).set_index(POINT)
+    table = goals.goal_points(chosen.run.results, chosen.run.provenance, candidate="gluon").set_index(POINT)
     row = table.loc[(128, "65536", 3)]
     assert (row.best_backend, row.best_strategy) == ("deepgemm", "atom")
     assert row.best_us == pytest.approx(511.7, abs=0.5) and row.candidate_us == pytest.approx(455.2, abs=0.5)
@@ -202,13 +203,13 @@ def test_the_shipped_gluon_run() -> None:
     gluon = chosen.run.results.query("backend == 'gluon' and strategy == 'native'").set_index(POINT)
     assert np.allclose(table["floor_us"], gluon["floor_ms"].reindex(table.index) * 1e3)
     assert table["goal4"].isna().all()  # no batch 1 or 16 in this run
-    rounds = goals.tuning_rounds()
+    rounds = lab_notes.tuning_rounds()
     assert "## Round 5 (issue 13)" in rounds and "## Round 10" in rounds and "## Round 4" not in rounds
 
 
 @pytest.mark.skipif(not resolve_data_path(SHIPPED_NCU).is_dir(), reason=f"data/{SHIPPED_NCU} is not in this checkout")
 def test_the_shipped_nsight_compute_comparison() -> None:
-    table = goals.ncu_comparison(SHIPPED_NCU).set_index(["next_n", "backend"])
+    table = goals.ncu_comparison(SHIPPED_NCU, "gluon").set_index(["next_n", "backend"])
     assert table.loc[(3, "gluon"), "us"] == pytest.approx(451.3, abs=0.1)
     assert table.loc[(3, "deepgemm"), "strategy"] == "atom" and table.loc[(4, "deepgemm"), "strategy"] == "native"
     assert table.loc[(3, "gluon"), "dram_read_per_unique"] == pytest.approx(1.007, abs=0.001)
@@ -219,11 +220,11 @@ def test_the_shipped_nsight_compute_comparison() -> None:
 
 @pytest.mark.skipif(not resolve_data_path(SHIPPED).is_dir(), reason=f"data/{SHIPPED} is not in this checkout")
 def test_an_absent_run_path_falls_back_to_the_newest_gluon_run_and_says_so() -> None:
-    chosen, missing = goals.goal_run("h200/no-such-run")
+    chosen, missing = goals.goal_run("h200/no-such-run", "h200", "gluon")
     assert chosen is not None and not missing and "gluon" in timed_backends(chosen.run)
     assert chosen.ignored[0][0] == "h200/no-such-run" and "not in the data folder" in chosen.ignored[0][1]
     with pytest.raises(ValueError, match="run_path='h200/h200-full-20261129': .*with 'gluon'"):
-        goals.goal_run("h200/h200-full-20261129")  # there, but without the gluon backend
+        goals.goal_run("h200/h200-full-20261129", "h200", "gluon")  # there, but without the gluon backend
 
 
 ISSUE13 = "h200/h200-issue13-20261130"
@@ -232,10 +233,10 @@ ISSUE13_NCU = "h200/experiments/gluon-ncu-pr340-20261130"
 
 @pytest.mark.skipif(not resolve_data_path(ISSUE13).is_dir(), reason=f"data/{ISSUE13} is not in this checkout")
 def test_the_run_with_both_deepgemm_builds_holds_gluon_to_pr340_at_next_n_3() -> None:
-    chosen, _ = goals.goal_run(ISSUE13)
+    chosen, _ = goals.goal_run(ISSUE13, "h200", "gluon")
     assert chosen is not None and {"deepgemm", "deepgemm-pr340", "gluon"} <= timed_backends(chosen.run)
     assert "57b90e06933a7c66a6e3b2135becc54e01ec4f87" in chosen.run.provenance["environment"]["deepgemm_pr340_origin"]
-    table = goals.goal_points(chosen.run.results, chosen.run.provenance).set_index(POINT)
+    table = goals.goal_points(chosen.run.results, chosen.run.provenance, candidate="gluon").set_index(POINT)
     row = table.loc[(128, "65536", 3)]
     assert (row.best_backend, row.best_strategy) == ("deepgemm-pr340", "native")  # PR #340 beats atom (a padded 4)
     assert row.best_us == pytest.approx(476.6, abs=0.5) and row.candidate_us == pytest.approx(414.9, abs=0.5)
@@ -249,7 +250,7 @@ def test_the_run_with_both_deepgemm_builds_holds_gluon_to_pr340_at_next_n_3() ->
 
 @pytest.mark.skipif(not resolve_data_path(ISSUE13_NCU).is_dir(), reason=f"data/{ISSUE13_NCU} is not in this checkout")
 def test_the_nsight_compute_run_with_pr340() -> None:
-    table = goals.ncu_comparison(ISSUE13_NCU).set_index(["next_n", "backend"])
+    table = goals.ncu_comparison(ISSUE13_NCU, "gluon").set_index(["next_n", "backend"])
     assert table.loc[(3, "deepgemm-pr340"), "strategy"] == "native"
     assert table.loc[(3, "gluon"), "us"] < table.loc[(3, "deepgemm-pr340"), "us"] < table.loc[(3, "deepgemm"), "us"]
     assert table.loc[(4, "deepgemm-pr340"), "dram_read_per_unique"] == pytest.approx(2.0, abs=0.01)  # atom 3+1

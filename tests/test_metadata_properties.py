@@ -144,4 +144,4 @@ def test_bad_input_names_the_field() -> None:
         with pytest.raises(ValueError, match="block_table"):
             builder(batch, too_small)
     with pytest.raises(ValueError, match="strategy"):
-        build_metadata("interleave", batch, torch.zeros(2, 4, dtype=torch.int32))
+        build_metadata("interleave", batch, torch.zeros(2, 4, dtype=torch.int32), (1, 2, 4))

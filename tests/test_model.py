@@ -10,13 +10,16 @@ import pytest
 
 from dsa_lab import store
 from dsa_lab.cli import main
+from dsa_lab.kernels import get_backend, modeled_backends
 from dsa_lab.model import calibration
-from dsa_lab.model.gpus import GPUS, H200_RUN, get_gpu
-from dsa_lab.model.indexer import FITS, TRITON_FLATTEN_DRAM_SHARE, flatten_dram_share, predict
+from dsa_lab.model.gpus import GPUS, get_gpu
+from dsa_lab.model.indexer import FITS, flatten_dram_share, predict
 from dsa_lab.paths import resolve_data_path
 from dsa_lab.profiling.runs import load_profile_run
 
 PROFILE_RUN = "h200/profiles/profile-20261129T112211Z"
+H200_RUN = "h200/h200-full-20261129"  # the sweep the fits and the measured ceilings come from
+GLUON_RUN = "h200/h200-issue13-20261130"  # the sweep the Gluon and PR #340 fits come from
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +33,13 @@ def ncu():
     return load_profile_run(resolve_data_path(PROFILE_RUN)).ncu
 
 
-def test_fits_are_what_the_shipped_sweep_gives(h200_points):
+def test_fits_are_what_the_shipped_sweeps_give(h200_points):
     points, _ = h200_points
-    assert calibration.fit_efficiencies(points) == FITS
+    run = store.load_run(resolve_data_path(GLUON_RUN))  # Gluon and PR #340 beside DeepGEMM and Triton
+    later = calibration.measured_points(run.results, run.provenance["seed"])
+    later = later[~later["backend"].isin(points["backend"].unique())].reset_index(drop=True)
+    assert {**calibration.fit_efficiencies(points), **calibration.fit_efficiencies(later)} == FITS
+    assert {b for b, _ in FITS} == set(modeled_backends())  # every backend with a kernel to model is fitted
 
 
 def test_model_error_on_every_measured_h200_point(h200_points):
@@ -45,6 +52,16 @@ def test_model_error_on_every_measured_h200_point(h200_points):
     # DeepGEMM, the kernel the SM100 predictions stand on, is closer
     for strategy in ("native", "atom"):
         assert summary.loc[("deepgemm", strategy)].median_abs_error < 0.05
+
+
+def test_gluon_and_pr340_are_modeled_from_their_traits():
+    run = store.load_run(resolve_data_path(GLUON_RUN))
+    points = calibration.measured_points(run.results, run.provenance["seed"])
+    errors = calibration.h200_errors(points[points["backend"].isin(["gluon", "deepgemm-pr340"])])
+    overall = calibration.error_summary(errors).set_index(["backend", "strategy"]).loc[("all", "all")]
+    assert overall.points == 256 and overall.median_abs_error < 0.05 and overall.worst_abs_error < 0.45
+    with pytest.raises(ValueError, match=r"backend 'gluon' has no kernel on sm100"):  # an SM90-only kernel
+        predict("B200", "gluon", "native", [65536] * 128, 3)
 
 
 def test_measured_ceilings_are_the_runs(h200_points):
@@ -63,7 +80,8 @@ def test_reread_factors_from_nsight_compute(ncu):
         assert table.loc[("deepgemm", "flatten", 128, n), "dram_over_unique"] == pytest.approx(n, rel=0.02)
         assert table.loc[("triton", "flatten", 128, n), "dram_over_unique"] < 1.3
     assert table.loc[("deepgemm", "native", 128, 4), "dram_over_unique"] == pytest.approx(1, rel=0.01)
-    assert calibration.triton_flatten_dram_share(ncu) == pytest.approx(TRITON_FLATTEN_DRAM_SHARE, abs=5e-4)
+    declared = get_backend("triton").model_traits["sm90"].flatten_dram_share
+    assert calibration.measured_flatten_dram_share(ncu, "triton") == pytest.approx(declared, abs=5e-4)
     # the model's DeepGEMM rule against every profiled flatten launch
     h200 = get_gpu("H200")
     for (backend, strategy, batch, n), row in table.iterrows():

@@ -11,8 +11,8 @@ import pytest
 
 from dsa_lab import store
 from dsa_lab.bench.sweep import preset, run_sweep
+from dsa_lab.notebook import FALLBACK_MIME, PROVENANCE_MIME
 from dsa_lab.paths import DATA_ENV
-from dsa_lab.report import FALLBACK_MIME, PROVENANCE_MIME
 
 pytestmark = pytest.mark.notebook
 
@@ -168,3 +168,30 @@ def test_04_without_a_profile_run_shows_a_banner_and_profiles_the_cpu(empty_data
     banner = outputs(nb, FALLBACK_MIME)
     assert len(banner) == 1 and "No readable profile run under $DSA_LAB_DATA/h200/profiles" in banner[0]["missing"]
     assert "scripts/h200_profile.sh" in banner[0]["missing"]
+
+
+@pytest.fixture(scope="module")
+def two_shape_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A measured run holding two shapes, H = 32 and H = 64 (the reference and Triton timed on this CPU,
+    labelled an H200 so that the charts have ceilings to draw)."""
+    data = tmp_path_factory.mktemp("two_shapes") / "data"
+    spec = preset("ci").with_axes(
+        backend=("reference", "triton"), strategy=("native", "flatten"), heads=(32, 64), context=("96",), next_n=(1, 2)
+    )
+    run_sweep(spec, data / "h200" / "two-shapes", "cpu", progress=False)
+    store.update_provenance(data / "h200" / "two-shapes", device_name="NVIDIA H200")  # so charts take its ceilings
+    return data
+
+
+@pytest.mark.parametrize("name", ["00_tour", "02_latency_vs_next_n", "03_kernel_deep_dive"])
+def test_a_run_with_two_head_counts_runs_every_notebook_that_reads_it(
+    name: str, two_shape_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Notebook 02 used to crash on a run with H = 32 and H = 64 (the analysis keyed on three of the axes)."""
+    monkeypatch.setenv(DATA_ENV, str(two_shape_data))
+    extra = {"02": {"repeat_path": ""}, "03": {"baseline_backend": "reference"}}.get(name[:2], {})
+    nb = execute(REPO / "notebooks" / f"{name}.ipynb", tmp_path / "out.ipynb", REPO, run_path="h200/two-shapes",
+                 **extra)  # fmt: skip
+    assert not outputs(nb, "error")
+    assert outputs(nb, PROVENANCE_MIME)[0]["run_id"] == "two-shapes"
+    assert "2 shapes in this run; showing cache_dtype=fp8, heads=64, head_dim=64" in text_of(nb)

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsa_lab.bench import cli as bench_cli
 from dsa_lab.bench.point import preset
 from dsa_lab.cli import main
 from dsa_lab.kernels import registry
 from dsa_lab.kernels.reference import ReferenceBackend
+from dsa_lab.profiling import cli as profile_cli
 from dsa_lab.profiling import nsight_timing
 from dsa_lab.profiling.nsight_timing import NsightUnavailable, load_nsight, run_nsight
 from dsa_lab.profiling.runs import load_profile_run
@@ -128,7 +128,7 @@ def test_a_point_nsight_python_refuses_is_an_error_of_its_own(nsight, monkeypatc
 def test_the_profile_command_keeps_the_nsight_table(nsight, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     capsys) -> None:  # fmt: skip
     """The CLI's wiring with the device check passed (there is no CUDA here): tables, provenance, summary."""
-    monkeypatch.setattr(bench_cli, "_nsight_for", lambda tools, device: nsight if "nsight" in tools else None)
+    monkeypatch.setattr(profile_cli, "_nsight_for", lambda tools, device: nsight if "nsight" in tools else None)
     out = tmp_path / "profile"
     argv = ["profile", "--tool", "torch,nsight", "--device", "cpu", "--batch", "1", "--context", "96", "--next-n", "1",
             "--heads", "32", "--head-dim", "64", "--no-trace", "--nsight-runs", "3", "--out", str(out)]  # fmt: skip

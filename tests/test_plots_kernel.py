@@ -12,16 +12,18 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from dsa_lab.analysis import readings, versus  # noqa: E402
 from dsa_lab.analysis.modeled import modeled_native_rows  # noqa: E402
 from dsa_lab.bench.point import Point  # noqa: E402
+from dsa_lab.model.roofline import get_gpu, modeled_time, roofline_columns  # noqa: E402
 from dsa_lab.plan import LaunchPlan  # noqa: E402
 from dsa_lab.plots import kernel, style  # noqa: E402
 from dsa_lab.policy import Platform  # noqa: E402
-from dsa_lab.roofline import get_gpu, modeled_time, roofline_columns  # noqa: E402
 from dsa_lab.workload import ContextSpec  # noqa: E402
 
 H200 = get_gpu("H200-measured")
 SEED = 0
+TRITON = ("triton", "native")  # the candidate these tests compare against DeepGEMM
 # Hand-set medians (µs) at batch=2, context=1024; None: the point was skipped (no native kernel,
 # or atom would be the native launch itself). DeepGEMM on SM90 is native for next_n in {1, 2, 4}.
 TIMES_US = {
@@ -90,7 +92,7 @@ def test_best_deepgemm_option_and_vllm_path_by_hand(results: pd.DataFrame) -> No
 
 
 def test_comparison_speedups_by_hand(results: pd.DataFrame) -> None:
-    table = kernel.kernel_comparison(results)
+    table = versus.kernel_comparison(results, TRITON)
     assert len(table) == 10  # triton native at 2 contexts x 5 next_n
     here = table.query("context == '1024'").set_index("next_n")
     assert np.allclose(here["speedup_vs_vllm"], [10 / 8, 15 / 10, 25 / 12.5, 40 / 20, 70 / 30])
@@ -118,19 +120,19 @@ def test_modeled_rows_never_enter_the_comparison(results: pd.DataFrame) -> None:
     fake = _row("deepgemm", "native", 2, "1024", 3, 1.0) | {"source": "modeled", "point_key": "modeled-dg"}
     mixed = pd.concat([results, pd.DataFrame([fake])], ignore_index=True)
     assert kernel.best_option(mixed).query("context == '1024' and next_n == 3")["best_strategy"].item() == "flatten"
-    pd.testing.assert_frame_equal(kernel.kernel_comparison(mixed), kernel.kernel_comparison(results))
+    pd.testing.assert_frame_equal(versus.kernel_comparison(mixed, TRITON), versus.kernel_comparison(results, TRITON))
 
 
 def test_missing_candidate_and_point_choice(results: pd.DataFrame) -> None:
     with pytest.raises(ValueError, match="candidate=.*no measured timed rows"):
-        kernel.kernel_comparison(results, candidate=("reference", "native"))
-    assert kernel.pick_point(results, 2, "4K") == (2, "4096", "")
-    batch, context, note = kernel.pick_point(results, 128, "64K")
+        versus.kernel_comparison(results, candidate=("reference", "native"))
+    assert versus.pick_point(results, 2, "4K") == (2, "4096", "")
+    batch, context, note = versus.pick_point(results, 128, "64K")
     assert (batch, context) == (2, "4096") and "was not measured" in note
 
 
 def test_modeled_sm100_times_are_the_roofline(with_modeled: pd.DataFrame) -> None:
-    table = kernel.modeled_vs_measured(with_modeled, 2, "1024")
+    table = versus.modeled_vs_measured(with_modeled, 2, "1024", TRITON)
     b200 = f"B200 native: {kernel.MODELED_LABEL}"
     assert b200 in table.columns and f"GB200 native: {kernel.MODELED_LABEL}" in table.columns
     seq_lens = ContextSpec.parse("1024").seq_lens(2, SEED)
@@ -169,7 +171,7 @@ def test_plot_backend_latency(with_modeled: pd.DataFrame) -> None:
 
 
 def test_plot_speedup_heatmaps(results: pd.DataFrame) -> None:
-    fig = kernel.plot_speedup_heatmaps(kernel.kernel_comparison(results), "NVIDIA H200")
+    fig = kernel.plot_speedup_heatmaps(versus.kernel_comparison(results, TRITON), "NVIDIA H200", None, TRITON)
     left, right = fig.axes[:2]
     assert "vLLM 0.33" in left.get_title() and "best deepgemm option" in right.get_title()
     assert left.get_xlabel() == "next_n" and "NVIDIA H200" in fig.get_suptitle() and "measured" in fig.get_suptitle()
@@ -193,12 +195,12 @@ def test_plot_roofline_intensity(with_modeled: pd.DataFrame) -> None:
     assert legend.get_bbox_to_anchor().x0 > ax.get_window_extent().x1  # the legend sits right of the data
     assert style.footer_text(fig) == "caption"
     assert "measured + modeled" in fig.get_suptitle() and "NVIDIA H200" in fig.get_suptitle()
-    reading = kernel.roofline_reading(kernel.kernel_comparison(with_modeled), with_modeled, H200)
+    reading = readings.roofline_reading(versus.kernel_comparison(with_modeled, TRITON), with_modeled, H200)
     assert "ridge of H200-measured lies at 288 FLOP/B" in reading
 
 
 def test_plot_modeled_sm100(with_modeled: pd.DataFrame) -> None:
-    fig = kernel.plot_modeled_sm100(with_modeled, 2, "1024", "NVIDIA H200")
+    fig = kernel.plot_modeled_sm100(with_modeled, 2, "1024", "NVIDIA H200", None, TRITON)
     ax = fig.axes[0]
     title = fig.get_suptitle()
     assert "NVIDIA H200" in title and kernel.MODELED_LABEL in title
@@ -208,7 +210,7 @@ def test_plot_modeled_sm100(with_modeled: pd.DataFrame) -> None:
 
 
 def test_reading_and_caption(results: pd.DataFrame) -> None:
-    text = kernel.reading(kernel.kernel_comparison(results), 2, "1024", "NVIDIA H200")
+    text = readings.comparison_reading(versus.kernel_comparison(results, TRITON), 2, "1024", "NVIDIA H200", TRITON)
     assert (
         "next_n=3: 12.5 µs; 2.00x vs vLLM's path (flatten, 25.0 µs); 2.00x vs the best deepgemm option (flatten" in text
     )

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dsa_lab.cli import main
-from dsa_lab.env_info import environment_facts
+from dsa_lab.env_info import detect_platform, environment_facts
 from dsa_lab.policy import (
     POLICIES,
     RELEASES,
@@ -22,10 +22,9 @@ from dsa_lab.policy import (
     indexer_builder,
     pr45322,
     pr52164,
-    step_path,
-    step_uses_native,
     vllm_0_33_0,
 )
+from dsa_lab.policy_steps import step_path, step_uses_native
 
 SM90 = Platform("sm90", True)
 SM100 = Platform("sm100", True)
@@ -196,7 +195,7 @@ def test_decision_matrix_is_tidy() -> None:
 
 
 def test_detect_matches_torch() -> None:
-    detected = Platform.detect()
+    detected = detect_platform()
     if not torch.cuda.is_available():
         assert detected.family == "other"
     elif torch.version.hip:
@@ -217,11 +216,11 @@ def test_detect_reads_the_rocm_generation_and_aiter(monkeypatch: pytest.MonkeyPa
     )
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "aiter" else None)
     monkeypatch.setenv("VLLM_ROCM_USE_AITER", "1")
-    detected = Platform.detect()
+    detected = detect_platform()
     assert (detected.family, detected.cdna, detected.aiter) == ("rocm", 4, True)
     monkeypatch.setenv("VLLM_ROCM_USE_AITER", "0")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(gcnArchName="gfx1100"))
-    assert (Platform.detect().cdna, Platform.detect().aiter) == (0, False)  # RDNA: not a CDNA GPU
+    assert (detect_platform().cdna, detect_platform().aiter) == (0, False)  # RDNA: not a CDNA GPU
 
 
 def test_policy_command_prints_one_table_per_policy(capsys: pytest.CaptureFixture[str]) -> None:

@@ -45,6 +45,7 @@ class OneTwoBackend(ReferenceBackend):
 
     name = "test-native-1-2"
     baseline = False
+    presets = ()
 
     def native_next_n(self, device: torch.device) -> frozenset[int]:
         return frozenset({1, 2})
@@ -55,6 +56,7 @@ class SkewedBackend(ReferenceBackend):
 
     name = "test-skewed"
     baseline = False
+    presets = ()
 
     def logits(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         return super().logits(*args, **kwargs) * 1.01
@@ -65,6 +67,7 @@ class HoleBackend(ReferenceBackend):
 
     name = "test-hole"
     baseline = False
+    presets = ()
     cleans_tail: ClassVar[bool] = False
 
     def logits(self, *args, **kwargs):  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -12,6 +13,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from dsa_lab.report import build_report, find_notebooks, parse_parameter, register_cli
+
+REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.notebook
 
@@ -30,7 +33,7 @@ def notebooks(tmp_path: Path) -> Path:
     folder.mkdir()
     _write(
         folder / "01_good.ipynb",
-        "from dsa_lab.report import show_provenance\n"
+        "from dsa_lab.notebook import show_provenance\n"
         "show_provenance({'run_id': 'r1', 'source': 'measured', 'device': device}, 'tiny run')",
         "print(f'seed={seed} device={device} marker=GOOD-OUTPUT')",
         "%matplotlib inline\nimport matplotlib.pyplot as plt\nplt.plot([1, 2], [3, 4]); plt.title('A CHART'); plt.show()",
@@ -130,44 +133,51 @@ def _row(strategy: str, next_n: int, median_us: float, spread_us: float = 0.5, s
     )  # fmt: skip
 
 
-def test_decision_table_compares_the_fastest_with_vllm_0_33_on_sm90() -> None:
-    from dsa_lab.plots.latency import decision_table, reading, speedup_table
+def test_decisions_keep_vllm_0_33_s_choice_unless_beaten_beyond_the_spread() -> None:
+    from dsa_lab.analysis.frames import decisions, speedup_over_strategy
+    from dsa_lab.analysis.readings import decisions_reading
 
     results = pd.DataFrame([
+        _row("native", 1, 559.6), _row("flatten", 1, 558.4),  # the same launch at next_n = 1: never a winner
         _row("native", 2, 10.0), _row("flatten", 2, 10.2),  # vLLM native; within the spread of flatten
         _row("atom", 3, 10.0), _row("flatten", 3, 30.0),  # vLLM flattens next_n=3: 3x slower
-        _row("atom", 5, 20.0, spread_us=8), _row("flatten", 5, 24.0, spread_us=8),  # loses, within the spread
+        _row("atom", 5, 20.0, spread_us=8), _row("flatten", 5, 24.0, spread_us=8),  # faster only within the spread
         {**_row("native", 6, 1.0), "status": "skipped"},  # never drawn or decided on
         _row("atom", 6, 12.0), _row("flatten", 6, 36.0),
     ])  # fmt: skip
-    table = decision_table(results, "deepgemm").set_index("next_n")
-    assert table["vllm_0_33"].to_dict() == {2: "native", 3: "flatten", 5: "flatten", 6: "flatten"}
-    assert table["recommended"].to_dict() == {2: "native", 3: "atom", 5: "atom", 6: "atom"}
-    assert table["vllm_slowdown"].round(6).to_dict() == {2: 1.0, 3: 3.0, 5: 1.2, 6: 3.0}
-    assert table["significant"].to_dict() == {2: False, 3: True, 5: False, 6: True}
+    table = decisions(results, "deepgemm").set_index("next_n")
+    assert table["vllm_strategy"].to_dict() == {1: "native", 2: "native", 3: "flatten", 5: "flatten", 6: "flatten"}
+    assert table["best_strategy"].to_dict() == {1: "native", 2: "native", 3: "atom", 5: "atom", 6: "atom"}
+    assert table["recommended_strategy"].to_dict() == {1: "native", 2: "native", 3: "atom", 5: "flatten", 6: "atom"}
+    assert table["speedup"].round(6).to_dict() == {1: 1.0, 2: 1.0, 3: 3.0, 5: 1.2, 6: 3.0}
+    assert table["beyond_spread"].to_dict() == {1: False, 2: False, 3: True, 5: False, 6: True}
 
-    text = reading(table.reset_index(), "NVIDIA H200", "deepgemm")
-    assert "fastest strategy in 1 of them and not in 3 (2 of them beyond the measured spread)" in text
+    text = decisions_reading(table.reset_index(), "NVIDIA H200", "deepgemm")
+    assert "it is kept in 3 of them (1 where another strategy is faster only within the measured spread" in text
+    assert "beaten beyond the spread in 2" in text
     assert (
         "next_n=3, batch=4, context=8192: vLLM takes **flatten** (30.0 µs); **atom** takes 10.0 µs, 3.00x faster."
         in text
     )
-    assert "1.20x faster (within the measured spread)" in text
+    assert "flatten" not in text.split("next_n=1")[-1][:40]  # nothing names flatten at next_n = 1
 
-    speedups = speedup_table(results).set_index(["strategy", "next_n"])["speedup"].round(6)
-    assert speedups.to_dict() == {("native", 2): 1.02, ("atom", 3): 3.0, ("atom", 5): 1.2, ("atom", 6): 3.0}
+    speedups = speedup_over_strategy(results).set_index(["strategy", "next_n"])["speedup"].round(6)
+    assert speedups.to_dict() == {
+        ("native", 1): round(558.4 / 559.6, 6), ("native", 2): 1.02, ("atom", 3): 3.0, ("atom", 5): 1.2, ("atom", 6): 3.0
+    }  # fmt: skip
 
     with pytest.raises(ValueError, match=r"backend='triton'.*\['deepgemm'\]"):
-        decision_table(results, "triton")
-    mixed = pd.concat([results, pd.DataFrame([{**_row("atom", 3, 9.0), "cache_dtype": "mxfp4", "head_dim": 128}])])
-    with pytest.raises(ValueError, match="2 shapes"):
-        decision_table(mixed, "deepgemm")
+        decisions(results, "triton")
+    other = {**_row("atom", 3, 9.0), "cache_dtype": "mxfp4", "strategy": "flatten"}  # another shape: decided apart
+    mixed = decisions(pd.concat([results, pd.DataFrame([other])]), "deepgemm")
+    assert mixed.groupby("cache_dtype").size().to_dict() == {"fp8": 5, "mxfp4": 1}
+    assert mixed.set_index("cache_dtype").loc["mxfp4", "recommended_ms"] == 9.0 / 1e3
 
 
-def test_modeled_rows_have_no_spread_to_be_significant_against() -> None:
+def test_modeled_rows_have_no_spread_a_gap_could_hide_in() -> None:
+    from dsa_lab.analysis.frames import decisions
     from dsa_lab.analysis.modeled import modeled_grid
-    from dsa_lab.plots.latency import decision_table
-    from dsa_lab.roofline import get_gpu
+    from dsa_lab.model.roofline import get_gpu
 
     modeled = modeled_grid((2,), ("4096",), (3, 4), get_gpu("H200"))
     assert set(modeled["source"]) == {"modeled"}
@@ -177,15 +187,15 @@ def test_modeled_rows_have_no_spread_to_be_significant_against() -> None:
         (4, "native"),
         (4, "flatten"),
     }
-    table = decision_table(modeled, modeled["backend"].iloc[0])
-    assert table["significant"].isna().all()
+    table = decisions(modeled, modeled["backend"].iloc[0])
+    assert (table["best_p25_ms"] == table["best_p75_ms"]).all()  # a model's time has no spread
     # flatten re-reads the KV once per row, so the model never prefers it for next_n > 1
-    assert (table["recommended"] != "flatten").all()
+    assert (table["recommended_strategy"] != "flatten").all()
 
 
 def test_policy_grid_and_blocks_read() -> None:
+    from dsa_lab.analysis.headline import blocks_read
     from dsa_lab.metadata import build_flatten_metadata, build_native_metadata
-    from dsa_lab.plots.metadata import blocks_read
     from dsa_lab.plots.policy import policy_grid
     from dsa_lab.policy import PATHS, Platform, decision_matrix
     from dsa_lab.workload import random_inputs, uniform_batch
@@ -204,7 +214,9 @@ def test_policy_grid_and_blocks_read() -> None:
 
 
 def test_index_opens_with_the_headline_of_the_shipped_run(notebooks: Path, tmp_path: Path) -> None:
-    """A reader finds the fastest strategy for next_n = 3 at B = 128, 64K at the top of the index."""
+    """A reader finds the fastest strategy for next_n = 3 at B = 128, 64K at the top of the index: the run
+    and shape the tour notebook's parameters name (the tour itself need not run)."""
+    shutil.copy(REPO / "notebooks" / "00_tour.ipynb", notebooks / "00_tour.ipynb")
     out = tmp_path / "reports"
     build_report(notebooks, out, device="cpu", only=["01"])
     index = (out / "index.html").read_text()

@@ -6,18 +6,17 @@ import pytest
 import torch
 
 from dsa_lab.metadata import build_metadata
-from dsa_lab.roofline import (
+from dsa_lab.model.roofline import (
     GPUS,
     GpuSpec,
-    StepShape,
     floor_ms,
     get_gpu,
     gpu_for_device,
     modeled_rows,
     modeled_time,
     roofline_columns,
-    step_cost,
 )
+from dsa_lab.plan import LaunchPlan
 from dsa_lab.workload import DecodeBatch
 
 # Two requests of 100 and 200 cached tokens, next_n = 2, H = 32, D = 64, FP8 (68 B a token).
@@ -27,12 +26,12 @@ CONTEXT_SUM = 598
 SIDE = CONTEXT_SUM * 4 + 4 * 32 * (64 + 4)  # valid logits + q (fp8) and weights (f32)
 
 
-def shape(strategy: str, sizes=(1, 2, 4)) -> StepShape:
-    return StepShape(SEQ_LENS, 2, strategy, heads=32, head_dim=64, native_sizes=sizes)
+def shape(strategy: str, sizes=(1, 2, 4)) -> LaunchPlan:
+    return LaunchPlan(SEQ_LENS, 2, strategy, heads=32, head_dim=64, native_sizes=sizes)
 
 
 def test_native_reads_each_request_once():
-    cost = step_cost(shape("native"))
+    cost = shape("native").cost
     assert cost.unique_bytes == 300 * 68 + SIDE
     assert cost.strategy_bytes == cost.unique_bytes
     assert cost.flops == 2 * 32 * 64 * CONTEXT_SUM
@@ -40,16 +39,16 @@ def test_native_reads_each_request_once():
 
 
 def test_flatten_rereads_per_row_and_atom_per_piece():
-    flat = step_cost(shape("flatten"))
+    flat = shape("flatten").cost
     assert flat.strategy_bytes == CONTEXT_SUM * 68 + SIDE
     assert flat.unique_bytes == 300 * 68 + SIDE
-    atom = step_cost(shape("atom", sizes=(1,)))  # 2 = 1 + 1: each piece re-reads, like flatten
+    atom = shape("atom", sizes=(1,)).cost  # 2 = 1 + 1: each piece re-reads, like flatten
     assert (atom.strategy_bytes, atom.kernel_rows, atom.launches) == (flat.strategy_bytes, 4, 2)
 
 
 def test_padded_atom_reads_the_longest_row_of_each_piece():
     # next_n = 3 with sizes {4}: one piece of 4 starting at row -1 (front padding).
-    cost = step_cost(StepShape((10,), 3, "atom", heads=32, head_dim=64, native_sizes=(4,)))
+    cost = LaunchPlan((10,), 3, "atom", heads=32, head_dim=64, native_sizes=(4,)).cost
     assert cost.kernel_rows == 4 and cost.launches == 1
     assert cost.strategy_bytes - cost.unique_bytes == 0  # the last row sees all 10 tokens, read once
 
@@ -61,7 +60,7 @@ def test_counts_match_the_metadata(strategy, next_n):
     batch = DecodeBatch(lens, (next_n,) * 3, next_n, 32, 64)
     table = torch.zeros(3, 3, dtype=torch.int32)
     meta = build_metadata(strategy, batch, table, (1, 2, 4))
-    cost = step_cost(StepShape(lens, next_n, strategy, heads=32, head_dim=64))
+    cost = LaunchPlan(lens, next_n, strategy, heads=32, head_dim=64, native_sizes=(1, 2, 4)).cost
     assert cost.kernel_rows == meta.kernel_rows
     assert cost.launches == len(meta.launches)
     read_tokens = sum(int(launch.context_lens.max(dim=1).values.sum()) for launch in meta.launches)
@@ -72,7 +71,7 @@ def test_counts_match_the_metadata(strategy, next_n):
 
 def test_floor_picks_the_larger_term_and_rates_follow():
     gpu = GpuSpec("toy", hbm_tbps=1.0, fp8_tflops=1.0, source="test")
-    cost = step_cost(shape("flatten"))
+    cost = shape("flatten").cost
     floor, bound = floor_ms(cost, gpu)
     assert bound == "compute" and floor == pytest.approx(cost.flops / 1e12 * 1e3)
     columns = roofline_columns(cost, 2.0, gpu)
@@ -87,7 +86,7 @@ def test_floor_picks_the_larger_term_and_rates_follow():
 def test_modeled_times_are_labelled_and_use_the_strategy_bytes():
     point = modeled_time(shape("flatten"), "B200")
     assert point.source == "modeled"
-    cost = step_cost(shape("flatten"))
+    cost = shape("flatten").cost
     assert point.time_ms == pytest.approx(max(cost.strategy_bytes / 7.67e12, cost.flops / 4.5e15) * 1e3)
     rows = modeled_rows([shape("native"), shape("flatten")], ["B200", "GB200"])
     assert len(rows) == 4 and {row["source"] for row in rows} == {"modeled"}
@@ -110,7 +109,7 @@ def test_gpu_table_names_sources_and_rejects_unknown_names():
     assert all(spec.source for spec in GPUS.values())
     measured = GPUS["H200-measured"]  # one set of H200 ceilings: the model's, measured in the shipped run
     assert measured.measured and (measured.hbm_tbps, measured.fp8_tflops) == (4.35, 1254.0)
-    assert measured.source.count("h200/h200-full-20261129/provenance.json") == 2
+    assert measured.source.count("--measure-ceilings") == 2  # measured by the harness (tests/test_model.py: values)
     with pytest.raises(ValueError, match="allowed values"):
         get_gpu("A100")
     assert gpu_for_device("NVIDIA H200").name == "H200-measured"
@@ -122,6 +121,6 @@ def test_gpu_table_names_sources_and_rejects_unknown_names():
 
 def test_bad_shapes_are_rejected():
     with pytest.raises(ValueError, match="strategy"):
-        StepShape((10,), 2, "zigzag")
+        LaunchPlan((10,), 2, "zigzag")
     with pytest.raises(ValueError, match="seq_lens"):
-        StepShape((1,), 2, "native")
+        LaunchPlan((1,), 2, "native")

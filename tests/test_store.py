@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 
 from dsa_lab import store
+from dsa_lab.listing import list_runs
+from dsa_lab.provenance import build_provenance
 
 
 def provenance(run_id: str, source: str = "measured") -> dict:
-    return store.build_provenance(
-        run_id, "cpu", "cpu", source, seed=0, timing_method="wall_clock", spec={"axes": [1, 2]}
-    )
+    return build_provenance(run_id, "cpu", "cpu", source, seed=0, timing_method="wall_clock", spec={"axes": [1, 2]})
 
 
 def row(
@@ -41,7 +41,7 @@ def test_round_trip_keeps_rows_and_provenance(tmp_path):
     assert run.provenance["source"] == "measured" and run.provenance["seed"] == 0
     assert "tree_sha256" in run.provenance["git"] and run.provenance["environment"]["torch"]
     assert store.load_run(run_dir / store.RESULTS_FILE).results.equals(run.results)
-    listing = store.list_runs(tmp_path)
+    listing = list_runs(tmp_path)
     assert list(listing["run_id"]) == ["a"] and list(listing["rows"]) == [2]
 
 

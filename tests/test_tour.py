@@ -14,9 +14,9 @@ import torch
 
 from dsa_lab import store
 from dsa_lab.analysis import headline
+from dsa_lab.analysis.headline import blocks_read
 from dsa_lab.metadata import build_metadata
 from dsa_lab.plots import tour
-from dsa_lab.plots.metadata import blocks_read
 from dsa_lab.workload import DecodeBatch
 
 # ---------------------------------------------------------------- KV-tile reads
@@ -40,7 +40,7 @@ def test_tile_reads_agree_with_the_metadata_block_count(strategy: str, next_n: i
     tiles = 4
     reads = headline.tile_reads(strategy, next_n, tiles)
     batch = DecodeBatch(seq_lens=(tiles * 64,), decode_lens=(next_n,), next_n=next_n)
-    metadata = build_metadata(strategy, batch, torch.arange(tiles, dtype=torch.int32)[None, :])
+    metadata = build_metadata(strategy, batch, torch.arange(tiles, dtype=torch.int32)[None, :], (1, 2, 4))
     assert reads.tile_reads == blocks_read(metadata, 64)
 
 

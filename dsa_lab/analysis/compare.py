@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dsa_lab.store import AXES, Run, load_run, writing
+from dsa_lab import axes
+from dsa_lab.store import Run, load_run, writing
 
 VERDICTS = ("slower", "unsure", "nan", "faster", "same")  # the order a report lists them in
 DEFAULT_THRESHOLD = 0.05
@@ -67,9 +68,13 @@ def _verdict(ratio: float, low: float, high: float, threshold: float) -> str:
 
 
 def compare_runs(
-    a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD, allow_mixed_sources: bool = False, seed: int = 0,
+    a: Run,
+    b: Run,
+    threshold: float = DEFAULT_THRESHOLD,
+    allow_mixed_sources: bool = False,
+    seed: int = 0,
     resamples: int = RESAMPLES,
-) -> pd.DataFrame:  # fmt: skip
+) -> pd.DataFrame:
     """One row per point present in both runs and timed in at least one: medians, `ratio` (B/A), its
     interval, `verdict`, `note`.
 
@@ -83,7 +88,7 @@ def compare_runs(
             f"runs {a.path} ({a.source}) and {b.path} ({b.source}) differ in source; "
             "measured and modeled times are not compared silently (allow_mixed_sources=True to do it anyway)"
         )
-    keep = ["point_key", *[c for c in AXES if c in a.results], "status", "median_ms", "p25_ms", "p75_ms"]
+    keep = ["point_key", *[c for c in axes.NAMES if c in a.results], "status", "median_ms", "p25_ms", "p75_ms"]
     left = a.results[keep + (["samples_ms"] if "samples_ms" in a.results else [])]
     right = b.results[
         ["point_key", "status", "median_ms", "p25_ms", "p75_ms"] + (["samples_ms"] if "samples_ms" in b.results else [])
@@ -93,9 +98,13 @@ def compare_runs(
     rng = np.random.default_rng(seed)
     rows = []
     for row in merged.to_dict("records"):
-        out = {key: row[key] for key in ("point_key", *AXES) if key in row}
-        out.update(status_a=row["status_a"], status_b=row["status_b"], median_ms_a=row["median_ms_a"],
-                   median_ms_b=row["median_ms_b"])  # fmt: skip
+        out = {key: row[key] for key in ("point_key", *axes.NAMES) if key in row}
+        out.update(
+            status_a=row["status_a"],
+            status_b=row["status_b"],
+            median_ms_a=row["median_ms_a"],
+            median_ms_b=row["median_ms_b"],
+        )
         timed = row["status_a"] == "ok" and row["status_b"] == "ok"
         ratio = row["median_ms_b"] / row["median_ms_a"] if timed else float("nan")
         low = high = float("nan")
@@ -116,8 +125,19 @@ def compare_runs(
                 note = "no stored samples: interval from the interquartile ranges"
         out.update(ratio=ratio, ci_low=low, ci_high=high, verdict=_verdict(ratio, low, high, threshold), note=note)
         rows.append(out)
-    columns = ["point_key", *[c for c in AXES if c in merged], "status_a", "status_b", "median_ms_a", "median_ms_b",
-               "ratio", "ci_low", "ci_high", "verdict", "note"]  # fmt: skip
+    columns = [
+        "point_key",
+        *[c for c in axes.NAMES if c in merged],
+        "status_a",
+        "status_b",
+        "median_ms_a",
+        "median_ms_b",
+        "ratio",
+        "ci_low",
+        "ci_high",
+        "verdict",
+        "note",
+    ]
     table = pd.DataFrame(rows, columns=columns)
     if table.empty:
         return table
@@ -155,11 +175,14 @@ class Summary:
             "the ratio of medians)",
         ]
         if math.isfinite(self.geomean):
-            lines.append(f"ratio B/A over points timed in both: geometric mean {self.geomean:.4f}, median "
-                         f"{self.median_ratio:.4f}, range {self.low:.4f} to {self.high:.4f}")  # fmt: skip
+            lines.append(
+                f"ratio B/A over points timed in both: geometric mean {self.geomean:.4f}, median "
+                f"{self.median_ratio:.4f}, range {self.low:.4f} to {self.high:.4f}"
+            )
         if self.regressions:
-            lines.append(f"REGRESSION: {self.regressions} point(s) slower by more than {self.threshold:.1%}, "
-                         "beyond their noise")  # fmt: skip
+            lines.append(
+                f"REGRESSION: {self.regressions} point(s) slower by more than {self.threshold:.1%}, beyond their noise"
+            )
         else:
             lines.append(f"no regression beyond {self.threshold:.1%}")
         return lines
@@ -172,25 +195,26 @@ def summarize(table: pd.DataFrame, a: Run, b: Run, threshold: float) -> Summary:
     positive = ratios[ratios > 0]
     counts = table["verdict"].value_counts().to_dict() if not table.empty else {}
     return Summary(
-        both=len(table), untimed=untimed, only_a=len(keys_a - keys_b), only_b=len(keys_b - keys_a), counts=counts,
+        both=len(table),
+        untimed=untimed,
+        only_a=len(keys_a - keys_b),
+        only_b=len(keys_b - keys_a),
+        counts=counts,
         geomean=float(np.exp(np.log(positive).mean())) if len(positive) else float("nan"),
         median_ratio=float(ratios.median()) if len(ratios) else float("nan"),
         low=float(ratios.min()) if len(ratios) else float("nan"),
-        high=float(ratios.max()) if len(ratios) else float("nan"), threshold=threshold,
-    )  # fmt: skip
+        high=float(ratios.max()) if len(ratios) else float("nan"),
+        threshold=threshold,
+    )
 
 
-SHOWN = ["backend", "strategy", "batch", "context", "next_n", "median_ms_a", "median_ms_b", "ratio", "ci_low",
-         "ci_high", "verdict", "note"]  # fmt: skip
+VERDICT_COLUMNS = ["median_us_a", "median_us_b", "ratio", "ci_low", "ci_high", "verdict", "note"]
 
 
 def _shown(table: pd.DataFrame) -> pd.DataFrame:
-    shown = table[[c for c in SHOWN if c in table]].copy()
-    for column in ("median_ms_a", "median_ms_b"):
-        shown[column.replace("_ms_", "_us_")] = shown.pop(column) * 1e3
-    order = [c for c in ("backend", "strategy", "batch", "context", "next_n", "median_us_a", "median_us_b", "ratio",
-                         "ci_low", "ci_high", "verdict", "note") if c in shown]  # fmt: skip
-    return shown[order]
+    """The rows for people: every axis that varies (backend and strategy always), times in µs, the verdict."""
+    shown = table.assign(median_us_a=table["median_ms_a"] * 1e3, median_us_b=table["median_ms_b"] * 1e3)
+    return shown[[*axes.shown(shown), *VERDICT_COLUMNS]]
 
 
 def to_markdown(table: pd.DataFrame, summary_lines: list[str]) -> str:
@@ -220,30 +244,40 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             top = _shown(table.head(args.top))
             print(f"\ntop {len(top)} of {len(table)} (regressions first, then by size of change):")
             print(top.to_string(index=False, float_format="{:.4f}".format))
-    for path, write in ((args.csv, lambda p: table.to_csv(p, index=False)),
-                        (args.markdown, lambda p: Path(p).write_text(to_markdown(table, lines), encoding="utf-8"))):  # fmt: skip
+    for path, write in (
+        (args.csv, lambda p: table.to_csv(p, index=False)),
+        (args.markdown, lambda p: Path(p).write_text(to_markdown(table, lines), encoding="utf-8")),
+    ):
         if path:
             with writing(Path(path)):
                 write(path)
             print(f"written {path}")
     if summary.regressions or (args.strict and summary.counts.get("nan", 0)):
-        print(f"dsa-lab compare: {summary.regressions} regression(s)"
-              + (f", {summary.counts.get('nan', 0)} point(s) without a ratio" if args.strict else ""), file=sys.stderr)  # fmt: skip
+        print(
+            f"dsa-lab compare: {summary.regressions} regression(s)"
+            + (f", {summary.counts.get('nan', 0)} point(s) without a ratio" if args.strict else ""),
+            file=sys.stderr,
+        )
         return 1
     return 0
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
     compare = subparsers.add_parser(
-        "compare", help="compare two runs point by point; exit 1 on a regression",
+        "compare",
+        help="compare two runs point by point; exit 1 on a regression",
         description="Ratio of medians per matching point with a bootstrap interval from the stored samples; "
         "a summary first, then the largest changes. Exit status 1 when a point is slower by more than "
         "--threshold beyond its noise.",
-    )  # fmt: skip
+    )
     compare.add_argument("run_a", help="baseline run folder (or its results.parquet)")
     compare.add_argument("run_b", help="run folder compared with the baseline")
-    compare.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
-                         help=f"relative change that counts (default {DEFAULT_THRESHOLD} = {DEFAULT_THRESHOLD:.0%})")  # fmt: skip
+    compare.add_argument(
+        "--threshold",
+        type=float,
+        default=DEFAULT_THRESHOLD,
+        help=f"relative change that counts (default {DEFAULT_THRESHOLD} = {DEFAULT_THRESHOLD:.0%})",
+    )
     compare.add_argument("--top", type=int, default=20, help="rows shown after the summary (default 20; 0: none)")
     compare.add_argument("--csv", default=None, help="write every row to this CSV file")
     compare.add_argument("--markdown", default=None, help="write the summary and every row to this Markdown file")

@@ -13,50 +13,58 @@ from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
-from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS, DEPLOYMENT, decode_step, tokens_per_step
+from dsa_lab import axes
+from dsa_lab.errors import check_choice
+from dsa_lab.kernels import get_backend, vllm_backend
+from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS, DEEPSEEK_V32, DEPLOYMENT, decode_step, tokens_per_step
 from dsa_lab.model.gpus import get_gpu
 from dsa_lab.model.indexer import atom_sizes, predict
-from dsa_lab.policy import Platform, PolicyQuery, step_path
+from dsa_lab.policy import Platform, PolicyQuery
+from dsa_lab.policy_steps import step_path
 
 CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072, 262144)
-# What the notebook compares: label -> (backend, strategy). 'vLLM 0.33' is resolved per GPU and next_n.
-STRATEGIES = {
-    "flatten": ("deepgemm", "flatten"),
-    "native": ("deepgemm", "native"),
-    "atom": ("deepgemm", "atom"),
-    "dsa_lab kernel": ("triton", "native"),
-}
+# What the notebook compares, by label: each strategy on what vLLM runs (DeepGEMM), vLLM 0.33's own
+# path (resolved per GPU and next_n), and a candidate kernel's native launch (`IndexerTimes.candidate`).
 VLLM = "vLLM 0.33"
-LABELS = (VLLM, *STRATEGIES)
+CANDIDATE = "dsa_lab kernel"
+VLLM_STRATEGIES = ("flatten", "native", "atom")
+LABELS = (VLLM, *VLLM_STRATEGIES, CANDIDATE)
 PLATFORMS = {"sm90": Platform("sm90", True), "sm100": Platform("sm100", True)}
 
 
 def vllm_strategy(gpu: str, next_n: int) -> tuple[str, str]:
     """vLLM 0.33's indexer path for a full step on this GPU with DeepGEMM (SM100's varlen is native)."""
     path = step_path(PolicyQuery(PLATFORMS[get_gpu(gpu).arch], next_n), next_n)
-    return "deepgemm", "native" if path in ("native", "varlen") else "flatten"
+    return vllm_backend().name, "native" if path in ("native", "varlen") else "flatten"
 
 
 class IndexerTimes:
     """One layer's indexer logits time (µs) for a GPU, batch, context, next_n and strategy label:
     the measured median where the sweep timed it, else the calibrated model."""
 
-    def __init__(self, results: pd.DataFrame | None, measured_gpu: str = "H200") -> None:
+    def __init__(self, results: pd.DataFrame | None, candidate: str, measured_gpu: str = "H200") -> None:
+        self.candidate = get_backend(candidate).name  # the backend behind the CANDIDATE label (native)
         self.measured_gpu = measured_gpu
         self._measured: dict[tuple[str, str, int, int, int], float] = {}
-        if results is not None:
-            ok = results[(results["status"] == "ok") & (results["source"] == "measured")]
+        if results is not None:  # the model's indexer shape only (DeepSeek-V3.2: 64 heads of 128, FP8 cache)
+            shape = {"heads": DEEPSEEK_V32.index_heads, "head_dim": DEEPSEEK_V32.index_head_dim, "cache_dtype": "fp8"}
+            ok = axes.select(results[(results["status"] == "ok") & (results["source"] == "measured")], shape)
             ok = ok[ok["context"].str.isdigit()]
             for row in ok.itertuples():
                 key = (row.backend, row.strategy, int(row.batch), int(row.context), int(row.next_n))
                 self._measured[key] = row.median_ms * 1e3
 
+    def option(self, label: str) -> tuple[str, str]:
+        """(backend, strategy) behind a label other than VLLM's."""
+        check_choice("label", label, LABELS[1:])
+        return (self.candidate, "native") if label == CANDIDATE else (vllm_backend().name, label)
+
     def __call__(
         self, gpu: str, label: str, batch: int, context: int, next_n: int, cache_dtype: str = "fp8"
     ) -> tuple[float, str]:
         """(µs, 'measured' or 'modeled'); NaN where the strategy does not exist (SM90 native n=3)."""
-        backend, strategy = vllm_strategy(gpu, next_n) if label == VLLM else STRATEGIES[label]
-        if next_n == 1 or (strategy == "atom" and next_n in atom_sizes(get_gpu(gpu).arch, next_n)):
+        backend, strategy = vllm_strategy(gpu, next_n) if label == VLLM else self.option(label)
+        if next_n == 1 or (strategy == "atom" and next_n in atom_sizes(backend, get_gpu(gpu).arch, next_n)):
             strategy = "native"  # one row a request, or an atom plan of one piece: the native launch
         if gpu == self.measured_gpu and cache_dtype == "fp8":
             seen = self._measured.get((backend, strategy, batch, context, next_n))
@@ -77,28 +85,52 @@ def step_row(
     indexer_us, source = times(gpu, label, batch, context, next_n, cache_dtype)
     draft_us, _ = times(gpu, label, batch, context, 1, cache_dtype)
     if indexer_us != indexer_us:  # NaN: no such strategy here
-        return {"gpu": gpu, "strategy": label, "batch": batch, "context": context, "next_n": next_n,
-                "indexer_source": source, "step_us": float("nan"), "indexer_share": float("nan")}  # fmt: skip
+        return {
+            "gpu": gpu,
+            "strategy": label,
+            "batch": batch,
+            "context": context,
+            "next_n": next_n,
+            "indexer_source": source,
+            "step_us": float("nan"),
+            "indexer_share": float("nan"),
+        }
     step = decode_step(gpu, batch, context, next_n, indexer_us, draft_us)
     return {
-        "gpu": gpu, "strategy": label, "batch": batch, "context": context, "next_n": next_n,
-        "indexer_kernel_us": indexer_us, "indexer_source": source, "step_us": step.total_us,
-        "indexer_us": step.indexer_us, "indexer_share": step.indexer_share, **step.components,
-    }  # fmt: skip
+        "gpu": gpu,
+        "strategy": label,
+        "batch": batch,
+        "context": context,
+        "next_n": next_n,
+        "indexer_kernel_us": indexer_us,
+        "indexer_source": source,
+        "step_us": step.total_us,
+        "indexer_us": step.indexer_us,
+        "indexer_share": step.indexer_share,
+        **step.components,
+    }
 
 
 def share_frame(
-    times: IndexerTimes, gpus: Sequence[str], batches: Iterable[int], contexts: Iterable[int] = CONTEXTS,
-    next_n: int = 1, label: str = VLLM,
-) -> pd.DataFrame:  # fmt: skip
+    times: IndexerTimes,
+    gpus: Sequence[str],
+    batches: Iterable[int],
+    contexts: Iterable[int] = CONTEXTS,
+    next_n: int = 1,
+    label: str = VLLM,
+) -> pd.DataFrame:
     """The indexer's share of a decode step per GPU, batch and context (one strategy, one next_n)."""
     return pd.DataFrame([step_row(times, g, label, b, c, next_n) for g in gpus for b in batches for c in contexts])
 
 
 def throughput_frame(
-    times: IndexerTimes, gpu: str, batch: int, preset: str, contexts: Iterable[int] = CONTEXTS,
+    times: IndexerTimes,
+    gpu: str,
+    batch: int,
+    preset: str,
+    contexts: Iterable[int] = CONTEXTS,
     labels: Sequence[str] = LABELS,
-) -> pd.DataFrame:  # fmt: skip
+) -> pd.DataFrame:
     """Tokens per second per GPU for every strategy, context and next_n the acceptance preset
     covers: batch x (1 + sum of a_k) per step, over the modeled step time."""
     acceptance, _ = ACCEPTANCE_PRESETS[preset]
@@ -138,8 +170,10 @@ def describe_best(times: IndexerTimes, gpus: Sequence[str], batch: int, preset: 
             rows = best[best["strategy"] == label].set_index("context")
             if not rows.empty:
                 parts.append(f"{label} {int(rows.loc[short, 'next_n'])} → {int(rows.loc[long, 'next_n'])}")
-        lines.append(f"- **{gpu}** (B = {batch}, '{preset}'), best next_n from {short // 1024}K to {long // 1024}K "
-                     f"(modeled): " + "; ".join(parts))  # fmt: skip
+        lines.append(
+            f"- **{gpu}** (B = {batch}, '{preset}'), best next_n from {short // 1024}K to {long // 1024}K "
+            f"(modeled): " + "; ".join(parts)
+        )
     return "\n".join(lines)
 
 
@@ -157,9 +191,16 @@ def native_saving(
         for context in contexts:
             flat = step_row(times, gpu, "flatten", batch, context, next_n, cache_dtype)
             native = step_row(times, gpu, "native", batch, context, next_n, cache_dtype)
-            rows.append({"gpu": gpu, "batch": batch, "context": context, "next_n": next_n,
-                         "saving": 1 - native["step_us"] / flat["step_us"],
-                         "indexer_share_flatten": flat["indexer_share"]})  # fmt: skip
+            rows.append(
+                {
+                    "gpu": gpu,
+                    "batch": batch,
+                    "context": context,
+                    "next_n": next_n,
+                    "saving": 1 - native["step_us"] / flat["step_us"],
+                    "indexer_share_flatten": flat["indexer_share"],
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -170,43 +211,49 @@ def published_checks(times: IndexerTimes) -> pd.DataFrame:
     # TensorRT-LLM #18383: native saved 1.15% of the median decode step (GB300, GLM-5.2, MTP-4 -> next_n = 5).
     saving = native_saving(times, "GB200", (16, 64, 128), CONTEXTS, 5)
     near = saving.iloc[(saving["saving"] - 0.0115).abs().argsort()[:1]].iloc[0]
-    rows.append({
-        "claim": "TensorRT-LLM #18383: native saves 1.15% of the median decode step (GB300, GLM-5.2, MTP-4)",
-        "published": 0.0115,
-        "modeled": f"{saving['saving'].min():.1%} to {saving['saving'].max():.1%} (GB200, B 16-128, 4K-256K, next_n = 5); "
-                   f"1.15% near B = {int(near.batch)}, {int(near.context) // 1024}K",
-        "reproduces": "in range",
-        "why": "the saving scales with context and batch; GLM-5.2 runs full indexers on only some layers "
-               "(the others reuse their top-k), so the same kernel saving is a smaller share of its step; "
-               "the PR's context lengths are not given",
-    })  # fmt: skip
+    rows.append(
+        {
+            "claim": "TensorRT-LLM #18383: native saves 1.15% of the median decode step (GB300, GLM-5.2, MTP-4)",
+            "published": 0.0115,
+            "modeled": f"{saving['saving'].min():.1%} to {saving['saving'].max():.1%} (GB200, B 16-128, 4K-256K, next_n = 5); "
+            f"1.15% near B = {int(near.batch)}, {int(near.context) // 1024}K",
+            "reproduces": "in range",
+            "why": "the saving scales with context and batch; GLM-5.2 runs full indexers on only some layers "
+            "(the others reuse their top-k), so the same kernel saving is a smaller share of its step; "
+            "the PR's context lengths are not given",
+        }
+    )
     # vLLM #45322: 1.98 vs 1.97 req/s on GB200 (concurrency 64, 10240 in / 1536 out, next_n = 4, MXFP4 cache).
     context = 10240 + 1536 // 2
     for cache_dtype in ("mxfp4", "fp8"):
         gain = native_saving(times, "GB200", (64,), (context,), 4, cache_dtype)["saving"].iloc[0]
-        rows.append({
-            "claim": "vLLM #45322: 1.98 vs 1.97 req/s native vs flatten (GB200, 64 concurrent, ~11K context, "
-                     f"next_n = 4, MXFP4 cache); modeled at B = 64 a GPU with the {cache_dtype} cache",
-            "published": 1.98 / 1.97 - 1,
-            "modeled": f"{gain / (1 - gain):.2%} faster decode steps",
-            "reproduces": "yes, in size" if gain / (1 - gain) < 0.03 else "no",
-            "why": "with MXFP4 the 64 requests' indexer cache (48 MB) fits the 126.5 MB L2, so flatten's re-reads "
-                   "hit L2 and cost little; at FP8 (93 MB) they go to DRAM. req/s also pays for 10K-token "
-                   "prefills, diluting any decode gain",
-        })  # fmt: skip
+        rows.append(
+            {
+                "claim": "vLLM #45322: 1.98 vs 1.97 req/s native vs flatten (GB200, 64 concurrent, ~11K context, "
+                f"next_n = 4, MXFP4 cache); modeled at B = 64 a GPU with the {cache_dtype} cache",
+                "published": 1.98 / 1.97 - 1,
+                "modeled": f"{gain / (1 - gain):.2%} faster decode steps",
+                "reproduces": "yes, in size" if gain / (1 - gain) < 0.03 else "no",
+                "why": "with MXFP4 the 64 requests' indexer cache (48 MB) fits the 126.5 MB L2, so flatten's re-reads "
+                "hit L2 and cost little; at FP8 (93 MB) they go to DRAM. req/s also pays for 10K-token "
+                "prefills, diluting any decode gain",
+            }
+        )
     # IndexCache (arXiv 2603.12201): removing 75% of indexers gave 1.48x decode at 200K -> indexer ~43% of decode.
     share = 1 - 1 / 1.48
     published = share / 0.75
     shares = share_frame(times, ["H200", "B200"], (1, 16, 64, 128), (204800,))
     closest = shares.iloc[(shares["indexer_share"] - published).abs().argsort()[:1]].iloc[0]
-    rows.append({
-        "claim": "IndexCache (arXiv 2603.12201): dropping 75% of indexers -> 1.48x decode at 200K, so the indexer is ~43%",
-        "published": published,
-        "modeled": ", ".join(f"{r.gpu} B={r.batch}: {r.indexer_share:.0%}" for r in shares.itertuples()),
-        "reproduces": f"at {closest.gpu}, B = {int(closest.batch)}",
-        "why": "the share grows with batch (the indexer scales with B x L, expert weights do not); the paper's "
-               "batch, model and GPU differ, so the model matches it at one batch, not everywhere",
-    })  # fmt: skip
+    rows.append(
+        {
+            "claim": "IndexCache (arXiv 2603.12201): dropping 75% of indexers -> 1.48x decode at 200K, so the indexer is ~43%",
+            "published": published,
+            "modeled": ", ".join(f"{r.gpu} B={r.batch}: {r.indexer_share:.0%}" for r in shares.itertuples()),
+            "reproduces": f"at {closest.gpu}, B = {int(closest.batch)}",
+            "why": "the share grows with batch (the indexer scales with B x L, expert weights do not); the paper's "
+            "batch, model and GPU differ, so the model matches it at one batch, not everywhere",
+        }
+    )
     return pd.DataFrame(rows)
 
 
@@ -216,9 +263,13 @@ def ceilings_table(gpus: Sequence[str] = ("H200", "B200", "GB200")) -> pd.DataFr
 
 
 def headline_predictions(
-    times: IndexerTimes, batch: int = 128, context: int = 65536, next_ns: Sequence[int] = (1, 3, 4, 8),
-    gpus: Sequence[str] = ("H200", "B200", "GB200"), labels: Sequence[str] = ("native", "atom", "flatten", "dsa_lab kernel"),
-) -> pd.DataFrame:  # fmt: skip
+    times: IndexerTimes,
+    batch: int = 128,
+    context: int = 65536,
+    next_ns: Sequence[int] = (1, 3, 4, 8),
+    gpus: Sequence[str] = ("H200", "B200", "GB200"),
+    labels: Sequence[str] = ("native", "atom", "flatten", CANDIDATE),
+) -> pd.DataFrame:
     """The indexer kernel per GPU, next_n and strategy at one shape: measured where the H200
     sweep has it, modeled (with the bound that limits it) otherwise."""
     rows = []
@@ -228,10 +279,18 @@ def headline_predictions(
                 us, source = times(gpu, label, batch, context, next_n)
                 if us != us:
                     continue
-                backend, strategy = STRATEGIES[label]
+                backend, strategy = times.option(label)
                 bound = predict(gpu, backend, "native" if next_n == 1 else strategy, [context] * batch, next_n).bound
-                rows.append({"gpu": gpu, "next_n": next_n, "strategy": label, "time_us": us, "source": source,
-                             "modeled_bound": bound})  # fmt: skip
+                rows.append(
+                    {
+                        "gpu": gpu,
+                        "next_n": next_n,
+                        "strategy": label,
+                        "time_us": us,
+                        "source": source,
+                        "modeled_bound": bound,
+                    }
+                )
     return pd.DataFrame(rows)
 
 

@@ -6,17 +6,28 @@ Pure pandas over a results frame (`store.load_run(...).results`, measured or mod
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from dsa_lab.policy import Platform, PolicyQuery, step_path
+from dsa_lab import axes
+from dsa_lab.kernels import family_of, get_backend, vllm_backend
+from dsa_lab.model.gpus import get_gpu
+from dsa_lab.model.indexer import BLOCK_TOKENS
+from dsa_lab.policy import Platform, PolicyQuery
+from dsa_lab.policy_steps import step_path
 from dsa_lab.workload import ContextSpec
 
 SM90_DEEPGEMM = Platform("sm90", True)
-BASELINE = "deepgemm"
-DEEPGEMM_BACKENDS = ("deepgemm", "deepgemm-pr340")  # the vendored release and a build of its PR #340
-POINT = ["batch", "context", "next_n"]
+POINT = list(axes.POINT_KEYS)  # what every answer here is computed per: the step and its shape
+SERIES = list(axes.SERIES_KEYS)  # what competes at a point: backend, strategy, config
+STUDY_SHAPE = {"cache_dtype": "fp8", "heads": 64, "head_dim": 128}  # DeepSeek-V3.2's indexer
+
+
+def vllm_family() -> tuple[str, ...]:
+    """The backends of what vLLM runs (DeepGEMM: the vendored release and a build of a PR of it):
+    'the best DeepGEMM option' is the fastest of these."""
+    return family_of(vllm_backend().name)
 
 
 def context_order(labels: Iterable[str]) -> list[str]:
@@ -24,26 +35,36 @@ def context_order(labels: Iterable[str]) -> list[str]:
     return sorted(set(labels), key=lambda c: (c.startswith("mixed"), ContextSpec.parse(c).high, c))
 
 
-REQUIRED_COLUMNS = ("backend", "strategy", "batch", "context", "next_n", "status", "median_ms", "source")
-SHAPE_COLUMNS = ("heads", "head_dim", "cache_dtype")
+REQUIRED_COLUMNS = (*axes.NAMES, "status", "median_ms", "source")
 
 
 def ok_rows(results: pd.DataFrame) -> pd.DataFrame:
-    """Timed rows with `kernel_us` (median, µs) and a `series` label `strategy (backend)`."""
+    """Timed rows with `kernel_us` (median, µs) and a `series` label 'strategy (backend)' (', config' when
+    not the backend's own rule); every axis column present (a modeled frame's added later axes filled in)."""
+    results = axes.complete(results)
     missing = [c for c in REQUIRED_COLUMNS if c not in results.columns]
     if missing:
         raise ValueError(f"results: missing columns {missing}")
     ok = results[results["status"] == "ok"].copy()
-    shape_columns = [c for c in SHAPE_COLUMNS if c in ok.columns]
-    shapes = ok[shape_columns].drop_duplicates() if shape_columns else ok.iloc[:1, :0]
-    if len(shapes) > 1:
-        raise ValueError(
-            f"results: {len(shapes)} shapes ({', '.join(shape_columns)}) in one frame; "
-            f"filter to one, e.g. results[results.cache_dtype == 'fp8']: {shapes.to_dict('records')}"
-        )
     ok["kernel_us"] = ok["median_ms"] * 1e3
-    ok["series"] = ok["strategy"] + " (" + ok["backend"] + ")"
+    tuned = ok["config"].map(lambda c: "" if not axes.axis("config").in_key(c) else f", {c}")
+    ok["series"] = ok["strategy"] + " (" + ok["backend"] + tuned + ")"
     return ok.reset_index(drop=True)
+
+
+def one_shape(results: pd.DataFrame, shape: Mapping[str, object] | None = None) -> tuple[pd.DataFrame, str]:
+    """The rows of one shape (cache dtype, heads, head dim), which is what a chart draws, and a note
+    naming it when the run holds several ('' when it holds one). `shape`: which (default: the one closest
+    to the study's, H = 64, D = 128, FP8: most of those values, the first of equals)."""
+    present = axes.shapes(results)
+    if len(present) <= 1:
+        return results, ""
+    wanted = dict(shape) if shape is not None else max(present, key=lambda s: sum(s[k] == STUDY_SHAPE[k] for k in s))
+    if wanted not in present:
+        raise ValueError(f"shape={wanted}: not in this run; its shapes are {present}")
+    others = "; ".join(axes.describe_shape(s) for s in present if s != wanted)
+    note = f"{len(present)} shapes in this run; showing {axes.describe_shape(wanted)} (also measured: {others})."
+    return axes.select(results, wanted), note
 
 
 def vllm_choice(next_n: int, platform: Platform = SM90_DEEPGEMM) -> str:
@@ -64,40 +85,113 @@ def by_point(table: pd.DataFrame) -> pd.DataFrame:
 
 def measured_ok(frame: pd.DataFrame) -> pd.DataFrame:
     """Timed measured rows (`ok_rows`: `kernel_us`, `series`); modeled ones dropped."""
+    return timed(frame, "measured")
+
+
+def timed(frame: pd.DataFrame, source: str | None = "measured") -> pd.DataFrame:
+    """Timed rows (`ok_rows`) of one source ('measured' or 'modeled'; None: both)."""
     data = ok_rows(frame)
-    return data[data["source"] == "measured"].reset_index(drop=True)
+    return (data if source is None else data[data["source"] == source]).reset_index(drop=True)
+
+
+def native_twins(data: pd.DataFrame) -> pd.Series:
+    """Rows whose launches are native's (`plan.LaunchPlan.signature`): flatten at next_n = 1 (one row a
+    request) and an atom plan of one native piece. The same kernel work timed twice: never an option of
+    its own, or noise would pick a winner between two equal launches."""
+    one_piece = (data["pieces"].astype(str) == data["next_n"].astype(str)) if "pieces" in data else False
+    return (data["strategy"] == "flatten") & (data["next_n"] == 1) | (data["strategy"] == "atom") & one_piece
 
 
 def best_option(
-    frame: pd.DataFrame, backend: str | Sequence[str] = BASELINE, strategies: Sequence[str] | None = None
+    frame: pd.DataFrame,
+    backend: str | Sequence[str] | None = None,
+    strategies: Sequence[str] | None = None,
+    source: str | None = "measured",
+    twins: bool = False,
 ) -> pd.DataFrame:
-    """Per (batch, context, next_n): the fastest timed row of `backend` (one name, or several: the best
-    over all of them), among `strategies` if given: `best_strategy`, `best_backend`, `best_ms`, its IQR."""
+    """Per point: the fastest timed row of `backend` (one name, or several: the best over all of them;
+    None: what vLLM runs), among `strategies` if given, a native twin (`native_twins`) never counted on
+    its own unless `twins` (a launch's time, not an option to recommend): `best_strategy`, `best_backend`,
+    `best_ms`, its IQR, `best_pieces` (an atom's split)."""
+    backend = vllm_backend().name if backend is None else backend
     backends = [backend] if isinstance(backend, str) else list(backend)
-    data = measured_ok(frame)
-    data = data[data["backend"].isin(backends)]
+    data = timed(frame, source)
+    data = data[data["backend"].isin(backends) & (twins | ~native_twins(data))]
     if strategies is not None:
         data = data[data["strategy"].isin(list(strategies))]
     best = data.loc[data.groupby(POINT)["median_ms"].idxmin()] if not data.empty else data
-    renamed = {"strategy": "best_strategy", "backend": "best_backend", "median_ms": "best_ms",
-               "p25_ms": "best_p25_ms", "p75_ms": "best_p75_ms"}  # fmt: skip
+    pieces = best["pieces"].where(best["strategy"] == "atom", "") if "pieces" in best else ""
+    best = best.assign(pieces=pd.Series(pieces, index=best.index, dtype=object).fillna(""))
+    renamed = {
+        "strategy": "best_strategy",
+        "backend": "best_backend",
+        "median_ms": "best_ms",
+        "p25_ms": "best_p25_ms",
+        "p75_ms": "best_p75_ms",
+        "pieces": "best_pieces",
+        "source": "source",
+    }
     return by_point(best[[*POINT, *renamed]].rename(columns=renamed))
 
 
-def vllm_path(frame: pd.DataFrame, backend: str = BASELINE, platform: Platform = SM90_DEEPGEMM) -> pd.DataFrame:
-    """Per (batch, context, next_n): vLLM 0.33's strategy on `platform` (`vllm_choice`) and `backend`'s
-    time for it (NaN if untimed). A frame with no measured timed rows gives no rows."""
-    data = measured_ok(frame)
+def vllm_path(
+    frame: pd.DataFrame, backend: str | None = None, platform: Platform = SM90_DEEPGEMM, source: str | None = "measured"
+) -> pd.DataFrame:
+    """Per point: vLLM 0.33's strategy on `platform` (`vllm_choice`) and `backend`'s time for it (None: what
+    vLLM runs; NaN if untimed). A frame with no timed rows of `source` gives no rows."""
+    backend = vllm_backend().name if backend is None else backend
+    data = timed(frame, source)
     points = data[POINT].drop_duplicates()
     chosen = [vllm_choice(int(n), platform) for n in points["next_n"]]
-    points = points.assign(vllm_strategy=pd.Series(chosen, index=points.index, dtype=object))
-    timed = data.loc[data["backend"] == backend, [*POINT, "strategy", "median_ms", "p25_ms", "p75_ms"]]
+    points = points.assign(vllm_strategy=pd.Series(chosen, index=points.index, dtype=object), vllm_backend=backend)
+    times = data.loc[data["backend"] == backend, [*POINT, "strategy", "median_ms", "p25_ms", "p75_ms"]]
     renamed = {"strategy": "vllm_strategy", "median_ms": "vllm_ms", "p25_ms": "vllm_p25_ms", "p75_ms": "vllm_p75_ms"}
-    timed = timed.rename(columns=renamed)
-    return by_point(points.merge(timed, on=[*POINT, "vllm_strategy"], how="left"))
+    return by_point(points.merge(times.rename(columns=renamed), on=[*POINT, "vllm_strategy"], how="left"))
 
 
-def speedup_over_vllm(frame: pd.DataFrame, backend: str = BASELINE, platform: Platform = SM90_DEEPGEMM) -> pd.DataFrame:
+def recommend(
+    frame: pd.DataFrame,
+    backends: Sequence[str] | None = None,
+    vllm_backend: str | None = None,
+    platform: Platform = SM90_DEEPGEMM,
+    source: str | None = "measured",
+) -> pd.DataFrame:
+    """The answer at every point: what vLLM 0.33 takes, the fastest option and which to use.
+
+    Options are the timed rows of `backends` (default: every backend in the frame) of `source`, native
+    twins left out (`native_twins`). `vllm_*` is vLLM's strategy on `platform` timed on `vllm_backend`
+    (default: what vLLM runs); `best_*` the fastest option; `speedup` = vLLM's time / the best's;
+    `beyond_spread` when vLLM's 25th percentile lies above the best's 75th. The recommendation
+    (`recommended_*`) is the best option only beyond the spread: a tie within the measured spread keeps
+    vLLM's choice (no noise winner); where vLLM's choice was not timed, the best. `options_timed` lists
+    the strategies timed there.
+    """
+    data = timed(frame, source)
+    backends = sorted(data["backend"].unique()) if backends is None else list(backends)
+    path = vllm_path(data, vllm_backend, platform, source)
+    table = path.merge(best_option(data, backends, source=source), on=POINT, how="inner")
+    table["speedup"] = table["vllm_ms"] / table["best_ms"]
+    table["beyond_spread"] = table["vllm_p25_ms"] > table["best_p75_ms"]
+    keep = table["vllm_ms"].notna() & ~table["beyond_spread"]
+    for what in ("strategy", "backend", "ms"):
+        table[f"recommended_{what}"] = table[f"vllm_{what}"].where(keep, table[f"best_{what}"])
+    mine = data[data["backend"].isin(backends)]
+    options = mine.groupby(POINT)["strategy"].agg(lambda s: ", ".join(sorted(set(s)))).rename("options_timed")
+    return by_point(table.merge(options.reset_index(), on=POINT, how="left"))
+
+
+def decisions(frame: pd.DataFrame, backend: str, platform: Platform = SM90_DEEPGEMM) -> pd.DataFrame:
+    """`recommend` on one backend's strategies against vLLM 0.33's choice timed on the same backend
+    (measured or modeled rows alike: a model's times have no spread, so any gap counts)."""
+    available = sorted(timed(frame, None)["backend"].unique())
+    if backend not in available:
+        raise ValueError(f"backend={backend!r}: no timed rows; allowed values are {available}")
+    return recommend(frame, [backend], backend, platform, source=None)
+
+
+def speedup_over_vllm(
+    frame: pd.DataFrame, backend: str | None = None, platform: Platform = SM90_DEEPGEMM
+) -> pd.DataFrame:
     """Measured timed rows with vLLM 0.33's time at the same point (`vllm_ms`: its strategy on
     `backend`) and `speedup` = vLLM's time / the row's time (> 1: faster than what vLLM runs)."""
     path = vllm_path(frame, backend, platform)[[*POINT, "vllm_strategy", "vllm_ms"]]
@@ -106,13 +200,22 @@ def speedup_over_vllm(frame: pd.DataFrame, backend: str = BASELINE, platform: Pl
     return by_point(data)
 
 
-H200_SMS = 132  # streaming multiprocessors of an H200 SXM (the Triton kernel's own default off the GPU)
+def speedup_over_strategy(frame: pd.DataFrame, baseline: str = "flatten") -> pd.DataFrame:
+    """Per backend and point: `baseline` time / strategy time (> 1: the strategy is faster)."""
+    data = ok_rows(frame)
+    keys = ["source", *(k for k in SERIES if k != "strategy"), *POINT]
+    base = data[data["strategy"] == baseline].set_index(keys)["median_ms"].rename("baseline_ms")
+    others = data[data["strategy"] != baseline].join(base, on=keys, how="inner")
+    others["speedup"] = others["baseline_ms"] / others["median_ms"]
+    return others[[*keys, "strategy", "median_ms", "baseline_ms", "speedup"]].reset_index(drop=True)
+
+
+H200_SMS = int(get_gpu("H200").sms.value)  # streaming multiprocessors of an H200 SXM
 
 
 def mixed_context_gap(
-    frame: pd.DataFrame, seed: int, candidate: tuple[str, str] = ("triton", "native"), baseline: str = BASELINE,
-    num_sms: int = H200_SMS,
-) -> pd.DataFrame:  # fmt: skip
+    frame: pd.DataFrame, seed: int, candidate: tuple[str, str], baseline: str | None = None, num_sms: int = H200_SMS
+) -> pd.DataFrame:
     """Why a kernel falls behind on mixed-length batches: per batch with a mixed context
     'mixed:LO-HI' and the uniform context HI both measured, how much of the uniform batch's
     tokens the mixed one holds, and how each side's time scales from uniform to mixed.
@@ -121,39 +224,51 @@ def mixed_context_gap(
     mean (the mixed lengths, drawn with the run's `seed`), candidate_scale / baseline_scale
     (min and max over next_n of mixed time / uniform time; baseline: its best option),
     vs_best (min and max of the best baseline time / the candidate's time at the mixed
-    context), and for the Triton kernel its grid: `programs`, `busy_programs` (those whose
-    range of KV blocks holds a cached token) and `blocks_per_program`, from its own rule
-    (`kernels.triton_native.blocks_per_program`) at `num_sms`.
+    context), and for a kernel of fixed KV slices (Triton's) its grid: `programs`, `busy_programs`
+    (those whose range of KV blocks holds a cached token) and `blocks_per_program`, from its own rule
+    (`ModelTraits.program_blocks`) at `num_sms`.
     """
     data = measured_ok(frame)
     backend, strategy = candidate
     mine = data[(data["backend"] == backend) & (data["strategy"] == strategy)].set_index(POINT)["median_ms"]
     best = best_option(frame, baseline).set_index(POINT)["best_ms"]
+    at, step = POINT.index("context"), POINT.index("next_n")
+
+    def uniform_twin(key: tuple) -> tuple:
+        return (*key[:at], str(ContextSpec.parse(key[at]).high), *key[at + 1 :])
+
+    mixed = [k for k in mine.index if ContextSpec.parse(k[at]).mixed]
+    groups: dict[tuple, list[tuple]] = {}
+    for key in mixed:  # every next_n of one (batch, mixed context, shape)
+        if uniform_twin(key) in mine.index and key in best.index and uniform_twin(key) in best.index:
+            groups.setdefault((*key[:step], *key[step + 1 :]), []).append(key)
     rows = []
-    for label in sorted({c for c in data["context"] if ContextSpec.parse(c).mixed}):
-        spec = ContextSpec.parse(label)
-        uniform = str(spec.high)
-        for batch in sorted(data.loc[data["context"] == label, "batch"].unique()):
-            keys = [(batch, label, n) for n in sorted(data.loc[data["context"] == label, "next_n"].unique())]
-            pairs = [
-                (k, (batch, uniform, k[2])) for k in keys if k in mine.index and (batch, uniform, k[2]) in mine.index
-            ]
-            pairs = [(m, u) for m, u in pairs if m in best.index and u in best.index]
-            if not pairs:
-                continue
-            lens = spec.seq_lens(int(batch), seed)
-            mixed_ms = pd.Series([mine[m] for m, _ in pairs])
-            row = {
-                "batch": int(batch), "mixed": label, "uniform": uniform,
-                "token_share": sum(lens) / (spec.high * int(batch)), "longest": max(lens), "mean": sum(lens) / len(lens),
-                "candidate_scale": _span(mixed_ms / [mine[u] for _, u in pairs]),
-                "baseline_scale": _span(pd.Series([best[m] / best[u] for m, u in pairs])),
-                "vs_best": _span(pd.Series([best[m] for m, _ in pairs]) / mixed_ms),
-                "programs": None, "busy_programs": None, "blocks_per_program": None, "num_sms": num_sms,
-            }  # fmt: skip
-            if backend == "triton":
-                row["programs"], row["busy_programs"], row["blocks_per_program"] = _triton_grid(lens, num_sms)
-            rows.append(row)
+    for _, keys in sorted(groups.items(), key=lambda item: (item[0][at], item[0])):
+        spec = ContextSpec.parse(keys[0][at])
+        batch = int(keys[0][POINT.index("batch")])
+        lens = spec.seq_lens(batch, seed)
+        mixed_ms = pd.Series([mine[k] for k in keys])
+        row = {
+            **{name: keys[0][i] for i, name in enumerate(POINT) if name not in ("context", "next_n")},
+            "batch": batch,
+            "mixed": spec.label,
+            "uniform": str(spec.high),
+            "token_share": sum(lens) / (spec.high * batch),
+            "longest": max(lens),
+            "mean": sum(lens) / len(lens),
+            "candidate_scale": _span(mixed_ms / [mine[uniform_twin(k)] for k in keys]),
+            "baseline_scale": _span(pd.Series([best[k] / best[uniform_twin(k)] for k in keys])),
+            "vs_best": _span(pd.Series([best[k] for k in keys]) / mixed_ms),
+            "programs": None,
+            "busy_programs": None,
+            "blocks_per_program": None,
+            "num_sms": num_sms,
+        }
+        traits = get_backend(backend).model_traits.get("sm90")  # the H200's kernel
+        rule = traits.program_blocks if traits is not None else None
+        if rule is not None:
+            row["programs"], row["busy_programs"], row["blocks_per_program"] = _program_grid(lens, num_sms, rule)
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -161,13 +276,10 @@ def _span(values: pd.Series) -> tuple[float, float]:
     return float(values.min()), float(values.max())
 
 
-def _triton_grid(seq_lens: Iterable[int], num_sms: int) -> tuple[int, int, int]:
-    """The Triton kernel's programs for one step of these lengths (one per request x range of
-    KV blocks, sized by its own rule), how many of them hold a cached token, and the blocks
-    of 64 tokens in a range."""
-    from dsa_lab.kernels.triton_native import BLOCK_SIZE, blocks_per_program
-
-    blocks = [-(-length // BLOCK_SIZE) for length in seq_lens]
-    per_program = blocks_per_program(len(blocks), max(blocks), num_sms)
+def _program_grid(seq_lens: Iterable[int], num_sms: int, rule: Callable[[int, int, int], int]) -> tuple[int, int, int]:
+    """A fixed-slice kernel's programs for one step of these lengths (one per request x range of KV blocks,
+    sized by its own `rule`), how many of them hold a cached token, and the blocks of a range."""
+    blocks = [-(-length // BLOCK_TOKENS) for length in seq_lens]
+    per_program = rule(len(blocks), max(blocks), num_sms)
     ranges = -(-max(blocks) // per_program)
     return len(blocks) * ranges, sum(-(-b // per_program) for b in blocks), per_program

@@ -24,11 +24,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dsa_lab.analysis.frames import POINT, SM90_DEEPGEMM, best_option, measured_ok, vllm_choice, vllm_path
+from dsa_lab import kernels
+from dsa_lab.analysis.frames import POINT, SM90_DEEPGEMM, by_point, measured_ok, recommend, vllm_choice
 from dsa_lab.analysis.modeled import SM90_NATIVE_SIZES
 from dsa_lab.cache import bytes_per_token
 from dsa_lab.errors import check_choice, check_range
-from dsa_lab.metadata import STRATEGIES, build_metadata, plan_atoms
+from dsa_lab.metadata import STRATEGIES, DecodeMetadata, build_metadata, plan_atoms
 from dsa_lab.plan import LaunchPlan
 from dsa_lab.policy import Platform
 from dsa_lab.workload import MAX_NEXT_N, ContextSpec, DecodeBatch
@@ -40,17 +41,20 @@ TOUR_STRATEGIES = ("native", "atom", "flatten")
 # ---------------------------------------------------------------- which run
 
 
-def vllm_backend(results: pd.DataFrame, preferred: str = "deepgemm") -> tuple[str, str | None]:
-    """The backend whose times stand for vLLM's path: `preferred` when it was timed, else the
-    most-timed backend, with a note saying so."""
+def vllm_backend(results: pd.DataFrame, preferred: str | None = None) -> tuple[str, str | None]:
+    """The backend whose times stand for vLLM's path: `preferred` (default: what vLLM runs,
+    `kernels.vllm_backend`) when it was timed, else the most-timed backend, with a note saying so."""
+    preferred = kernels.vllm_backend().name if preferred is None else preferred
     timed = measured_ok(results)["backend"].value_counts()
     if timed.empty:
         raise ValueError("results: no measured rows with status 'ok'")
     if preferred in timed.index:
         return preferred, None
     chosen = str(timed.index[0])
-    return chosen, (f"Backend `{preferred}` (what vLLM runs) was not timed in this run; vLLM's strategy is shown "
-                    f"with `{chosen}`'s times (timed: {', '.join(map(str, timed.index))}).")  # fmt: skip
+    return chosen, (
+        f"Backend `{preferred}` (what vLLM runs) was not timed in this run; vLLM's strategy is shown "
+        f"with `{chosen}`'s times (timed: {', '.join(map(str, timed.index))})."
+    )
 
 
 # ---------------------------------------------------------------- KV-tile reads
@@ -115,13 +119,49 @@ def tile_reads(
     return TileReads(strategy, next_n, grid, tuple(groups), len(metadata.launches), int(read_count.sum()), label)
 
 
+def blocks_read(metadata: DecodeMetadata, block_size: int) -> int:
+    """KV blocks the launches stream: once per kernel row-group (request), for its longest row."""
+    total = 0
+    for launch in metadata.launches:
+        longest = launch.context_lens.max(dim=1).values.long()
+        total += int(((longest + block_size - 1) // block_size).sum())
+    return total
+
+
+def strategy_reads(batch: DecodeBatch, table: torch.Tensor, native_sizes: Sequence[int]) -> pd.DataFrame:
+    """Launches, kernel rows, KV blocks and bytes read per strategy for `batch` (atom in `native_sizes`)."""
+    block_bytes = batch.block_size * bytes_per_token(batch.head_dim, batch.cache_dtype)
+    rows = []
+    for strategy in STRATEGIES:
+        metadata = build_metadata(strategy, batch, table, native_sizes)
+        blocks = blocks_read(metadata, batch.block_size)
+        rows.append(
+            {
+                "strategy": strategy,
+                "launches": len(metadata.launches),
+                "kernel rows": metadata.kernel_rows,
+                "KV blocks read": blocks,
+                "KV bytes read": blocks * block_bytes,
+            }
+        )
+    frame = pd.DataFrame(rows).set_index("strategy")
+    frame["× native bytes"] = (frame["KV bytes read"] / frame.loc["native", "KV bytes read"]).round(2)
+    return frame
+
+
 # ---------------------------------------------------------------- modeled bytes
 
 
 def modeled_bytes(
-    batch: int = 128, context: str | int = 65536, next_ns: Sequence[int] = range(1, 9), seed: int = 0,
-    native_sizes: Sequence[int] = SM90_NATIVE_SIZES, heads: int = 64, head_dim: int = 128, cache_dtype: str = "fp8",
-) -> pd.DataFrame:  # fmt: skip
+    batch: int = 128,
+    context: str | int = 65536,
+    next_ns: Sequence[int] = range(1, 9),
+    seed: int = 0,
+    native_sizes: Sequence[int] = SM90_NATIVE_SIZES,
+    heads: int = 64,
+    head_dim: int = 128,
+    cache_dtype: str = "fp8",
+) -> pd.DataFrame:
     """Bytes one decode step moves per strategy and next_n, from the launch plan (`plan.LaunchPlan.cost`; source 'modeled').
 
     `context` is a length (65536, '64K') or 'mixed:MIN-MAX' (lengths drawn with `seed`, as a
@@ -137,14 +177,23 @@ def modeled_bytes(
         shapes = {"native": f"[B, {n}]", "flatten": f"[B·{n}, 1]"}  # the rows a launch sees
         for strategy in TOUR_STRATEGIES:
             cost = LaunchPlan(seq_lens, n, strategy, heads, head_dim, cache_dtype, tuple(native_sizes)).cost
-            rows.append({
-                "next_n": n, "strategy": strategy,
-                "pieces": pieces_label(n, native_sizes) if strategy == "atom" else shapes[strategy],
-                "launches": cost.launches, "kv_bytes": cost.strategy_kv_bytes, "bytes": cost.strategy_bytes,
-                "unique_bytes": cost.unique_bytes, "vllm_0_33": vllm_choice(n) == strategy, "source": "modeled",
-                "heads": heads, "head_dim": head_dim, "cache_dtype": cache_dtype,
-                "bytes_per_token": bytes_per_token(head_dim, cache_dtype),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "next_n": n,
+                    "strategy": strategy,
+                    "pieces": pieces_label(n, native_sizes) if strategy == "atom" else shapes[strategy],
+                    "launches": cost.launches,
+                    "kv_bytes": cost.strategy_kv_bytes,
+                    "bytes": cost.strategy_bytes,
+                    "unique_bytes": cost.unique_bytes,
+                    "vllm_0_33": vllm_choice(n) == strategy,
+                    "source": "modeled",
+                    "heads": heads,
+                    "head_dim": head_dim,
+                    "cache_dtype": cache_dtype,
+                    "bytes_per_token": bytes_per_token(head_dim, cache_dtype),
+                }
+            )
     frame = pd.DataFrame(rows)
     native = frame[frame["strategy"] == "native"].set_index("next_n")["bytes"]
     frame["vs_native"] = frame["bytes"] / frame["next_n"].map(native)
@@ -164,25 +213,41 @@ def bytes_reading(frame: pd.DataFrame) -> str:
             parts.append(f"{strategy}{pieces} {row['bytes'] / 1e9:.2f} GB ({row['vs_native']:.1f}× native)")
     reads = {s: top.loc[s, "kv_bytes"] / top.loc["native", "kv_bytes"] for s in ("atom", "flatten") if s in top.index}
     said = " and ".join(f"{s} {r:.0f} times" for s, r in reads.items())
-    return (", ".join(parts) + ". All strategies move the same queries, weights and logits; the difference is the KV "
-            f"cache, which native reads once{', ' + said if said else ''}.")  # fmt: skip
+    return (
+        ", ".join(parts) + ". All strategies move the same queries, weights and logits; the difference is the KV "
+        f"cache, which native reads once{', ' + said if said else ''}."
+    )
 
 
 # ---------------------------------------------------------------- the headline table
 
 
-HEADLINE_COLUMNS = ["next_n", "vllm_strategy", "vllm_backend", "vllm_us", "best_strategy", "best_backend",
-                    "best_pieces", "best_us", "speedup", "beyond_spread", "floor_us", "floor_bound"]  # fmt: skip
+HEADLINE_COLUMNS = [
+    "next_n",
+    "vllm_strategy",
+    "vllm_backend",
+    "vllm_us",
+    "best_strategy",
+    "best_backend",
+    "best_pieces",
+    "best_us",
+    "speedup",
+    "beyond_spread",
+    "floor_us",
+    "floor_bound",
+]
 
 
 def headline_table(
-    results: pd.DataFrame, batch: int, context: str, vllm_backend: str = "deepgemm", platform: Platform = SM90_DEEPGEMM
+    results: pd.DataFrame, batch: int, context: str, vllm_backend: str | None = None, platform: Platform = SM90_DEEPGEMM
 ) -> pd.DataFrame:
     """Per next_n at one (batch, context) of a run: what vLLM 0.33 takes on `platform` (its
     strategy, timed on `vllm_backend`), the fastest option measured (strategy and backend, any
-    backend), and `speedup` = vLLM's time / the best (> 1: vLLM leaves time on the table).
+    backend; `frames.recommend`, whose native twins never count), and `speedup` = vLLM's time / the
+    best (> 1: vLLM leaves time on the table).
 
-    `beyond_spread` is True when vLLM's 25th percentile lies above the best option's 75th.
+    `beyond_spread` is True when vLLM's 25th percentile lies above the best option's 75th (only then
+    is the best option recommended over vLLM's choice).
     `floor_us` is the point's time floor, modeled: its unique bytes (KV read once) or its
     FLOPs at the run's ceilings, whichever takes longer (`floor_bound`: memory or compute;
     NaN where the run has no ceilings for its device). Only measured rows with status 'ok'
@@ -193,29 +258,23 @@ def headline_table(
     if data.empty:
         everything = measured_ok(results)
         points = sorted(set(zip(everything["batch"].astype(int), everything["context"])))
-        raise ValueError(f"batch={batch}, context={context!r}: no measured rows with status 'ok'; "
-                         f"measured points: {points}")  # fmt: skip
+        raise ValueError(
+            f"batch={batch}, context={context!r}: no measured rows with status 'ok'; measured points: {points}"
+        )
     backends = sorted(data["backend"].unique())
+    vllm_backend = kernels.vllm_backend().name if vllm_backend is None else vllm_backend
     if vllm_backend not in backends:
         raise ValueError(f"vllm_backend={vllm_backend!r}: not timed at this point; allowed values are {backends}")
-    per_backend = [best_option(data, backend).assign(best_backend=backend) for backend in backends]
-    best = pd.concat(per_backend, ignore_index=True)
-    best = best.loc[best.groupby("next_n")["best_ms"].idxmin()]
-    path = vllm_path(data, vllm_backend, platform)
-    table = path.merge(best, on=POINT, how="left")
-    pieces = data.set_index(["next_n", "backend", "strategy"])["pieces"] if "pieces" in data else pd.Series(dtype=str)
-    keys = zip(table["next_n"], table["best_backend"], table["best_strategy"])
-    table["best_pieces"] = [str(pieces[k]) if k[2] == "atom" and pd.notna(pieces.get(k)) else "" for k in keys]
-    table["vllm_backend"] = vllm_backend
+    table = recommend(data, backends, vllm_backend, platform)
     table["vllm_us"] = table["vllm_ms"] * 1e3
     table["best_us"] = table["best_ms"] * 1e3
-    table["speedup"] = table["vllm_ms"] / table["best_ms"]
-    table["beyond_spread"] = table["vllm_p25_ms"] > table["best_p75_ms"]
-    floors = data.groupby("next_n")[["floor_ms", "floor_bound"]].first() if "floor_ms" in data else None
-    table["floor_us"] = table["next_n"].map(floors["floor_ms"]) * 1e3 if floors is not None else np.nan
-    table["floor_bound"] = table["next_n"].map(floors["floor_bound"]) if floors is not None else None
+    if "floor_ms" in data:
+        floors = data.groupby(POINT, as_index=False)[["floor_ms", "floor_bound"]].first()
+        table = table.merge(floors, on=POINT, how="left").assign(floor_us=lambda t: t["floor_ms"] * 1e3)
+    else:
+        table = table.assign(floor_us=np.nan, floor_bound=None)
     table["next_n"] = table["next_n"].astype(int)
-    return table.sort_values("next_n")[HEADLINE_COLUMNS].reset_index(drop=True)
+    return by_point(table)[[*HEADLINE_COLUMNS, *(k for k in POINT if k not in HEADLINE_COLUMNS)]]
 
 
 def headline_reading(table: pd.DataFrame, device_label: str, run_id: str, batch: int, context: str) -> str:
@@ -227,15 +286,21 @@ def headline_reading(table: pd.DataFrame, device_label: str, run_id: str, batch:
     worse = timed[timed["beyond_spread"]]
     lines = [f"**Measured on {device_label}, run `{run_id}`, batch = {batch}, context = {context}.**"]
     if not same.empty:
-        lines.append(f"- vLLM 0.33's choice is as fast as the best option (within the measured spread) at next_n = "
-                     f"{', '.join(map(str, same['next_n']))}.")  # fmt: skip
+        lines.append(
+            f"- vLLM 0.33's choice is as fast as the best option (within the measured spread) at next_n = "
+            f"{', '.join(map(str, same['next_n']))}."
+        )
     for row in worse.itertuples():
         pieces = f" {row.best_pieces}" if row.best_pieces else ""
-        lines.append(f"- next_n = {row.next_n}: vLLM takes **{row.vllm_strategy}** ({row.vllm_us:.0f} µs); "
-                     f"**{row.best_strategy}{pieces}** on {row.best_backend} takes {row.best_us:.0f} µs: "
-                     f"**{row.speedup:.2f}×** faster.")  # fmt: skip
+        lines.append(
+            f"- next_n = {row.next_n}: vLLM takes **{row.vllm_strategy}** ({row.vllm_us:.0f} µs); "
+            f"**{row.best_strategy}{pieces}** on {row.best_backend} takes {row.best_us:.0f} µs: "
+            f"**{row.speedup:.2f}×** faster."
+        )
     untimed = table[table["vllm_us"].isna()]
     if not untimed.empty:
-        lines.append(f"- vLLM's strategy was not timed on {table['vllm_backend'].iloc[0]} at next_n = "
-                     f"{', '.join(map(str, untimed['next_n']))}.")  # fmt: skip
+        lines.append(
+            f"- vLLM's strategy was not timed on {table['vllm_backend'].iloc[0]} at next_n = "
+            f"{', '.join(map(str, untimed['next_n']))}."
+        )
     return "\n".join(lines)

@@ -2,8 +2,8 @@
 
 Every row says `source='modeled'` and carries the plan's bytes and FLOPs at a GPU's
 ceilings (`roofline.modeled_time` over a `plan.LaunchPlan`); charts draw them dashed and
-labelled, never mixed with measured rows. Atom pieces are SM90 DeepGEMM's (1, 2, 4) unless
-`native_sizes` says otherwise (a kernel native for every next_n: `plan.ANY_NEXT_N`).
+labelled, never mixed with measured rows. Atom pieces are SM90 DeepGEMM's (`SM90_NATIVE_SIZES`, as its
+backend declares them) unless `native_sizes` says otherwise (a kernel native for every next_n: `plan.ANY_NEXT_N`).
 
 SM100 (`sm100_frame`): the rows notebook 03's SM100 section draws: a measured SM100 run's
 when one is under data/ (`runs.sm100_run`), else the calibrated model's (`calibrated_rows`:
@@ -17,47 +17,82 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from dsa_lab.analysis.frames import measured_ok, ok_rows
+from dsa_lab.analysis.frames import POINT, measured_ok, ok_rows
 from dsa_lab.analysis.runs import SM100_SWEEP_HOW, ChosenRun, sm100_evidence, sm100_run
+from dsa_lab.kernels import modeled_backends, vllm_backend
 from dsa_lab.metadata import STRATEGIES
+from dsa_lab.model.gpus import ARCH_MAJORS
+from dsa_lab.model.roofline import GpuSpec, floor_ms, get_gpu, modeled_time
 from dsa_lab.paths import resolve_data_path, shown_path
-from dsa_lab.plan import ANY_NEXT_N, SM90_DEEPGEMM_SIZES, LaunchPlan
+from dsa_lab.plan import ANY_NEXT_N, LaunchPlan
 from dsa_lab.policy import Platform
-from dsa_lab.roofline import GpuSpec, floor_ms, get_gpu, modeled_time
 from dsa_lab.workload import ContextSpec
 
-SM90_NATIVE_SIZES = SM90_DEEPGEMM_SIZES
+SM90_NATIVE_SIZES = vllm_backend().native_sizes_on(ARCH_MAJORS["sm90"])  # SM90 DeepGEMM's (what vLLM runs there)
 
 
 def _modeled_row(
-    backend: str, batch: int, context: str, seq_lens: Sequence[int], next_n: int, strategy: str,
-    gpu: GpuSpec, heads: int, head_dim: int, cache_dtype: str, native_sizes: Sequence[int] = SM90_NATIVE_SIZES,
-) -> dict[str, object]:  # fmt: skip
+    backend: str,
+    batch: int,
+    context: str,
+    seq_lens: Sequence[int],
+    next_n: int,
+    strategy: str,
+    gpu: GpuSpec,
+    heads: int,
+    head_dim: int,
+    cache_dtype: str,
+    native_sizes: Sequence[int] = SM90_NATIVE_SIZES,
+) -> dict[str, object]:
     plan = LaunchPlan(tuple(seq_lens), next_n, strategy, heads, head_dim, cache_dtype, tuple(native_sizes))
     point = modeled_time(plan, gpu)
     floor, _ = floor_ms(plan.cost, gpu)
     ms = point.time_ms
     return {
-        "backend": backend, "strategy": strategy, "batch": batch, "context": context, "next_n": next_n,
-        "cache_dtype": cache_dtype, "heads": heads, "head_dim": head_dim, "status": "ok", "source": "modeled",
-        "median_ms": ms, "p25_ms": ms, "p75_ms": ms, "iqr_ms": 0.0, "roofline_gpu": gpu.name,
-        "unique_bytes": point.cost.unique_bytes, "strategy_bytes": point.cost.strategy_bytes,
+        "backend": backend,
+        "strategy": strategy,
+        "batch": batch,
+        "context": context,
+        "next_n": next_n,
+        "cache_dtype": cache_dtype,
+        "heads": heads,
+        "head_dim": head_dim,
+        "status": "ok",
+        "source": "modeled",
+        "median_ms": ms,
+        "p25_ms": ms,
+        "p75_ms": ms,
+        "iqr_ms": 0.0,
+        "roofline_gpu": gpu.name,
+        "unique_bytes": point.cost.unique_bytes,
+        "strategy_bytes": point.cost.strategy_bytes,
         "flops": point.cost.flops,
-        "floor_ms": floor, "achieved_tbps": point.cost.strategy_bytes / (ms * 1e9),
-        "achieved_tflops": point.cost.flops / (ms * 1e9), "fraction_of_floor": floor / ms,
-    }  # fmt: skip
+        "floor_ms": floor,
+        "achieved_tbps": point.cost.strategy_bytes / (ms * 1e9),
+        "achieved_tflops": point.cost.flops / (ms * 1e9),
+        "fraction_of_floor": floor / ms,
+    }
 
 
 def modeled_rows_like(results: pd.DataFrame, gpu: GpuSpec, seed: int) -> pd.DataFrame:
     """One modeled row per measured (batch, context, next_n, strategy, shape): the strategy's
     bytes and FLOPs at `gpu`'s ceilings (atom pieces as SM90 DeepGEMM plans them), backend
     'model (<gpu>)'. `seed` must be the run's, so mixed contexts get the same lengths."""
-    keys = ["strategy", "batch", "context", "next_n", "heads", "head_dim", "cache_dtype"]
     rows = [
-        _modeled_row(f"model ({gpu.name})", k.batch, k.context, ContextSpec.parse(k.context).seq_lens(k.batch, seed),
-                     k.next_n, k.strategy, gpu, k.heads, k.head_dim, k.cache_dtype)
-        for k in ok_rows(results)[keys].drop_duplicates().itertuples()
-    ]  # fmt: skip
+        _modeled_row(
+            f"model ({gpu.name})",
+            k.batch,
+            k.context,
+            ContextSpec.parse(k.context).seq_lens(k.batch, seed),
+            k.next_n,
+            k.strategy,
+            gpu,
+            k.heads,
+            k.head_dim,
+            k.cache_dtype,
+        )
+        for k in ok_rows(results)[["strategy", *POINT]].drop_duplicates().itertuples()
+    ]
     return pd.DataFrame(rows)
 
 
@@ -81,8 +116,21 @@ def modeled_grid(
             seq_lens = context.seq_lens(batch, seed)
             for n in next_ns:
                 for strategy in ("native", "flatten") if n in native_sizes else ("atom", "flatten"):
-                    rows.append(_modeled_row(f"model ({gpu.name})", batch, context.label, seq_lens, n, strategy,
-                                             gpu, heads, head_dim, cache_dtype, native_sizes))  # fmt: skip
+                    rows.append(
+                        _modeled_row(
+                            f"model ({gpu.name})",
+                            batch,
+                            context.label,
+                            seq_lens,
+                            n,
+                            strategy,
+                            gpu,
+                            heads,
+                            head_dim,
+                            cache_dtype,
+                            native_sizes,
+                        )
+                    )
     return pd.DataFrame(rows)
 
 
@@ -104,8 +152,14 @@ def modeled_reread(
     for next_n in next_ns:
         for strategy in STRATEGIES:
             cost = LaunchPlan(seq_lens, next_n, strategy, native_sizes=tuple(native_sizes)).cost
-            rows.append({"next_n": next_n, "strategy": strategy, "source": "modeled",
-                         "kv_read_per_unique": cost.strategy_kv_bytes / cost.unique_kv_bytes})  # fmt: skip
+            rows.append(
+                {
+                    "next_n": next_n,
+                    "strategy": strategy,
+                    "source": "modeled",
+                    "kv_read_per_unique": cost.strategy_kv_bytes / cost.unique_kv_bytes,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -113,30 +167,23 @@ def modeled_reread(
 
 SM100_PLATFORM = Platform("sm100", True)  # vLLM 0.33 on SM100 with DeepGEMM: the varlen call, i.e. our 'native'
 SM100_GPUS = ("B200", "GB200")
-CALIBRATED_BACKENDS = ("deepgemm", "triton")  # the backends `model.indexer` is calibrated for
 SM100_STRATEGIES = ("native", "flatten")  # atom on SM100 is the native launch (any next_n is native there)
 
 
 def _points(points: pd.DataFrame | None) -> pd.DataFrame:
-    """(batch, context, next_n, heads, head_dim, cache_dtype) to model: `points`' timed rows, or the sm100 grid."""
-    shape = {"heads": 64, "head_dim": 128, "cache_dtype": "fp8"}
+    """The points (`frames.POINT`) to model: `points`' timed rows, or the sm100 preset's grid."""
     if points is None:
-        from dsa_lab.bench.point import STUDY_GRID  # the sm100 preset's grid (= h200-full's)
+        from dsa_lab.bench.point import preset
 
-        grid = [(b, c, n) for b in STUDY_GRID["batch"] for c in STUDY_GRID["context"] for n in STUDY_GRID["next_n"]]
-        return pd.DataFrame(grid, columns=["batch", "context", "next_n"]).assign(**shape)
-    ok = ok_rows(points)
-    for column, value in shape.items():
-        if column not in ok.columns:
-            ok = ok.assign(**{column: value})
-    return ok[["batch", "context", "next_n", *shape]].drop_duplicates().reset_index(drop=True)
+        return pd.DataFrame([p.axes() for p in preset("sm100").points()])[POINT].drop_duplicates()
+    return ok_rows(points)[POINT].drop_duplicates().reset_index(drop=True)
 
 
 def calibrated_rows(
     points: pd.DataFrame | None = None,
     gpus: Sequence[str] = SM100_GPUS,
     seed: int = 0,
-    backends: Sequence[str] = CALIBRATED_BACKENDS,
+    backends: Sequence[str] | None = None,
     strategies: Sequence[str] = SM100_STRATEGIES,
 ) -> pd.DataFrame:
     """The calibrated model's step times (`model.indexer.predict`), one row per GPU x backend x strategy
@@ -147,28 +194,55 @@ def calibrated_rows(
     grid; `seed` must be that run's, so mixed contexts get the same lengths."""
     from dsa_lab.model.indexer import CALIBRATION, predict
 
+    backends = modeled_backends() if backends is None else backends
     rows = []
     for k in _points(points).itertuples():
         seq_lens = ContextSpec.parse(k.context).seq_lens(int(k.batch), seed)
         for strategy in strategies:
-            cost = LaunchPlan(tuple(seq_lens), int(k.next_n), strategy, int(k.heads), int(k.head_dim),
-                              k.cache_dtype, ANY_NEXT_N).cost  # fmt: skip
+            cost = LaunchPlan(
+                tuple(seq_lens), int(k.next_n), strategy, int(k.heads), int(k.head_dim), k.cache_dtype, ANY_NEXT_N
+            ).cost
             for gpu in gpus:
                 for backend in backends:
                     try:
-                        p = predict(gpu, backend, strategy, seq_lens, int(k.next_n), int(k.heads), int(k.head_dim),
-                                    k.cache_dtype)  # fmt: skip
+                        p = predict(
+                            gpu,
+                            backend,
+                            strategy,
+                            seq_lens,
+                            int(k.next_n),
+                            int(k.heads),
+                            int(k.head_dim),
+                            k.cache_dtype,
+                        )
                     except ValueError:  # a path this GPU does not have (SM90 native at n = 3), or a shape
                         continue
                     ms = p.time_us / 1e3
-                    rows.append({
-                        "backend": f"model ({gpu}, {backend})", "modeled_backend": backend, "gpu": gpu,
-                        "strategy": strategy, "batch": int(k.batch), "context": k.context, "next_n": int(k.next_n),
-                        "heads": int(k.heads), "head_dim": int(k.head_dim), "cache_dtype": k.cache_dtype,
-                        "status": "ok", "source": "modeled", "median_ms": ms, "p25_ms": ms, "p75_ms": ms,
-                        "iqr_ms": 0.0, "bound": p.bound, "model": CALIBRATION, "unique_bytes": cost.unique_bytes,
-                        "strategy_bytes": cost.strategy_bytes, "flops": cost.flops,
-                    })  # fmt: skip
+                    rows.append(
+                        {
+                            "backend": f"model ({gpu}, {backend})",
+                            "modeled_backend": backend,
+                            "gpu": gpu,
+                            "strategy": strategy,
+                            "batch": int(k.batch),
+                            "context": k.context,
+                            "next_n": int(k.next_n),
+                            "heads": int(k.heads),
+                            "head_dim": int(k.head_dim),
+                            "cache_dtype": k.cache_dtype,
+                            "status": "ok",
+                            "source": "modeled",
+                            "median_ms": ms,
+                            "p25_ms": ms,
+                            "p75_ms": ms,
+                            "iqr_ms": 0.0,
+                            "bound": p.bound,
+                            "model": CALIBRATION,
+                            "unique_bytes": cost.unique_bytes,
+                            "strategy_bytes": cost.strategy_bytes,
+                            "flops": cost.flops,
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -219,12 +293,16 @@ def sm100_frame(
         if with_model and gpu is not None and not ok.empty:
             frame = pd.concat([frame, calibrated_rows(ok, [gpu], run.provenance["seed"])], ignore_index=True)
         where = f"{run.path.parent.name}/{run.path.name}"  # data/<device>/<run_id>, as the run folders lie
-        note = (f"Measured on {chosen.device_label} ({sm100_evidence(run.provenance)}): run "
-                f"`{run.provenance['run_id']}` ({where}), created {run.provenance['created']}, "
-                f"{len(ok)} points timed.")  # fmt: skip
+        note = (
+            f"Measured on {chosen.device_label} ({sm100_evidence(run.provenance)}): run "
+            f"`{run.provenance['run_id']}` ({where}), created {run.provenance['created']}, "
+            f"{len(ok)} points timed."
+        )
         return Sm100Frame(frame, True, chosen.device_label, note, chosen, ignored)
     passed = f" ({len(ignored)} run(s) passed over, listed below)" if ignored else ""
-    note = (f"No measured SM100 run under {shown_path(resolve_data_path('.'))}/{passed}: these times are "
-            f"**modeled, not measured** (dsa_lab.model: efficiencies fitted on the H200 sweep, at "
-            f"{', '.join(gpus)} ceilings). {SM100_SWEEP_HOW}")  # fmt: skip
+    note = (
+        f"No measured SM100 run under {shown_path(resolve_data_path('.'))}/{passed}: these times are "
+        f"**modeled, not measured** (dsa_lab.model: efficiencies fitted on the H200 sweep, at "
+        f"{', '.join(gpus)} ceilings). {SM100_SWEEP_HOW}"
+    )
     return Sm100Frame(calibrated_rows(points, gpus, seed), False, f"{', '.join(gpus)} (modeled)", note, None, ignored)

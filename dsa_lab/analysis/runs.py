@@ -3,8 +3,8 @@
 Notebooks call one function here (`latency_run`, `kernel_run`, `profile_run`, `sm100_run`)
 instead of carrying their own discovery cells. The answer says whether it is a measurement of the
 GPU asked for; when it is not, `missing` says what was absent and which command makes it,
-and the notebook shows that as a banner (`dsa_lab.report.show_fallback`) that the report
-index flags. Runs that were skipped because they are broken are listed with the reason.
+and the notebook shows that as a banner (`dsa_lab.notebook.announce`) that the report index
+flags. Runs that were skipped because they are broken are listed with the reason.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from pathlib import Path
 import pandas as pd
 
 from dsa_lab import store
+from dsa_lab.listing import list_runs
+from dsa_lab.model.roofline import GpuSpec, get_gpu, gpu_for_device
 from dsa_lab.paths import resolve_data_path, shown_path
-from dsa_lab.roofline import GpuSpec, get_gpu, gpu_for_device
 
 CPU_STAND_IN = "CPU reference, not H200"
 SWEEP_HOW = "Make one on an H200 with `dsa-lab bench --preset h200-full --root data` (see scripts/h200_sweep.sh)."
@@ -52,7 +53,7 @@ def newest_measured_run(
     """The newest measured study run under data/<device>/ that `accept` takes, and the broken ones skipped
     (scratch runs, `store.is_scratch`, are try-outs, never what a notebook shows unless named by run_path)."""
     root = resolve_data_path(".")
-    runs = store.list_runs(root) if root.is_dir() else pd.DataFrame()
+    runs = list_runs(root) if root.is_dir() else pd.DataFrame()
     if runs.empty:
         return None, []
     runs = runs[runs["path"].map(lambda p: Path(p).parent.name) == device]
@@ -102,38 +103,43 @@ def sm100_run(backend: str | None = None) -> tuple[ChosenRun | None, list[tuple[
     how to make one).
     """
     root = resolve_data_path(".")
-    runs = store.list_runs(root) if root.is_dir() else pd.DataFrame()
+    runs = list_runs(root) if root.is_dir() else pd.DataFrame()
     ignored: list[tuple[str, str]] = []
     for row in runs.itertuples():  # newest first
         path = Path(row.path)
         in_sm100_folder = path.parent.name in SM100_FOLDERS
         if isinstance(row.problem, str):
             if in_sm100_folder:
-                ignored.append((_relative(path), row.problem))
+                ignored.append((relative_to_data(path), row.problem))
             continue
         provenance = store.read_provenance(path / store.PROVENANCE_FILE)
         evidence = sm100_evidence(provenance)
         if evidence is None:
             if in_sm100_folder:
                 capability = (provenance.get("environment") or {}).get("gpu_capability")
-                ignored.append((_relative(path), f"not an SM100 measurement: device {provenance.get('device')!r}, "
-                                                 f"compute capability {capability!r}"))  # fmt: skip
+                ignored.append(
+                    (
+                        relative_to_data(path),
+                        f"not an SM100 measurement: device {provenance.get('device')!r}, "
+                        f"compute capability {capability!r}",
+                    )
+                )
             continue
         if provenance["source"] != "measured":
-            ignored.append((_relative(path), f"an SM100 run of source {provenance['source']!r}, not measured"))
+            ignored.append((relative_to_data(path), f"an SM100 run of source {provenance['source']!r}, not measured"))
             continue
         if store.is_scratch(provenance):
-            ignored.append((_relative(path), "an SM100 run labelled scratch (made without --out or --root)"))
+            ignored.append((relative_to_data(path), "an SM100 run labelled scratch (made without --out or --root)"))
             continue
         try:
             run = store.load_run(path)
         except store.RunFormatError as err:
-            ignored.append((_relative(path), str(err)))
+            ignored.append((relative_to_data(path), str(err)))
             continue
         problem = _sm100_problem(run, backend)
         if problem is None:
             return _measured(run, ignored), ignored
-        ignored.append((_relative(path), problem))
+        ignored.append((relative_to_data(path), problem))
     return None, ignored
 
 
@@ -207,7 +213,7 @@ def latency_run(run_path: str = "", device: str = "h200", seed: int = 0) -> Chos
     return _stored_or_stand_in(run_path, device, f"measured {device.upper()} run", lambda run: True, stand_in, "nb02")
 
 
-def kernel_run(run_path: str = "", device: str = "h200", backend: str = "triton", seed: int = 0) -> ChosenRun:
+def kernel_run(run_path: str, device: str, backend: str, seed: int = 0) -> ChosenRun:
     """Notebook 03's data: a measured run in which `backend` was timed, else a CPU stand-in."""
     from dsa_lab.bench.point import preset
 
@@ -233,26 +239,17 @@ class ChosenProfile:
     def ignored(self) -> list[tuple[str, str]]:
         return [(shown_path(folder), problem) for folder, problem in self.run.ignored]
 
-    @property
-    def summary(self) -> dict[str, object]:
-        """The provenance a reader needs (the full record stays in the run's provenance.json)."""
-        provenance = self.run.provenance
-        env = provenance.get("environment") or {}
-        return {"run_id": provenance.get("run_id"), "source": provenance.get("source"),
-                "path": _relative(self.run.folder) if self.run.folder else "in memory",
-                "device_name": provenance.get("device_name"), "created": provenance.get("created"),
-                "git_sha": (provenance.get("git") or {}).get("sha"),
-                **{key: env.get(key) for key in ("torch", "triton", "vllm", "deep_gemm") if env.get(key)}}  # fmt: skip
-
 
 def profile_run(
-    path: str = "h200/profiles", batch: int = 2, context: str | int = 256, next_ns: tuple[int, ...] = (1, 2, 4)
+    path: str = "h200/profiles", batch: int = 2, context: str | int = 256, next_ns: tuple[int, ...] | None = None
 ) -> ChosenProfile:
     """The newest readable profile run under data/`path`, else a CPU reference profile made now."""
     from dsa_lab.profiling.runs import shipped_or_cpu_reference
 
     root = resolve_data_path(path)
-    run = shipped_or_cpu_reference(root, batch=batch, context=context, next_ns=tuple(next_ns))
+    run = shipped_or_cpu_reference(
+        root, batch=batch, context=context, next_ns=None if next_ns is None else tuple(next_ns)
+    )
     if run.folder is not None:
         return ChosenProfile(run, True)
     missing = (
@@ -271,55 +268,24 @@ def fresh_latency_run(preset_name: str, seed: int, device: str = "cuda") -> Chos
     from dsa_lab.bench.sweep import run_sweep
 
     if device != "cuda" or not torch.cuda.is_available():
-        raise ValueError(f"run_fresh=True needs a GPU (device='cuda'); this kernel has device={device!r}, "
-                         f"cuda available={torch.cuda.is_available()}")  # fmt: skip
+        raise ValueError(
+            f"run_fresh=True needs a GPU (device='cuda'); this kernel has device={device!r}, "
+            f"cuda available={torch.cuda.is_available()}"
+        )
     folder = resolve_data_path(store.device_label(torch.cuda.get_device_name())) / store.new_run_id(preset_name)
-    run_sweep(preset(preset_name).with_axes(seed=seed), folder, "cuda", progress=True,
-              extra_provenance={"preset": preset_name, "command": ["notebook run_fresh"]})  # fmt: skip
+    run_sweep(
+        preset(preset_name).with_axes(seed=seed),
+        folder,
+        "cuda",
+        progress=True,
+        extra_provenance={"preset": preset_name, "command": ["notebook run_fresh"]},
+    )
     return _measured(store.load_run(folder), [])
 
 
-def announce(chosen: ChosenRun, label: str) -> None:
-    """Say in the notebook which run it shows: a banner when it is a stand-in, the runs passed over, provenance."""
-    from IPython.display import Markdown, display
-
-    from dsa_lab.report import show_fallback, show_provenance
-
-    if chosen.missing:
-        show_fallback(chosen.missing, f"{chosen.device_label} and roofline-modeled times")
-    for path, problem in chosen.ignored:
-        display(Markdown(f"*Ignored run `{path}`: {problem}*"))
-    provenance = chosen.run.provenance
-    env = provenance.get("environment") or {}
-    show_provenance(
-        {"run_id": provenance["run_id"], "path": _relative(chosen.run.path), "source": chosen.run.source,
-         "device_name": chosen.device_label, "created": provenance["created"],
-         "timing_method": provenance["timing_method"], "git_sha": provenance["git"].get("sha"),
-         **{key: env.get(key) for key in ("torch", "triton", "vllm", "deep_gemm") if env.get(key)}},
-        label if chosen.measured else f"{label}: {chosen.device_label}",
-    )  # fmt: skip
-    if chosen.measured:
-        display(Markdown(f"Run **`{provenance['run_id']}`**: {chosen.device_label}, {chosen.run.source}, created "
-                         f"{provenance['created']}, timing `{provenance['timing_method']}`, "
-                         f"{len(chosen.run.results)} points."))  # fmt: skip
-
-
-def _relative(path: Path) -> str:
+def relative_to_data(path: Path) -> str:
     """A run folder relative to data/ when it lies inside it (no machine paths in reports)."""
     try:
         return str(Path(path).resolve().relative_to(resolve_data_path(".").resolve()))
     except ValueError:
         return Path(path).name
-
-
-def announce_profile(chosen: ChosenProfile) -> None:
-    """Notebook 04's counterpart of `announce`: banner, profile runs passed over, provenance."""
-    from IPython.display import Markdown, display
-
-    from dsa_lab.report import show_fallback, show_provenance
-
-    if chosen.missing:
-        show_fallback(chosen.missing, "a CPU reference profile")
-    for folder, problem in chosen.ignored:
-        display(Markdown(f"*Ignored profile run `{folder}`: {problem}*"))
-    show_provenance(chosen.summary, "kernel profiles")

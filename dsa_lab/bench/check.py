@@ -28,8 +28,7 @@ import torch
 from dsa_lab.bench.numerics import backend_numerics
 from dsa_lab.cache import PagedCache
 from dsa_lab.decode import LaunchInputs, launch_logits
-from dsa_lab.kernels import LogitsBackend
-from dsa_lab.kernels.reference import paged_mqa_logits as reference_logits
+from dsa_lab.kernels import LogitsBackend, baseline_backend
 from dsa_lab.metadata import DecodeMetadata
 from dsa_lab.workload import DecodeBatch, DecodeInputs
 
@@ -115,18 +114,26 @@ def check_point(
     del outputs
     contexts = torch.tensor(batch.token_context_lens(), dtype=torch.int32, device=device)[tokens]
     table = inputs.cache.block_table[torch.tensor([owners[t] for t in tokens], device=device)]
-    ref = reference_logits(
-        inputs.q[tokens][:, None].contiguous(), inputs.cache.data, inputs.weights[tokens].contiguous(),
-        contexts[:, None].contiguous(), table.contiguous(), max_len, cache_dtype=inputs.cache.cache_dtype,
-    )  # fmt: skip
+    ref = baseline_backend().logits(
+        inputs.q[tokens][:, None].contiguous(),
+        inputs.cache.data,
+        inputs.weights[tokens].contiguous(),
+        contexts[:, None].contiguous(),
+        table.contiguous(),
+        max_len,
+        cache_dtype=inputs.cache.cache_dtype,
+    )
     valid = torch.arange(max_len, device=device)[None, :] < contexts[:, None]
     got_valid, ref_valid = got[valid].double(), ref[valid].double()
     nans = int(torch.isnan(got_valid).sum())
     rel_err = float((got_valid - ref_valid).norm() / ref_valid.norm().clamp(min=1e-30))
     common = {
-        "checked_requests": len(requests), "checked_tokens": len(tokens), "poisoned": poisoned,
-        "tolerance": tolerance, "tolerance_reason": tolerance_reason,
-    }  # fmt: skip
+        "checked_requests": len(requests),
+        "checked_tokens": len(tokens),
+        "poisoned": poisoned,
+        "tolerance": tolerance,
+        "tolerance_reason": tolerance_reason,
+    }
     if nans:
         return CheckResult(
             False, rel_err, message=f"{nans} NaN among {got_valid.numel()} valid positions (unwritten?)", **common

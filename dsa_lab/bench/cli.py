@@ -1,16 +1,16 @@
-"""`dsa-lab bench` and `dsa-lab profile`: two modes of one harness, one grammar of flags.
+"""`dsa-lab bench`, and the grammar of flags every mode of the harness shares (`dsa-lab profile` too).
 
-Both take a grid the same way: a `--preset`, each axis overridable with a comma-separated
-list (`--next-n 1,2,4 --context 8K,mixed:1K-64K --strategy all`), `--seed`, and
-`--device auto|cpu|cuda|cuda:N`; unknown values are rejected with the allowed ones. Both
-write a run folder, `--out PATH` or `ROOT/<device>/[profiles/]<run-id>`; without either,
-ROOT is the checkout's `scratch/` (ignored by git), and the run is labelled scratch, as is
-every CPU run (`store.is_scratch`): study data goes to data/ only when asked for.
+A grid is chosen the same way in every mode: a `--preset`, each axis of `dsa_lab.axes` overridable
+with a comma-separated list (`--next-n 1,2,4 --context 8K,mixed:1K-64K --strategy all`), `--seed`,
+and `--device auto|cpu|cuda|cuda:N`; unknown values are rejected with the allowed ones. Every mode
+writes a run folder, `--out PATH` or `ROOT/<device>/[profiles/]<run-id>` (`add_grid_flags`,
+`spec_from_args`, `run_dir_from_args`; `dsa_lab.profiling.cli` defines `dsa-lab profile` with them);
+without either, ROOT is the checkout's `scratch/` (ignored by git), and the run is labelled scratch,
+as is every CPU run (`store.is_scratch`): study data goes to data/ only when asked for.
 
 bench: `--max-minutes` (held even against a hung kernel: `--point-timeout`), `--max-points`,
 `--resume` (the spec comes from the run's provenance), `--retry-errors`; ends with a table
 in µs. An interrupt exits 130 and prints the command that resumes the run.
-profile: `--tool torch,ncu,nsight`, `--topk`, `--repeats`, `--torch-budget`, `--ncu-timeout`, `--nsight-runs`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-GRID_AXES = ("backend", "strategy", "batch", "context", "next_n", "cache_dtype", "heads", "head_dim")  # = point.AXES
-PRESET_NAMES = ("ci", "smoke", "h200-full", "sm100")  # = point.PRESETS
-TOOLS = ("torch", "ncu", "nsight")
+from dsa_lab import axes
+from dsa_lab.bench.point import PRESETS
+
 INTERRUPTED = 130
 
 
@@ -36,11 +36,9 @@ def _log(message: str) -> None:
 def add_grid_flags(parser: argparse.ArgumentParser) -> None:
     """The flags that choose a grid, a device and a run folder (the same for bench and profile)."""
     grid = parser.add_argument_group("grid (comma-separated lists)")
-    grid.add_argument("--preset", choices=PRESET_NAMES, default=None, help="base axes (default: ci)")
-    for axis in GRID_AXES:
-        extra = " or 'all'" if axis == "strategy" else ""
-        grid.add_argument(f"--{axis.replace('_', '-')}", dest=axis, default=None, metavar="LIST",
-                          help=f"{axis} values, comma-separated{extra}")  # fmt: skip
+    grid.add_argument("--preset", choices=PRESETS, default=None, help="base axes (default: ci)")
+    for axis in axes.AXES:
+        grid.add_argument(axis.flag, dest=axis.name, default=None, metavar="LIST", help=axis.help)
     grid.add_argument("--seed", type=int, default=None)
     where = parser.add_argument_group("device and run folder")
     where.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda or cuda:N (default: auto)")
@@ -66,19 +64,18 @@ def resolve_device(text: str) -> Any:
 
 def spec_from_args(args: argparse.Namespace, base: Any = None) -> Any:
     """The grid: `base` (or the preset) with every axis given on the command line replaced."""
-    from dsa_lab.bench.point import parse_values, preset
+    from dsa_lab.bench.point import preset
 
     spec = base if base is not None else preset(args.preset or "ci")
-    overrides: dict[str, Any] = {
-        axis: parse_values(axis, getattr(args, axis)) for axis in GRID_AXES if getattr(args, axis) is not None
-    }
+    given = [axis for axis in axes.AXES if getattr(args, axis.name) is not None]
+    overrides: dict[str, Any] = {axis.name: axis.parse(getattr(args, axis.name)) for axis in given}
     if args.seed is not None:
         overrides["seed"] = args.seed
     return spec.with_axes(**overrides) if overrides else spec
 
 
 def _grid_given(args: argparse.Namespace) -> bool:
-    return args.preset is not None or args.seed is not None or any(getattr(args, a) is not None for a in GRID_AXES)
+    return args.preset is not None or args.seed is not None or any(getattr(args, a) is not None for a in axes.NAMES)
 
 
 def run_dir_from_args(args: argparse.Namespace, device: Any, prefix: str, sub: str | None = None) -> Path:
@@ -145,8 +142,9 @@ def bench_spec(args: argparse.Namespace, run_dir: Path | None) -> Any:
 
 
 def results_table(results: Any, noisy_rel_iqr: float) -> str:
-    """The timed points as µs medians: a row per (backend, strategy, batch, context), a column per next_n;
-    a point stored as noisy (its IQR above `noisy_rel_iqr` of its median, `bench.timing`) is marked '~'."""
+    """The timed points as µs medians: a column per next_n, a row per backend, strategy and every other axis
+    that varies in the run; a point stored as noisy (its IQR above `noisy_rel_iqr` of its median,
+    `bench.timing`) is marked '~'."""
     import pandas as pd
 
     ok = results[results["status"] == "ok"].copy()
@@ -154,8 +152,8 @@ def results_table(results: Any, noisy_rel_iqr: float) -> str:
         return "no point was timed ok"
     noisy = ok["noisy"].fillna(False).astype(bool) if "noisy" in ok else pd.Series(False, index=ok.index)
     ok["cell"] = [f"{m * 1e3:.1f}{'~' if n else ''}" for m, n in zip(ok["median_ms"], noisy)]
-    table = ok.pivot_table(index=["backend", "strategy", "batch", "context"], columns="next_n",
-                           values="cell", aggfunc="first", sort=False)  # fmt: skip
+    rows = [name for name in axes.shown(ok) if name != "next_n"]
+    table = ok.pivot_table(index=rows, columns="next_n", values="cell", aggfunc="first", sort=False)
     table.columns = [f"n={n}" for n in table.columns]
     note = ""
     if noisy.any():
@@ -195,8 +193,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     points = spec.points()
     if args.dry_run:
         skipped = sum(skip_reason(p, device) is not None for p in points)
-        print(f"{len(points)} points ({skipped} skipped here on {device.type}); "
-              f"estimated H200 time ~{estimate_seconds(spec) / 60:.1f} min")  # fmt: skip
+        print(
+            f"{len(points)} points ({skipped} skipped here on {device.type}); "
+            f"estimated H200 time ~{estimate_seconds(spec) / 60:.1f} min"
+        )
         for line in numerics_notes(spec, device):
             print(line)
         return 0
@@ -206,16 +206,30 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         major, minor = torch.cuda.get_device_capability(device)
         if major != 10:
             _log(f"dsa-lab bench: note: preset sm100 on a GPU of compute capability {major}.{minor} (not SM100)")
-    print(f"sweep: {len(points)} points; backends {spec.backend}; batch {spec.batch}; context {spec.context}; "
-          f"next_n {spec.next_n}; strategies {spec.strategy}; device {device}", flush=True)  # fmt: skip
+    print(
+        f"sweep: {len(points)} points; backends {spec.backend}; batch {spec.batch}; context {spec.context}; "
+        f"next_n {spec.next_n}; strategies {spec.strategy}; device {device}",
+        flush=True,
+    )
     for line in numerics_notes(spec, device):
         print(line, flush=True)
     summary = run_sweep(
-        spec, run_dir, device, resume=args.resume, retry_errors=args.retry_errors, max_points=args.max_points,
-        max_minutes=args.max_minutes, point_timeout_s=args.point_timeout or DEFAULT_POINT_TIMEOUT_S,
-        ceilings=args.measure_ceilings, progress=not args.no_progress,
-        extra_provenance={"preset": args.preset or "ci", "command": list(sys.argv), "scratch": scratch_run(args, device)},
-    )  # fmt: skip
+        spec,
+        run_dir,
+        device,
+        resume=args.resume,
+        retry_errors=args.retry_errors,
+        max_points=args.max_points,
+        max_minutes=args.max_minutes,
+        point_timeout_s=args.point_timeout or DEFAULT_POINT_TIMEOUT_S,
+        ceilings=args.measure_ceilings,
+        progress=not args.no_progress,
+        extra_provenance={
+            "preset": args.preset or "ci",
+            "command": list(sys.argv),
+            "scratch": scratch_run(args, device),
+        },
+    )
     print(
         f"run {summary.run_dir}: {summary.recorded_now} points now, {summary.recorded_before} before, "
         f"{summary.remaining} left of {summary.total}; {summary.counts}; stop: {summary.stop_reason}"
@@ -229,126 +243,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- profile
-
-
-def _tools(text: str) -> tuple[str, ...]:
-    from dsa_lab.errors import check_choice
-
-    tools = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    if not tools:
-        raise ValueError(f"--tool: give at least one of {', '.join(TOOLS)} (comma-separated)")
-    for tool in tools:
-        check_choice("--tool", tool, TOOLS)
-    return tools
-
-
-def _cmd_profile(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from dsa_lab import store
-    from dsa_lab.errors import check_positive, check_range
-    from dsa_lab.profiling.ncu import NcuUnavailable, detect_ncu
-    from dsa_lab.profiling.runs import profile_provenance, write_tables
-    from dsa_lab.profiling.sweep import ProfileRun, ProfileSettings, run_ncu, run_torch
-
-    tools = _tools(args.tool)
-    for flag, value in (("--torch-budget", args.torch_budget), ("--ncu-timeout", args.ncu_timeout)):
-        if value is not None:
-            check_positive(flag, value)
-    check_range("--nsight-runs", args.nsight_runs, 2, 10_000)
-    device = resolve_device(args.device)
-    spec = spec_from_args(args)
-    settings = ProfileSettings(args.topk, args.repeats, not args.no_trace)
-    status = detect_ncu() if "ncu" in tools else None
-    ncu_skipped = None
-    if status is not None:
-        if not status.usable:
-            ncu_skipped = "; ".join(status.problems)
-        elif device.type != "cuda":
-            ncu_skipped = f"ncu profiles CUDA kernels; device is {device}"
-        if ncu_skipped and tools == ("ncu",):
-            raise NcuUnavailable(ncu_skipped)
-        _log(
-            f"dsa-lab profile: Nsight Compute {'skipped: ' + ncu_skipped if ncu_skipped else 'path: ' + status.reason}"
-        )
-    nsight = _nsight_for(tools, device)
-    out = run_dir_from_args(args, device, "profile", sub="profiles")
-    store._check_new_folder(out)
-    with store.run_lock(out):
-        provenance = profile_provenance(out.name, device, spec, settings, status)
-        provenance.update(ncu_skipped=ncu_skipped, scratch=scratch_run(args, device))
-        if nsight is not None:
-            from dsa_lab.profiling.nsight_timing import nsight_version
-
-            provenance["nsight"] = {"version": nsight_version(), "tool": "cupti", "runs": args.nsight_runs}
-        store.create_run(out, provenance)
-        empty = pd.DataFrame()
-        run = run_torch(spec, device, settings, out, _log, args.torch_budget) if "torch" in tools else ProfileRun(
-            empty, empty, empty, [])  # fmt: skip
-        write_tables(run, out)  # written now and again after ncu, so a cut-short ncu run keeps these
-        if status is not None and not ncu_skipped:
-            outcome = run_ncu(spec, settings, status, device, out, args.ncu_timeout, _log)
-            run.ncu, run.raw_ncu, run.configs = outcome.kernels, outcome.raw, run.configs + outcome.configs
-            store.update_provenance(out, ncu_metrics=outcome.metrics, ncu_metrics_dropped=outcome.dropped,
-                                    ncu_reports=[p.name for p in outcome.reports])  # fmt: skip
-            write_tables(run, out)
-        if nsight is not None:
-            from dsa_lab.profiling.nsight_timing import run_nsight
-
-            run.nsight, configs = run_nsight(spec, device, args.nsight_runs, _log, nsight=nsight)
-            run.configs = run.configs + configs
-            write_tables(run, out)
-    _print_profile(run)
-    print(f"profile run written to {out}")
-    return 0
-
-
-def _nsight_for(tools: tuple[str, ...], device: Any) -> Any:
-    """nsight-python with CUPTI active when `nsight` is among the tools (None otherwise); an error saying
-    why when it cannot run here."""
-    if "nsight" not in tools:
-        return None
-    from dsa_lab.profiling.nsight_timing import NsightUnavailable, load_nsight
-
-    if device.type != "cuda":
-        raise NsightUnavailable(f"--tool nsight times CUDA kernels through CUPTI; device is {device}")
-    return load_nsight()
-
-
-def _print_profile(run: Any) -> None:
-    import pandas as pd
-
-    from dsa_lab.profiling.torch_profile import summarize_torch
-
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
-        torch_summary = summarize_torch(run.kernels)
-        if not torch_summary.empty:
-            print(torch_summary.drop(columns=["device_name"]).to_string(index=False, float_format="{:.4g}".format))
-        ncu_summary = run.ncu_summary
-        if not ncu_summary.empty:
-            shown = ["backend", "strategy", "batch", "next_n", "duration_ns", "dram_read_per_unique", "l2_hit_pct",
-                     "tensor_gmma_pct", "tensor_hmma_pct", "effective_tbps"]  # fmt: skip
-            print(
-                ncu_summary[[c for c in shown if c in ncu_summary]].to_string(index=False, float_format="{:.4g}".format)
-            )
-        if not run.nsight.empty:
-            shown = ["backend", "strategy", "batch", "context", "next_n", "harness_median_ms", "nsight_mean_ns",
-                     "nsight_ci95_low_ns", "nsight_ci95_high_ns", "nsight_stable", "timer_over_nsight"]  # fmt: skip
-            print("nsight-python (CUPTI) beside the harness's timer; timer_over_nsight = harness median / nsight mean")
-            print(run.nsight[shown].to_string(index=False, float_format="{:.4g}".format))
-    for config in run.configs:
-        if config.get("status") not in ("profiled", "same_as"):
-            print(f"{config['tool']} {config['backend']} {config['strategy']} B={config['batch']} L={config['context']} "
-                  f"n={config['next_n']}: {config['status']}: {config['reason']}")  # fmt: skip
-
-
 # ---------------------------------------------------------------- registration
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
-    bench = sub.add_parser("bench", help="check and time a grid of decode points into a run folder (resumable)",
-                           description=__doc__.split("\n\n")[0], allow_abbrev=False)  # fmt: skip
+    bench = sub.add_parser(
+        "bench",
+        help="check and time a grid of decode points into a run folder (resumable)",
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
+    )
     add_grid_flags(bench)
     run = bench.add_argument_group("running")
     run.add_argument("--resume", action="store_true", help="continue the run in --out (its spec from its provenance)")
@@ -359,8 +263,12 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "--max-minutes", type=float, default=None, help="stop after this long, even inside a point (resumable)"
     )
     run.add_argument("--max-points", type=int, default=None, help="stop after this many new points (resumable)")
-    run.add_argument("--point-timeout", type=float, default=None,
-                     help="seconds one point may take (JIT compile, check, timing) before it is an error (default 300)")  # fmt: skip
+    run.add_argument(
+        "--point-timeout",
+        type=float,
+        default=None,
+        help="seconds one point may take (JIT compile, check, timing) before it is an error (default 300)",
+    )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--dry-run", action="store_true", help="count the points and estimate the H200 time; run nothing")
     timing = bench.add_argument_group("timing")
@@ -371,24 +279,3 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         "--measure-ceilings", action="store_true", help="measure read bandwidth and FP8 GEMM rate first"
     )
     bench.set_defaults(func=_cmd_bench)
-
-    profile = sub.add_parser(
-        "profile", help="profile a grid of decode points: torch.profiler tables, Nsight Compute counters",
-        description="Profile one decode step per point of a grid: kernel tables and a Chrome trace from "
-        "torch.profiler; DRAM bytes, L2 hit rate, occupancy and tensor-pipe use from Nsight Compute "
-        "(reports kept as .ncu-rep); with --tool nsight, nsight-python's CUPTI timer beside the harness's "
-        "on the same inputs. Every point is checked against the reference first.",
-        allow_abbrev=False,
-    )  # fmt: skip
-    add_grid_flags(profile)
-    tools = profile.add_argument_group("profiling")
-    tools.add_argument("--tool", default="torch,ncu",
-                       help="comma-separated: torch, ncu, nsight (nsight-python's CUPTI timer beside the harness's; "
-                       "needs the gpu extra) (default: torch,ncu)")  # fmt: skip
-    tools.add_argument("--topk", type=int, default=2048, help="top-k of the profiled step (default 2048)")
-    tools.add_argument("--repeats", type=int, default=1, help="ncu steps per point")
-    tools.add_argument("--torch-budget", type=float, help="seconds after which torch.profiler starts no new point")
-    tools.add_argument("--ncu-timeout", type=float, default=300.0, help="seconds per backend's ncu run")
-    tools.add_argument("--no-trace", action="store_true", help="skip the native-vs-flatten Chrome trace")
-    tools.add_argument("--nsight-runs", type=int, default=5, help="nsight-python runs per point (default 5)")
-    profile.set_defaults(func=_cmd_profile)

@@ -30,9 +30,14 @@ class Workload:
     """One (batch, context, dtype, heads, head_dim) on the device: K cache and q/weights for the largest next_n."""
 
     def __init__(
-        self, point: Point, seq_lens: Sequence[int], max_next_n: int, seed: int, device: torch.device,
+        self,
+        point: Point,
+        seq_lens: Sequence[int],
+        max_next_n: int,
+        seed: int,
+        device: torch.device,
         k_scales: str = "float32",
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.key = point.workload_key
         self.seq_lens = tuple(seq_lens)
         check_choice("k_scales", k_scales, K_SCALE_FORMATS)

@@ -1,6 +1,7 @@
 """What a backend's arithmetic on a platform asks of the harness, decided here and nowhere else.
 
-Two facts per (backend, compute capability major), each with the reason written beside it:
+Two facts per (backend, compute capability major), each with the reason written beside it, declared
+by the backend (`LogitsBackend.numerics`) and read here:
 
 - `k_scales`: the format the FP8 cache's per-token K scales must have for the kernel to
   read them exactly: 'float32' (any scale) or 'ue8m0' (a power of two, which the kernel
@@ -20,50 +21,14 @@ A backend with no entry for this device's capability, or not available on this d
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from dsa_lab.errors import check_choice
 from dsa_lab.kernels import LogitsBackend, get_backend
-from dsa_lab.kernels.deepgemm import SM100_MAJOR
+from dsa_lab.kernels.registry import DEFAULT_NUMERICS, K_SCALE_FORMATS, Numerics
 
-K_SCALE_FORMATS = ("float32", "ue8m0")
-
-
-@dataclass(frozen=True)
-class Numerics:
-    """A backend's numerics on one platform: K scale format, tolerance (None: the spec's), why."""
-
-    k_scales: str = "float32"
-    tolerance: float | None = None
-    reason: str = ""
-
-    def __post_init__(self) -> None:
-        check_choice("k_scales", self.k_scales, K_SCALE_FORMATS)
-        if self.tolerance is not None and not 0 < self.tolerance < 1:
-            raise ValueError(f"tolerance={self.tolerance!r}: must lie in (0, 1) or be None (the spec's)")
-
-    def check_tolerance(self, spec_tolerance: float) -> tuple[float, str]:
-        """The bound a point is checked against, and why: never tighter than the spec's."""
-        if self.tolerance is None or self.tolerance <= spec_tolerance:
-            return spec_tolerance, "the spec's check_tolerance"
-        return self.tolerance, self.reason
-
-
-DEFAULT = Numerics()
-
-# (backend, compute capability major) -> what its kernel there needs. One line per platform
-# whose arithmetic differs from the float32 reference convention; everything else is DEFAULT.
-NUMERICS: dict[tuple[str, int], Numerics] = {
-    ("deepgemm", SM100_MAJOR): Numerics(
-        "ue8m0",
-        1e-2,
-        "DeepGEMM on SM100 (vLLM 0.33's varlen call): weights and logits are bf16 and the head sum runs in "
-        "bf16, about 2e-3 from the float64-exact reference; it reads each K scale as a UE8M0 byte, so the "
-        "cache holds power-of-two scales, as vLLM writes it there",
-    ),
-}
+DEFAULT = DEFAULT_NUMERICS
+__all__ = ["DEFAULT", "K_SCALE_FORMATS", "Numerics", "backend_numerics", "cache_k_scales", "numerics_record"]
 
 
 def _capability_major(device: torch.device) -> int:
@@ -71,14 +36,15 @@ def _capability_major(device: torch.device) -> int:
 
 
 def backend_numerics(backend: LogitsBackend | str, device: str | torch.device) -> Numerics:
-    """What `backend` needs on `device` (its capability decides); DEFAULT where nothing differs."""
+    """What `backend` needs on `device` (its capability decides, `LogitsBackend.numerics`); DEFAULT where
+    nothing differs."""
     backend = get_backend(backend) if isinstance(backend, str) else backend
-    if not any(name == backend.name for name, _ in NUMERICS):
+    if not backend.numerics:
         return DEFAULT
     device = torch.device(device)
     if not backend.availability(device).ok:  # it does not run here: its points are skipped
         return DEFAULT
-    return NUMERICS.get((backend.name, _capability_major(device)), DEFAULT)
+    return backend.numerics.get(_capability_major(device), DEFAULT)
 
 
 def cache_k_scales(cache_dtype: str, backends: Sequence[str], device: str | torch.device) -> str:

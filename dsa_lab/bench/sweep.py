@@ -37,21 +37,33 @@ from dsa_lab.bench import guard
 from dsa_lab.bench.check import check_point, run_launches
 from dsa_lab.bench.guard import PointTimeout, deadline
 from dsa_lab.bench.numerics import numerics_record
-from dsa_lab.bench.point import AXES, PRESETS, Point, SweepPoint, SweepSpec, expand, preset
+from dsa_lab.bench.point import PRESETS, Point, SweepPoint, SweepSpec, expand, preset
 from dsa_lab.bench.timing import Measurement, TimingConfig, measure_ceilings, time_callable, timing_method
 from dsa_lab.bench.walk import Visit, prepare, release, skip_reason, walk
 from dsa_lab.env_info import device_name
 from dsa_lab.errors import as_device, check_positive, check_range
-from dsa_lab.kernels import LogitsBackend
-from dsa_lab.roofline import GpuSpec, floor_ms, get_gpu, gpu_for_device, roofline_columns
+from dsa_lab.kernels import LogitsBackend, vllm_backend
+from dsa_lab.model.gpus import ARCH_MAJORS
+from dsa_lab.model.roofline import GpuSpec, floor_ms, get_gpu, gpu_for_device, roofline_columns
+from dsa_lab.provenance import build_provenance
 from dsa_lab.workload import ContextSpec
 
 __all__ = [
-    "AXES", "PRESETS", "ContextSpec", "Point", "SweepPoint", "SweepSpec", "SweepSummary", "expand", "preset",
-    "resume_command", "run_sweep", "skip_reason",
-]  # fmt: skip
+    "PRESETS",
+    "ContextSpec",
+    "Point",
+    "SweepPoint",
+    "SweepSpec",
+    "SweepSummary",
+    "expand",
+    "preset",
+    "resume_command",
+    "run_sweep",
+    "skip_reason",
+]
 
 RESULTS_EVERY_S = 30.0  # results.parquet is refreshed this often during a sweep
+SM90_MAJOR = ARCH_MAJORS["sm90"]
 DEFAULT_POINT_TIMEOUT_S = 300.0  # a point (JIT compile, check, timing) still running after this is an error
 STOP_REASONS = ("complete", "max_points", "max_minutes", "device_lost", "interrupted", "point_hung")
 HUNG_EXIT_CODE = 3
@@ -66,14 +78,24 @@ def evaluate_point(visit: Visit, spec: SweepSpec, device: torch.device, gpu: Gpu
     prepared = prepare(visit, device)
     row: dict[str, Any] = {**plan.columns(), "metadata_host_ms": prepared.metadata_ms}
     check = check_point(
-        inputs, prepared.metadata, backend, prepared.packed, prepared.schedules, spec.check_tolerance,
-        spec.full_check_limit, spec.check_requests,
-    )  # fmt: skip
+        inputs,
+        prepared.metadata,
+        backend,
+        prepared.packed,
+        prepared.schedules,
+        spec.check_tolerance,
+        spec.full_check_limit,
+        spec.check_requests,
+    )
     row.update(
-        rel_err=check.rel_err, checked_requests=check.checked_requests,
-        checked_tokens=check.checked_tokens, poisoned=check.poisoned, check_tolerance=check.tolerance,
-        tolerance_reason=check.tolerance_reason, k_scales=visit.k_scales,
-    )  # fmt: skip
+        rel_err=check.rel_err,
+        checked_requests=check.checked_requests,
+        checked_tokens=check.checked_tokens,
+        poisoned=check.poisoned,
+        check_tolerance=check.tolerance,
+        tolerance_reason=check.tolerance_reason,
+        k_scales=visit.k_scales,
+    )
     if not check.ok:
         return {**row, "status": "failed", "message": check.message, **roofline_columns(plan.cost, None, gpu)}
     cache, max_len = inputs.cache, prepared.metadata.max_context_len
@@ -101,10 +123,17 @@ def _schedule_ms(backend: LogitsBackend, packed, device: torch.device) -> float 
 
 def _base_row(point: Point, device: torch.device) -> dict[str, Any]:
     return {
-        "point_key": point.key, **point.axes(), "source": "measured", "device": device.type,
-        "device_name": device_name(device), "median_ms": None, "p25_ms": None, "p75_ms": None,
-        "iqr_ms": None, "message": "",
-    }  # fmt: skip
+        "point_key": point.key,
+        **point.axes(),
+        "source": "measured",
+        "device": device.type,
+        "device_name": device_name(device),
+        "median_ms": None,
+        "p25_ms": None,
+        "p75_ms": None,
+        "iqr_ms": None,
+        "message": "",
+    }
 
 
 # ---------------------------------------------------------------- the sweep
@@ -148,11 +177,16 @@ def open_run(
             fields["numerics"] = numerics
         store.update_provenance(run_dir, **fields)
         return store.read_provenance(run_dir / store.PROVENANCE_FILE)
-    provenance = store.build_provenance(
-        run_id=run_dir.name, device=device.type, device_name=device_name(device), source="measured",
-        seed=spec.seed, timing_method=timing_method(device, spec.timing), spec=spec.to_dict(),
+    provenance = build_provenance(
+        run_id=run_dir.name,
+        device=device.type,
+        device_name=device_name(device),
+        source="measured",
+        seed=spec.seed,
+        timing_method=timing_method(device, spec.timing),
+        spec=spec.to_dict(),
         extra={**{key: value for key, value in extra.items() if key != "command"}, "numerics": numerics},
-    )  # fmt: skip
+    )
     store.create_run(run_dir, provenance)
     return provenance
 
@@ -206,8 +240,18 @@ def run_sweep(
     try:
         with store.run_lock(run_dir):
             provenance = open_run(spec, run_dir, device, resume, dict(extra_provenance or {}))
-            return _sweep(spec, run_dir, device, provenance, retry_errors, max_points, max_minutes, point_timeout_s,
-                          ceilings, progress)  # fmt: skip
+            return _sweep(
+                spec,
+                run_dir,
+                device,
+                provenance,
+                retry_errors,
+                max_points,
+                max_minutes,
+                point_timeout_s,
+                ceilings,
+                progress,
+            )
     except BaseException:
         if created and run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # a folder this call made and never wrote to
@@ -215,9 +259,17 @@ def run_sweep(
 
 
 def _sweep(
-    spec: SweepSpec, run_dir: Path, device: torch.device, provenance: dict[str, Any], retry_errors: bool,
-    max_points: int | None, max_minutes: float | None, point_timeout_s: float | None, ceilings: bool, progress: bool,
-) -> SweepSummary:  # fmt: skip
+    spec: SweepSpec,
+    run_dir: Path,
+    device: torch.device,
+    provenance: dict[str, Any],
+    retry_errors: bool,
+    max_points: int | None,
+    max_minutes: float | None,
+    point_timeout_s: float | None,
+    ceilings: bool,
+    progress: bool,
+) -> SweepSummary:
     from tqdm.auto import tqdm
 
     if ceilings and device.type == "cuda" and "ceilings" not in provenance:
@@ -232,9 +284,13 @@ def _sweep(
     counts: Counter[str] = Counter()
     stop = "complete"
     bar = tqdm(
-        total=len(points), initial=len(points) - len(todo), disable=not progress, desc="bench", unit="pt",
+        total=len(points),
+        initial=len(points) - len(todo),
+        disable=not progress,
+        desc="bench",
+        unit="pt",
         mininterval=0.1 if _watched() else 15.0,  # a log file gets a line every 15 s, not every point
-    )  # fmt: skip
+    )
 
     def finish(reason: str) -> None:
         store.write_results(run_dir)
@@ -265,9 +321,12 @@ def _sweep(
                     )
                     store.append_point(run_dir, {**_base_row(point, device), "status": "error", "message": message})
                 finish("point_hung")
-                print(f"dsa-lab bench: point {point.key} hung past its deadline (a kernel that never returns?); "
-                      f"the device may be unusable. Resume with: {resume_command(run_dir, retry_errors)}",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"dsa-lab bench: point {point.key} hung past its deadline (a kernel that never returns?); "
+                    f"the device may be unusable. Resume with: {resume_command(run_dir, retry_errors)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 with contextlib.suppress(OSError):
                     (run_dir / store.LOCK_FILE).unlink()  # its flock ends with the process
                 os._exit(HUNG_EXIT_CODE)
@@ -336,11 +395,11 @@ def estimate_seconds(
 ) -> float:
     """A rough wall-clock estimate: a compile per (backend, next_n), and per point a fixed overhead
     plus its samples at twice the roofline time of the strategy's bytes (+ the L2 flush); atom
-    pieces as SM90 DeepGEMM plans them (the plan's default)."""
+    pieces as SM90 DeepGEMM plans them (what vLLM runs, `kernels.vllm_backend`)."""
     gpu = get_gpu(gpu_name)
     total = compile_s * len(spec.backend) * len(spec.next_n)
     for point in spec.points():
-        plan = point.plan(point.seq_lens(spec.seed), (1, 2, 4))
+        plan = point.plan(point.seq_lens(spec.seed), vllm_backend().native_sizes_on(SM90_MAJOR))
         kernel_ms = 2 * floor_ms(plan.cost, gpu, strategy_bytes=True)[0] + 0.06
         samples = min(spec.timing.max_samples, max(spec.timing.min_samples, spec.timing.max_seconds * 1e3 / kernel_ms))
         total += per_point_s + (samples + spec.timing.warmup + 2) * kernel_ms / 1e3

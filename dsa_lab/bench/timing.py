@@ -430,8 +430,10 @@ def _median_ms_of_fp8_gemm(device: torch.device, n: int) -> float:
     one = torch.ones((), device=device)
     return do_bench(
         lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
-        warmup=50, rep=300, return_mode="median",
-    )  # fmt: skip
+        warmup=50,
+        rep=300,
+        return_mode="median",
+    )
 
 
 def measure_ceilings(

@@ -61,9 +61,18 @@ class Prepared:
     metadata_ms: float  # host time to build the metadata and pack the launches (device synced)
 
 
+def point_backend(point: Point) -> LogitsBackend:
+    """The point's backend running its config (`LogitsBackend.configured`); UnsupportedShape when the
+    backend has no such knob (a config of a grid meant for another of its backends)."""
+    return get_backend(point.backend).configured(point.config)
+
+
 def skip_reason(point: Point, device: torch.device, plan: LaunchPlan | None = None) -> str | None:
     """Why the backend cannot (or need not) run this point here; None if it can."""
-    backend = get_backend(point.backend)
+    try:
+        backend = point_backend(point)
+    except UnsupportedShape as err:
+        return str(err)
     state = backend.availability(device)
     if not state.ok:
         return f"backend {point.backend!r} unavailable on {device.type}: {state.reason}"
@@ -102,7 +111,7 @@ def walk(points: Sequence[Point], spec: SweepSpec, device: torch.device, memory_
                 release(device)  # the old workload's memory goes back before the next is built
             visit = Visit(point)
             try:
-                visit.backend = get_backend(point.backend)
+                visit.backend = point_backend(point)
                 seq_lens = point.seq_lens(spec.seed)
                 visit.plan = point.plan(seq_lens, native_sizes_for(visit.backend, device))
                 visit.skip = skip_reason(point, device, visit.plan)
@@ -117,6 +126,8 @@ def walk(points: Sequence[Point], spec: SweepSpec, device: torch.device, memory_
                     free = free_device_bytes(device) if memory_check else None
                     if free is not None and need > MEMORY_HEADROOM * free:
                         visit.skip = f"needs ~{need / 2**30:.2f} GiB, {free / 2**30:.2f} GiB free"
+            except UnsupportedShape as err:  # a config of the grid this backend has no knob for
+                visit.skip = str(err)
             except (ValueError, RuntimeError) as err:  # a bad plan or availability probe: this point only
                 visit.error = f"{type(err).__name__}: {err}"
             if visit.skip is None and visit.error is None and workload is None:

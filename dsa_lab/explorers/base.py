@@ -86,8 +86,12 @@ def explore(
 
 def dropdown(description: str, options: Any, value: Any = None, width: str = "220px") -> widgets.Dropdown:
     """A Dropdown that offers only the allowed values."""
-    dropdown = widgets.Dropdown(options=options, description=description, style={"description_width": "initial"},
-                                layout=widgets.Layout(width=width))  # fmt: skip
+    dropdown = widgets.Dropdown(
+        options=options,
+        description=description,
+        style={"description_width": "initial"},
+        layout=widgets.Layout(width=width),
+    )
     if value is not None:
         dropdown.value = value
     return dropdown

@@ -9,8 +9,9 @@ from IPython.display import Markdown, display
 
 from dsa_lab.analysis.e2e import CONTEXTS, LABELS, VLLM, IndexerTimes, step_row
 from dsa_lab.explorers.base import dropdown, explore
+from dsa_lab.kernels import vllm_backend
 from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS, tokens_per_step
-from dsa_lab.model.gpus import GPUS
+from dsa_lab.model.gpus import ARCH_MAJORS, GPUS
 from dsa_lab.plots.e2e import COMPONENT_COLORS, plot_step_breakdown
 
 
@@ -31,13 +32,16 @@ def e2e_explorer(times: IndexerTimes, interactive: bool = True) -> None:
         row = step_row(times, gpu, label, batch, context, next_n)
         if row["step_us"] != row["step_us"]:
             raise ValueError(
-                f"strategy={label!r}: no such launch for next_n={next_n} on {gpu} (SM90 DeepGEMM: 1, 2, 4)"
+                f"strategy={label!r}: no such launch for next_n={next_n} on {gpu} (SM90 {vllm_backend().label}: "
+                f"{vllm_backend().native_sizes_on(ARCH_MAJORS['sm90'])})"
             )
-        display(Markdown(
-            f"**{row['step_us'] / 1e3:.2f} ms** a step (modeled), indexer **{row['indexer_share']:.0%}** of it "
-            f"(its kernel {row['indexer_source']}); {accepted:.2f} tokens a request a step ({source}): "
-            f"**{batch * accepted / row['step_us'] * 1e6:,.0f} tokens/s** a GPU."
-        ))  # fmt: skip
+        display(
+            Markdown(
+                f"**{row['step_us'] / 1e3:.2f} ms** a step (modeled), indexer **{row['indexer_share']:.0%}** of it "
+                f"(its kernel {row['indexer_source']}); {accepted:.2f} tokens a request a step ({source}): "
+                f"**{batch * accepted / row['step_us'] * 1e6:,.0f} tokens/s** a GPU."
+            )
+        )
         plot_step_breakdown(pd.DataFrame([row]), list(COMPONENT_COLORS))
         plt.show()
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
+from dsa_lab.analysis.profiles import tensor_column
 from dsa_lab.explorers.base import dropdown, explore
-from dsa_lab.plots.profiles import plot_kernel_timeline, tensor_column
+from dsa_lab.plots.profiles import plot_kernel_timeline
 
 COUNTERS = ("duration_ns", "dram_read_per_unique", "l2_hit_pct", "effective_tbps", "useful_tflops")
 

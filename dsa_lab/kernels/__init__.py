@@ -12,8 +12,12 @@ from dsa_lab.kernels.registry import (
     LogitsBackend,
     backend_names,
     baseline_backend,
+    family_of,
     get_backend,
+    modeled_backends,
+    preset_backends,
     register_backend,
+    vllm_backend,
 )
 
 __all__ = [
@@ -21,6 +25,10 @@ __all__ = [
     "LogitsBackend",
     "backend_names",
     "baseline_backend",
+    "family_of",
     "get_backend",
+    "modeled_backends",
+    "preset_backends",
     "register_backend",
+    "vllm_backend",
 ]

@@ -28,21 +28,54 @@ Dispatch is on the device's real compute capability (major version):
 
 from __future__ import annotations
 
+import functools
+import importlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any, ClassVar
 
 import torch
 
 from dsa_lab.errors import BackendUnavailable, check_range, check_tensor
-from dsa_lab.kernels.registry import Availability, LogitsBackend, check_logits_args, register_backend
+from dsa_lab.kernels.registry import (
+    Availability,
+    LogitsBackend,
+    ModelTraits,
+    Numerics,
+    check_logits_args,
+    register_backend,
+)
 
 SUPPORTED_MAJORS = (9, 10, 12)
-SM100_MAJOR = 10
-SM90_NATIVE_NEXT_N = frozenset({1, 2, 4})
+SM90_MAJOR, SM100_MAJOR = 9, 10
+SM90_NATIVE_NEXT_N = (1, 2, 4)  # DeepGEMM's SM90 kernels (vLLM's `native_next_n_supported` holds a copy)
+SM90_TRAITS = ModelTraits(tile_rows=1, logit_bytes=4, epilogue_per_head=2.0)  # relu and a weighted FMA a head
+SM100_NUMERICS = Numerics(
+    "ue8m0",
+    1e-2,
+    "DeepGEMM on SM100 (vLLM 0.33's varlen call): weights and logits are bf16 and the head sum runs in "
+    "bf16, about 2e-3 from the float64-exact reference; it reads each K scale as a UE8M0 byte, so the "
+    "cache holds power-of-two scales, as vLLM writes it there",
+)
 UNIT_UE8M0_X4 = 0x7F7F7F7F  # four ue8m0 bytes of 2^0, packed in an int32
 SCALE_BYTES = 4  # an FP8 cache token's float32 scale, or its four UE8M0 bytes on SM100
+
+
+@functools.cache
+def import_deep_gemm() -> tuple[ModuleType | None, str]:
+    """`deep_gemm`, else vLLM's vendored `vllm.third_party.deep_gemm` (as vLLM's `has_deep_gemm()`
+    tries them): the module and its name, or None and every error.
+
+    Only imports (seconds: it imports vLLM); never touches the GPU.
+    """
+    errors = []
+    for name in ("deep_gemm", "vllm.third_party.deep_gemm"):
+        try:
+            return importlib.import_module(name), name
+        except Exception as err:  # ImportError, or an extension that fails to load
+            errors.append(f"{name}: {type(err).__name__}: {err}")
+    return None, "; ".join(errors)
 
 
 def _row_requests(batch: int, next_n: int, device: torch.device) -> torch.Tensor:
@@ -89,13 +122,37 @@ class DeepGemmBackend(LogitsBackend):
     """`deep_gemm.fp8_fp4_paged_mqa_logits` (or the older `fp8_paged_mqa_logits`).
 
     Another build of DeepGEMM is a subclass that says where its module comes from (`_import`),
-    which majors it runs on, its SM90 native next_n and its SM90 schedule slots.
+    which majors it runs on, its native next_n (`native_sizes`) and its SM90 schedule slots.
     """
 
     name = "deepgemm"
+    family = "deepgemm"
+    label = "DeepGEMM"
+    marker = "o"
+    color = "#8c564b"
+    in_vllm = True  # what vLLM 0.33 calls on SM90 and SM100
+    presets = ("smoke", "h200-full", "sm100")
     cleans_tail = False
     supported_majors: ClassVar[tuple[int, ...]] = SUPPORTED_MAJORS
-    sm90_native: ClassVar[frozenset[int]] = SM90_NATIVE_NEXT_N
+    native_sizes: ClassVar[Mapping[int, tuple[int, ...]]] = {SM90_MAJOR: SM90_NATIVE_NEXT_N}
+    numerics: ClassVar[Mapping[int, Numerics]] = {SM100_MAJOR: SM100_NUMERICS}
+    # SM90: pieces of native rows, float32 logits. SM100: any rows, cut into Q blocks of 128 / heads tokens
+    # that re-read the request's KV chunk from L2; bf16 logits, one packed relu-convert and HFMA2 per two heads.
+    model_traits: ClassVar[Mapping[str, ModelTraits]] = {
+        "sm90": SM90_TRAITS,
+        "sm100": ModelTraits(
+            128,
+            2,
+            1.0,
+            epilogue_over_valid_rows=True,
+            one_kernel=True,
+            cache_dtypes=("fp8", "mxfp4"),
+            assumption="DeepGEMM's SM100 kernel sums relu x weight over heads in bf16 pairs (one CUDA-core "
+            "instruction a head); an FP32 epilogue (two a head) would double fp32_epilogue",
+        ),
+    }
+    versions: ClassVar[tuple[str, ...]] = ("deep_gemm",)
+    resume_fields: ClassVar[tuple[str, ...]] = ("deep_gemm",)
     heads: ClassVar[tuple[int, ...]] = (32, 64)
     head_dims: ClassVar[tuple[int, ...]] = (128,)
     cache_dtypes: ClassVar[tuple[str, ...]] = ("fp8",)
@@ -118,8 +175,6 @@ class DeepGemmBackend(LogitsBackend):
 
     def _import(self) -> tuple[ModuleType | None, str]:
         """deep_gemm as vLLM finds it: the module and its name, or None and every error."""
-        from dsa_lab.policy import import_deep_gemm  # policy owns the import order vLLM uses
-
         return import_deep_gemm()
 
     def _sm90_slots(self, next_n: int, num_sms: int) -> int:
@@ -156,11 +211,16 @@ class DeepGemmBackend(LogitsBackend):
             return Availability(False, f"{self._origin} {self.version} has no paged MQA logits API")
         return Availability(True, "")
 
-    def native_next_n(self, device: torch.device) -> frozenset[int] | None:
-        device = torch.device(device)
-        if device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == 9:
-            return self.sm90_native
-        return None
+    def library_imports(self) -> bool:
+        return self._import()[0] is not None
+
+    def environment(self) -> dict[str, Any]:
+        module, origin = import_deep_gemm()
+        found = module is not None
+        return {
+            "deep_gemm": getattr(module, "__version__", "unknown") if found else None,
+            "deep_gemm_origin": origin if found else None,
+        }
 
     def schedule(self, context_lens: torch.Tensor, block_size: int, block_table: torch.Tensor) -> torch.Tensor:
         """DeepGEMM's SM plan `[slots + 1, 2]` for these 2-D context lengths (the block table plays no part)."""

@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from dsa_lab.kernels.deepgemm import DeepGemmBackend
-from dsa_lab.kernels.registry import register_backend
+from dsa_lab.kernels.deepgemm import SM90_MAJOR, SM90_TRAITS, DeepGemmBackend
+from dsa_lab.kernels.registry import ModelTraits, register_backend
 
 ENV_VAR = "DSA_LAB_DEEPGEMM_PR340"
 ORIGIN_FILE = "ORIGIN"
 MODULE_NAME = "dsa_lab_deepgemm_pr340"  # never `deep_gemm`: the vendored build owns that name
-PR340_SM90_NATIVE = frozenset({1, 2, 3})
+PR340_SM90_NATIVE = (1, 2, 3)
 
 
 def import_pr340(root: str | None = None) -> tuple[ModuleType | None, str]:
@@ -59,11 +61,32 @@ class DeepGemmPR340Backend(DeepGemmBackend):
     """DeepGEMM PR #340's `fp8_fp4_paged_mqa_logits` on SM90: next_n in {1, 2, 3} natively."""
 
     name = "deepgemm-pr340"
-    supported_majors: ClassVar[tuple[int, ...]] = (9,)
-    sm90_native: ClassVar[frozenset[int]] = PR340_SM90_NATIVE
+    label = "DeepGEMM PR #340"
+    marker = "X"
+    color = "#e377c2"
+    in_vllm = False  # no vLLM release calls it
+    presets = ("h200-full",)  # SM90 only; its points are skipped (with the reason) where no build is pointed at
+    supported_majors: ClassVar[tuple[int, ...]] = (SM90_MAJOR,)
+    native_sizes: ClassVar[Mapping[int, tuple[int, ...]]] = {SM90_MAJOR: PR340_SM90_NATIVE}
+    model_traits: ClassVar[Mapping[str, ModelTraits]] = {"sm90": SM90_TRAITS}
+    versions: ClassVar[tuple[str, ...]] = ()  # a build has no version of its own (`version_note` names its commit)
+    resume_fields: ClassVar[tuple[str, ...]] = ("deepgemm_pr340_origin",)
 
     def _import(self) -> tuple[ModuleType | None, str]:
         return import_pr340()
+
+    def environment(self) -> dict[str, Any]:
+        module, origin = import_pr340()
+        found = module is not None
+        return {
+            "deepgemm_pr340": getattr(module, "__version__", "unknown") if found else None,
+            "deepgemm_pr340_origin": origin if found else None,
+        }
+
+    def version_note(self, environment: Mapping[str, Any]) -> str | None:
+        """'deepgemm-pr340 @1a2b3c4': a build has no version of its own, its origin names the commit."""
+        commit = re.search(r"@([0-9a-f]{7})", environment.get("deepgemm_pr340_origin") or "")
+        return f"{self.name} @{commit.group(1)}" if commit else None
 
     def _sm90_slots(self, next_n: int, num_sms: int) -> int:
         """One slot an SM at every next_n (this mainline has no two-CTA next_n = 4)."""

@@ -407,7 +407,7 @@ def _consumer_partition(a, CONSUMER: gl.constexpr):
 
 
 @gluon.jit(do_not_specialize=["table_stride", "out_stride", "max_context_len"])
-def paged_mqa_logits_kernel(
+def paged_mqa_logits_gluon_kernel(
     q_desc, w_desc, kv_desc, sc_desc, ctx_ptr, table_ptr, out_ptr, ranges_ptr, blocks_ptr, pages_ptr,
     table_stride, out_stride, max_context_len,
     NEXT_N: gl.constexpr, H: gl.constexpr, D: gl.constexpr, BLOCK: gl.constexpr, Q_ROWS: gl.constexpr,

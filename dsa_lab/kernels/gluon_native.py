@@ -11,6 +11,7 @@ interpreter: `tests/test_gluon_aot.py` compiles the kernel for sm_90 on a CPU ma
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -29,7 +30,9 @@ from dsa_lab.kernels.gluon_config import (
 )
 from dsa_lab.kernels.registry import (
     Availability,
+    ConfigSpace,
     LogitsBackend,
+    ModelTraits,
     check_native_call,
     num_sms,
     ready_native_call,
@@ -41,9 +44,9 @@ try:
     import triton
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from dsa_lab.kernels import gluon_kernel
+    from dsa_lab.kernels.gluon_kernel import paged_mqa_logits_gluon_kernel
 except ImportError as exc:  # the backend then reports itself unavailable, with this reason
-    gluon_kernel = None
+    paged_mqa_logits_gluon_kernel = None
     GLUON_IMPORT_ERROR = f"triton.experimental.gluon (Hopper) is not importable ({exc})"
 else:
     GLUON_IMPORT_ERROR = ""
@@ -131,14 +134,14 @@ def compile_for(arch: int, next_n: int, heads: int, head_dim: int, config: Gluon
     if not isinstance(config, GluonConfig):
         raise ValueError(f"config: expected a GluonConfig, got {type(config).__name__}")
     check_config_fits(config, next_n, heads, head_dim)
-    if gluon_kernel is None:
+    if paged_mqa_logits_gluon_kernel is None:
         raise RuntimeError(GLUON_IMPORT_ERROR)
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource  # sets num-warps before layouts are verified
 
     constexprs = kernel_constexprs(next_n, heads, head_dim, config)
     signature = kernel_signature(next_n, heads, head_dim, config)
-    fn = gluon_kernel.paged_mqa_logits_kernel
+    fn = paged_mqa_logits_gluon_kernel
     full = {param.name: "constexpr" if param.name in constexprs else signature[param.name] for param in fn.params}
     source = GluonASTSource(fn=fn, signature=full, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=launch_options(config))
@@ -146,7 +149,7 @@ def compile_for(arch: int, next_n: int, heads: int, head_dim: int, config: Gluon
 
 def availability(device: torch.device) -> Availability:
     """Can the Gluon kernel run on `device`? Gluon has no interpreter, and wgmma is SM90-only."""
-    if gluon_kernel is None:
+    if paged_mqa_logits_gluon_kernel is None:
         return Availability(False, GLUON_IMPORT_ERROR)
     device = torch.device(device)
     if device.type != "cuda":
@@ -271,7 +274,7 @@ def launch(
         TensorDescriptor.from_tensor(tensor, blocks[name][1], layouts[name])
         for name, tensor in (("q_desc", q2), ("w_desc", weights), ("kv_desc", fp8), ("sc_desc", f32))
     ]
-    kernel = gluon_kernel.paged_mqa_logits_kernel[(schedule.programs,)](
+    kernel = paged_mqa_logits_gluon_kernel[(schedule.programs,)](
         *descriptors,
         context_lens,
         block_table,
@@ -294,7 +297,17 @@ class GluonNativeBackend(LogitsBackend):
     request, the KV blocks balanced over the SMs whatever the spread of the contexts."""
 
     name = "gluon"
-    cleans_tail: ClassVar[bool] = False
+    family = "dsa_lab"
+    label = "Gluon (ours)"
+    marker = "P"
+    color = "#bcbd22"
+    presets = ("smoke", "h200-full")  # SM90 only
+    packages: ClassVar[tuple[str, ...]] = ("triton",)
+    resume_fields: ClassVar[tuple[str, ...]] = ("triton",)
+    cleans_tail: ClassVar[bool] = False  # DeepGEMM's convention: columns past a request's last block are left
+    # Any rows natively, float32 logits, relu and a weighted FMA a head; the schedule balances the real KV blocks.
+    model_traits: ClassVar[Mapping[str, ModelTraits]] = {"sm90": ModelTraits(1, 4, 2.0)}
+    config_space: ClassVar[ConfigSpace] = ConfigSpace(GluonConfig, choose_gluon_config, paged_mqa_logits_gluon)
 
     def availability(self, device: torch.device) -> Availability:
         return availability(device)

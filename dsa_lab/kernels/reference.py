@@ -183,7 +183,13 @@ class ReferenceBackend(LogitsBackend):
     """PyTorch on any device; the baseline every other backend is compared with."""
 
     name = "reference"
+    family = "reference"
+    label = "reference (PyTorch)"
+    marker = "^"
+    color = "#7f7f7f"
     baseline = True
+    batch_invariant = True  # exact q.k sums, every other rounding elementwise in a fixed order (module docstring)
+    presets = ("ci",)
     cache_dtypes: ClassVar[tuple[str, ...]] = CACHE_DTYPES
 
     def logits(

@@ -17,8 +17,10 @@ import itertools
 import numpy as np
 import pandas as pd
 
+from dsa_lab import axes
+from dsa_lab.kernels import vllm_backend
 from dsa_lab.model.gpus import GpuCeilings, get_gpu
-from dsa_lab.model.indexer import FITS, KernelFit, fit_key, predict, program_spec_us, spec_us, step_work
+from dsa_lab.model.indexer import FITS, KernelFit, fit_key, predict, program_spec_us, spec_us, step_work, traits
 from dsa_lab.workload import ContextSpec
 
 FIT_GRID = {
@@ -26,19 +28,34 @@ FIT_GRID = {
     "compute": np.round(np.arange(0.2, 0.9001, 0.025), 3),
     "launch_us": np.arange(3.0, 8.01, 0.5),
     "overlap": np.array([1.5, 2.0, 3.0, 4.0, 8.0]),
-    "serial": np.array([0.2, 0.3, 0.4, 0.5, 0.7, 1.0]),  # Triton only; DeepGEMM keeps 1
+    "serial": np.array([0.2, 0.3, 0.4, 0.5, 0.7, 1.0]),  # kernels of fixed KV slices (Triton's) only; others keep 1
 }
 # TensorRT-LLM PR #13219 (SM100, next_n = 3, FP8 cache, 64 heads): (batch, context) -> (CuTe DSL µs, DeepGEMM µs),
 # as its description's table gives them (the rows shown in the PR's text; the B = 16, 32K row is cut off there).
 TRTLLM_13219 = {
-    (1, 4096): (4.2, 3.6), (2, 4096): (4.2, 3.7), (4, 4096): (4.3, 4.1), (8, 4096): (4.3, 4.8),
-    (16, 4096): (5.3, 5.9), (32, 4096): (7.1, 8.2),
-    (1, 8192): (4.2, 3.8), (2, 8192): (4.2, 4.2), (4, 8192): (4.4, 4.8), (8, 8192): (5.3, 5.9),
-    (16, 8192): (7.0, 8.1), (32, 8192): (10.1, 12.3),
-    (1, 16384): (4.2, 4.2), (2, 16384): (4.4, 4.9), (4, 16384): (5.3, 5.9), (8, 16384): (7.0, 8.1),
-    (16, 16384): (10.1, 12.2), (32, 16384): (16.5, 20.3),
-    (1, 32768): (4.4, 4.8), (2, 32768): (5.3, 6.0), (4, 32768): (7.0, 8.1), (8, 32768): (10.0, 12.1),
-}  # fmt: skip
+    (1, 4096): (4.2, 3.6),
+    (2, 4096): (4.2, 3.7),
+    (4, 4096): (4.3, 4.1),
+    (8, 4096): (4.3, 4.8),
+    (16, 4096): (5.3, 5.9),
+    (32, 4096): (7.1, 8.2),
+    (1, 8192): (4.2, 3.8),
+    (2, 8192): (4.2, 4.2),
+    (4, 8192): (4.4, 4.8),
+    (8, 8192): (5.3, 5.9),
+    (16, 8192): (7.0, 8.1),
+    (32, 8192): (10.1, 12.3),
+    (1, 16384): (4.2, 4.2),
+    (2, 16384): (4.4, 4.9),
+    (4, 16384): (5.3, 5.9),
+    (8, 16384): (7.0, 8.1),
+    (16, 16384): (10.1, 12.2),
+    (32, 16384): (16.5, 20.3),
+    (1, 32768): (4.4, 4.8),
+    (2, 32768): (5.3, 6.0),
+    (4, 32768): (7.0, 8.1),
+    (8, 32768): (10.0, 12.1),
+}
 TRTLLM_SOURCE = "TensorRT-LLM PR #13219 (CuTe DSL FP8 paged MQA logits), Blackwell SM100, next_n = 3"
 
 
@@ -75,7 +92,8 @@ def fit_efficiencies(points: pd.DataFrame, gpu: str = "H200") -> dict[tuple[str,
         measured = np.log(group["measured_us"].to_numpy())
         bw, compute, launch = np.meshgrid(FIT_GRID["bw"], FIT_GRID["compute"], FIT_GRID["launch_us"], indexing="ij")
         bw, compute, launch = bw.ravel()[:, None], compute.ravel()[:, None], launch.ravel()[:, None]
-        serials = FIT_GRID["serial"] if backend == "triton" else np.array([1.0])
+        fixed_slices = traits(backend, spec.arch).program_blocks is not None
+        serials = FIT_GRID["serial"] if fixed_slices else np.array([1.0])
         best = (np.inf, None)
         for overlap, serial in itertools.product(FIT_GRID["overlap"], serials):
             scaled = [terms[:, 0] / bw, terms[:, 1] / compute, terms[:, 2] / compute]
@@ -89,8 +107,12 @@ def fit_efficiencies(points: pd.DataFrame, gpu: str = "H200") -> dict[tuple[str,
             loss = ((np.log(modeled) - measured) ** 2).mean(axis=1)
             k = int(loss.argmin())
             if loss[k] < best[0]:
-                best = (loss[k], KernelFit(float(bw[k, 0]), float(compute[k, 0]), float(launch[k, 0]), float(overlap),
-                                           float(serial)))  # fmt: skip
+                best = (
+                    loss[k],
+                    KernelFit(
+                        float(bw[k, 0]), float(compute[k, 0]), float(launch[k, 0]), float(overlap), float(serial)
+                    ),
+                )
         fits[backend, strategy] = best[1]
     return fits
 
@@ -101,7 +123,7 @@ def h200_errors(points: pd.DataFrame) -> pd.DataFrame:
         predict("H200", p.backend, p.strategy, p.seq_lens, p.next_n, p.heads, p.head_dim).time_us
         for p in points.itertuples()
     ]
-    out = points[["backend", "strategy", "batch", "context", "next_n", "measured_us"]].copy()
+    out = points[[*(name for name in axes.NAMES if name in points), "measured_us"]].copy()
     out["modeled_us"] = modeled
     out["error"] = out["modeled_us"] / out["measured_us"] - 1
     return out
@@ -110,45 +132,66 @@ def h200_errors(points: pd.DataFrame) -> pd.DataFrame:
 def error_summary(errors: pd.DataFrame) -> pd.DataFrame:
     """Median and worst |error| (and the count) per backend x strategy, and over all points."""
     groups = [((b, s), g) for (b, s), g in errors.groupby(["backend", "strategy"])] + [(("all", "all"), errors)]
-    return pd.DataFrame([
-        {"backend": b, "strategy": s, "points": len(g), "median_abs_error": g["error"].abs().median(),
-         "worst_abs_error": g["error"].abs().max(), "worst_point": _describe(g.loc[g["error"].abs().idxmax()])}
-        for (b, s), g in groups
-    ])  # fmt: skip
+    return pd.DataFrame(
+        [
+            {
+                "backend": b,
+                "strategy": s,
+                "points": len(g),
+                "median_abs_error": g["error"].abs().median(),
+                "worst_abs_error": g["error"].abs().max(),
+                "worst_point": _describe(g.loc[g["error"].abs().idxmax()]),
+            }
+            for (b, s), g in groups
+        ]
+    )
 
 
 def _describe(row: pd.Series) -> str:
-    return (f"{row.backend} {row.strategy} B={row.batch} L={row.context} n={row.next_n}: "
-            f"{row.measured_us:.1f} µs measured, {row.modeled_us:.1f} modeled")  # fmt: skip
+    return (
+        f"{row.backend} {row.strategy} B={row.batch} L={row.context} n={row.next_n}: "
+        f"{row.measured_us:.1f} µs measured, {row.modeled_us:.1f} modeled"
+    )
 
 
 def reread_table(ncu: pd.DataFrame) -> pd.DataFrame:
     """DRAM read over unique KV bytes per launch of a strategy (Nsight Compute's logits kernels,
     `profiling.runs.load_profile_run(...).ncu`): ~1 for native, ~next_n for DeepGEMM's
     flatten at B = 128, ~1 for Triton's."""
-    keys = ["backend", "strategy", "batch", "context", "next_n"]
-    per_launch = ncu.groupby(keys, as_index=False).agg(
+    keys = [name for name in axes.NAMES if name in ncu]
+    per_launch = ncu.groupby(keys, as_index=False, dropna=False).agg(
         dram_read_bytes=("dram_read_bytes", "mean"), unique_kv_bytes=("unique_kv_bytes", "first")
     )
     per_launch["dram_over_unique"] = per_launch["dram_read_bytes"] / per_launch["unique_kv_bytes"]
     return per_launch
 
 
-def triton_flatten_dram_share(ncu: pd.DataFrame) -> float:
-    """Median share of Triton flatten's re-reads that reach DRAM: (DRAM / unique - 1) / (next_n - 1)."""
+def measured_flatten_dram_share(ncu: pd.DataFrame, backend: str) -> float:
+    """Median share of `backend`'s flatten re-reads that reach DRAM: (DRAM / unique - 1) / (next_n - 1)
+    (what a backend declares as `ModelTraits.flatten_dram_share`; Triton's)."""
     table = reread_table(ncu)
-    rows = table[(table["backend"] == "triton") & (table["strategy"] == "flatten") & (table["next_n"] > 1)]
+    rows = table[(table["backend"] == backend) & (table["strategy"] == "flatten") & (table["next_n"] > 1)]
     return float(((rows["dram_over_unique"] - 1) / (rows["next_n"] - 1)).median())
 
 
 def trtllm_13219(gpu: str = "B200") -> pd.DataFrame:
-    """The model (DeepGEMM, native = SM100's varlen kernel) against TensorRT-LLM #13219's table."""
+    """The model (DeepGEMM, what vLLM runs; native = SM100's varlen kernel) against TensorRT-LLM #13219's table."""
     rows = []
     for (batch, context), (cute_us, deepgemm_us) in TRTLLM_13219.items():
-        modeled = predict(gpu, "deepgemm", "native", [context] * batch, 3)
-        rows.append({"batch": batch, "context": context, "next_n": 3, "published_deepgemm_us": deepgemm_us,
-                     "published_cute_us": cute_us, "modeled_deepgemm_us": modeled.time_us, "bound": modeled.bound,
-                     "error": modeled.time_us / deepgemm_us - 1, "source": f"published: {TRTLLM_SOURCE}; modeled: {gpu}"})  # fmt: skip
+        modeled = predict(gpu, vllm_backend().name, "native", [context] * batch, 3)
+        rows.append(
+            {
+                "batch": batch,
+                "context": context,
+                "next_n": 3,
+                "published_deepgemm_us": deepgemm_us,
+                "published_cute_us": cute_us,
+                "modeled_deepgemm_us": modeled.time_us,
+                "bound": modeled.bound,
+                "error": modeled.time_us / deepgemm_us - 1,
+                "source": f"published: {TRTLLM_SOURCE}; modeled: {gpu}",
+            }
+        )
     return pd.DataFrame(rows)
 
 

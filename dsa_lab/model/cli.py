@@ -1,7 +1,7 @@
 """`dsa-lab model`: the modeled time of indexer decode steps on a GPU, and what bounds each.
 
 Backend, strategy, batch, context and next_n take comma-separated lists in the harness's
-one list syntax (`bench.point.parse_values`: `--next-n 1,3,8`, `--strategy all`); every
+one list syntax (`axes.Axis.parse`: `--next-n 1,3,8`, `--strategy all`); every
 combination is modeled. One combination prints the terms behind its time; several print
 a row each, and a combination the model refuses (no SM90 kernel for 3 rows) is listed with
 the reason. `--json` prints one JSON object per combination, one a line.
@@ -14,17 +14,17 @@ import itertools
 import json
 from typing import Any
 
+from dsa_lab import axes
+from dsa_lab.kernels import modeled_backends, vllm_backend
 from dsa_lab.model.gpus import GPUS, get_gpu
-from dsa_lab.model.indexer import BACKENDS, Prediction, predict
+from dsa_lab.model.indexer import Prediction, predict
 from dsa_lab.workload import ContextSpec
 
 LIST_AXES = ("backend", "strategy", "batch", "context", "next_n")  # the order combinations are listed in
 
 
 def _grid(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from dsa_lab.bench.point import parse_values
-
-    values = [parse_values(axis, getattr(args, axis)) for axis in LIST_AXES]
+    values = [axes.axis(name).parse(getattr(args, name)) for name in LIST_AXES]
     return [dict(zip(LIST_AXES, combination)) for combination in itertools.product(*values)]
 
 
@@ -123,13 +123,17 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     parser.add_argument("--gpu", choices=tuple(GPUS), default="B200")
     lists = parser.add_argument_group("the grid (comma-separated lists, as `dsa-lab bench` takes them)")
-    lists.add_argument("--backend", default="deepgemm", metavar="LIST", help=f"of {', '.join(BACKENDS)}")
+    lists.add_argument(
+        "--backend", default=vllm_backend().name, metavar="LIST", help=f"of {', '.join(modeled_backends())}"
+    )
     lists.add_argument("--strategy", default="native", metavar="LIST", help="native, flatten, atom, or all")
     lists.add_argument("--batch", default="128", metavar="LIST", help="requests in the step (default 128)")
-    lists.add_argument("--context", default="65536", metavar="LIST",
-                       help="cached tokens a request: 65536, 64K or mixed:1K-64K")  # fmt: skip
-    lists.add_argument("--next-n", dest="next_n", default="1", metavar="LIST",
-                       help="query rows a request (1 + speculative tokens)")  # fmt: skip
+    lists.add_argument(
+        "--context", default="65536", metavar="LIST", help="cached tokens a request: 65536, 64K or mixed:1K-64K"
+    )
+    lists.add_argument(
+        "--next-n", dest="next_n", default="1", metavar="LIST", help="query rows a request (1 + speculative tokens)"
+    )
     parser.add_argument("--heads", type=int, default=64)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0, help="draws mixed context lengths")

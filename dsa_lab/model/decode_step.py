@@ -106,8 +106,15 @@ def distinct_experts(tokens: int, shape: ModelShape = DEEPSEEK_V32, gpus: int = 
     return local * (1 - miss)
 
 
-def layer_parts(batch: int, context: int, rows: int, logit_bytes: int, moe: bool, shape: ModelShape = DEEPSEEK_V32,
-                gpus: int = DEPLOYMENT_GPUS) -> dict[str, Part]:  # fmt: skip
+def layer_parts(
+    batch: int,
+    context: int,
+    rows: int,
+    logit_bytes: int,
+    moe: bool,
+    shape: ModelShape = DEEPSEEK_V32,
+    gpus: int = DEPLOYMENT_GPUS,
+) -> dict[str, Part]:
     """One layer's parts besides the indexer's logits kernel, for `batch` requests of `rows`
     query rows (next_n) with `context` cached tokens on this GPU."""
     tokens = batch * rows

@@ -1,13 +1,13 @@
 """The ceilings the performance model divides by: one row per GPU, each number with its source.
 
-This is the one table of these GPUs' ceilings: `dsa_lab.roofline`'s GPU table reads its
+This is the one table of these GPUs' ceilings: `model.roofline`'s GPU table reads its
 H200, B200 and GB200 rows (bandwidth and dense FP8 rate) from here.
 
 Spec values are what the model uses on every GPU, so that efficiencies fitted on the H200
 transfer to Blackwell as fractions of the same kind of number. Where this project measured
 a ceiling (the H200's sustained read and FP8 GEMM rate, stored in the shipped run's
-provenance) the measurement is kept beside the spec, to show how much of it plain
-streaming and a large GEMM reach.
+provenance; tests/test_model.py checks them against it) the measurement is kept beside the
+spec, to show how much of it plain streaming and a large GEMM reach.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from dsa_lab.errors import check_choice
 
-H200_RUN = "h200/h200-full-20261129"  # the shipped sweep whose provenance holds the measured ceilings
+ARCH_MAJORS = {"sm90": 9, "sm100": 10}  # a row's architecture -> its compute capability major
 
 
 @dataclass(frozen=True)
@@ -57,10 +57,17 @@ class GpuCeilings:
             if spec is None:
                 continue
             seen = self.measured.get(key)
-            rows.append({
-                "gpu": self.name, "ceiling": key, "value": spec.value, "unit": spec.unit, "source": spec.source,
-                "measured": seen.value if seen else None, "measured_source": seen.source if seen else None,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "gpu": self.name,
+                    "ceiling": key,
+                    "value": spec.value,
+                    "unit": spec.unit,
+                    "source": spec.source,
+                    "measured": seen.value if seen else None,
+                    "measured_source": seen.source if seen else None,
+                }
+            )
         return rows
 
 
@@ -87,9 +94,15 @@ GPUS: dict[str, GpuCeilings] = {
             Ceiling(67.0, "TFLOP/s", f"{_H200_SHEET}: 67 TFLOPS FP32"),
             Ceiling(450.0, "GB/s", f"{_H200_SHEET}: NVLink 900 GB/s, i.e. 450 each way"),
             measured={
-                "hbm_tbps": Ceiling(4.35, "TB/s", f"data/{H200_RUN}/provenance.json ceilings: 4 GiB float32 sum"),
+                "hbm_tbps": Ceiling(
+                    4.35,
+                    "TB/s",
+                    "this project's H200 sweep (`dsa-lab bench --measure-ceilings`, the shipped run's provenance): 4 GiB float32 sum",
+                ),
                 "fp8_tflops": Ceiling(
-                    1254.0, "TFLOP/s", f"data/{H200_RUN}/provenance.json ceilings: 8192^3 _scaled_mm"
+                    1254.0,
+                    "TFLOP/s",
+                    "this project's H200 sweep (`dsa-lab bench --measure-ceilings`): 8192^3 _scaled_mm",
                 ),
             },
         ),

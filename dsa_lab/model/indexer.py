@@ -13,10 +13,10 @@ efficiency fitted on this project's H200 sweep (`FITS`, per backend and strategy
 - T_epilogue: CUDA-core instructions of relu x weight summed over heads / (FP32 rate / 2 x
   `compute`); on B200 this is about as large as T_mma, on H200 well below it;
 - combine: the p-norm with p = `overlap` (large p: the three overlap; p = 1: they add);
-- T_program (Triton only): its largest program (a fixed run of KV blocks of one request)
+- T_program (a kernel of fixed KV slices, Triton's): its largest program (a fixed run of KV blocks of one request)
   at `serial` times one SM's share of the rates; DeepGEMM spreads work evenly.
 
-How each kernel works decides the counts (`KernelTraits`, from the kernels' sources):
+How each kernel works decides the counts (each backend's `ModelTraits`, read from its source):
 DeepGEMM's SM90 kernel takes 1, 2 or 4 rows natively; its SM100 kernel cuts a request's
 rows into Q blocks of 128 / heads tokens (2 at 64 heads) that re-read the request's KV
 chunk from L2, not DRAM, so any next_n is native with rows padded to an even count; it
@@ -31,17 +31,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dsa_lab.cache import bytes_per_token
+from dsa_lab.cache import CACHE_DTYPES, bytes_per_token
 from dsa_lab.errors import check_choice, check_int_sequence, check_range
-from dsa_lab.kernels.deepgemm import SM90_NATIVE_NEXT_N
-from dsa_lab.kernels.triton_native import BLOCK_SIZE, blocks_per_program
-from dsa_lab.metadata import STRATEGIES, AtomPiece, plan_atoms
-from dsa_lab.model.gpus import H200_RUN, GpuCeilings, get_gpu
+from dsa_lab.kernels import get_backend, modeled_backends, vllm_backend
+from dsa_lab.kernels.registry import ModelTraits
+from dsa_lab.metadata import STRATEGIES, AtomPiece
+from dsa_lab.model.gpus import ARCH_MAJORS, GpuCeilings, get_gpu
+from dsa_lab.plan import LaunchPlan
+from dsa_lab.workload import SUPPORTED_BLOCK_SIZES
 
-BACKENDS = ("deepgemm", "triton")
-# Share of flatten's re-reads that Triton's kernel takes from DRAM rather than L2: the median of
-# (DRAM read / unique KV - 1) / (next_n - 1) over the shipped Nsight Compute rows (`calibration.reread_table`).
-TRITON_FLATTEN_DRAM_SHARE = 0.023
+BLOCK_TOKENS = SUPPORTED_BLOCK_SIZES[0]  # tokens a KV block holds (a Triton program's unit)
 
 
 @dataclass(frozen=True)
@@ -52,11 +51,14 @@ class KernelFit:
     compute: float  # fraction of the FP8 and FP32 rates
     launch_us: float  # fixed cost of a launch
     overlap: float  # p of the p-norm that combines the three terms
-    serial: float = 1.0  # Triton: the fraction of one SM's share of the rates its largest program reaches
+    serial: float = (
+        1.0  # a kernel of fixed KV slices: the fraction of one SM's share of the rates its largest program reaches
+    )
 
 
-# Fitted on data/h200/h200-full-20261129 (640 points) by `calibration.fit_efficiencies`;
-# tests/test_model.py re-fits and checks these. Errors: `calibration.h200_errors`.
+# Fitted on the shipped H200 sweeps by `calibration.fit_efficiencies`: DeepGEMM and Triton on the study's
+# sweep, Gluon and PR #340 on the run that timed them (tests/test_model.py names both, re-fits and checks
+# these). Errors: `calibration.h200_errors`.
 FITS: dict[tuple[str, str], KernelFit] = {
     ("deepgemm", "native"): KernelFit(0.8, 0.55, 7.0, 4.0),
     ("deepgemm", "flatten"): KernelFit(0.95, 0.3, 6.0, 8.0),
@@ -64,38 +66,35 @@ FITS: dict[tuple[str, str], KernelFit] = {
     ("triton", "native"): KernelFit(0.85, 0.525, 6.0, 1.5, 0.7),
     ("triton", "flatten"): KernelFit(0.65, 0.35, 4.5, 3.0, 0.5),
     ("triton", "atom"): KernelFit(0.7, 0.675, 5.0, 1.5, 0.7),
+    ("gluon", "native"): KernelFit(0.8, 0.5, 8.0, 8.0),
+    ("gluon", "flatten"): KernelFit(0.95, 0.3, 7.0, 8.0),
+    ("deepgemm-pr340", "native"): KernelFit(0.8, 0.45, 7.0, 8.0),
+    ("deepgemm-pr340", "flatten"): KernelFit(0.9, 0.325, 6.0, 8.0),
+    ("deepgemm-pr340", "atom"): KernelFit(1.0, 0.45, 5.0, 8.0),
 }
-CALIBRATION = f"efficiencies fitted on data/{H200_RUN} (H200, {len(FITS)} backend x strategy fits)"
+CALIBRATION = f"efficiencies fitted on the shipped H200 sweeps ({len(FITS)} backend x strategy fits)"
 
 
-@dataclass(frozen=True)
-class KernelTraits:
-    """How a backend's kernel on an architecture spends its work (read from its source)."""
-
-    native_sizes: tuple[int, ...] | None  # row counts one launch takes; None: any
-    q_block: int  # MMA tiles hold a multiple of this many rows (padding)
-    logit_bytes: int  # 4: float32, 2: bf16
-    epilogue_per_head: float  # CUDA-core instructions per (row, token, head)
-    cleans_tail: bool  # writes -inf up to the batch's longest context
-    per_program: bool  # fixed slices of KV per program (Triton) instead of balanced work
+def traits(backend: str, arch: str) -> ModelTraits:
+    """How `backend`'s kernel on `arch` spends its work, as the backend declares it (`LogitsBackend.model_traits`)."""
+    check_choice("backend", backend, modeled_backends())
+    declared = get_backend(backend).model_traits
+    if arch not in declared:
+        raise ValueError(f"backend {backend!r} has no kernel on {arch} to model (it models {sorted(declared)})")
+    return declared[arch]
 
 
-def atom_sizes(arch: str, next_n: int) -> tuple[int, ...]:
-    """The pieces atom cuts next_n into, for every backend: DeepGEMM's native row counts on
-    that architecture (SM90: 1, 2, 4, as the H200 sweep ran it; SM100: any, one piece)."""
-    return tuple(sorted(SM90_NATIVE_NEXT_N)) if arch == "sm90" else (next_n,)
+def native_sizes(backend: str, arch: str) -> tuple[int, ...] | None:
+    """The row counts `backend` takes natively on `arch`, as it declares them (None: any)."""
+    return get_backend(backend).native_sizes_on(ARCH_MAJORS[arch])
 
 
-def kernel_traits(backend: str, arch: str, heads: int) -> KernelTraits:
-    """DeepGEMM SM90: pieces of 1/2/4 rows, float32 logits, relu and a weighted FMA per head.
-    DeepGEMM SM100: any rows in Q blocks of 128/heads tokens, bf16 logits, one packed bf16x2
-    relu-convert and one HFMA2 per two heads. Triton (ours): any rows, float32, tail cleaned."""
-    check_choice("backend", backend, BACKENDS)
-    if backend == "triton":
-        return KernelTraits(None, 1, 4, 2.0, True, True)
-    if arch == "sm100":
-        return KernelTraits(None, max(1, 128 // heads), 2, 1.0, False, False)
-    return KernelTraits(tuple(sorted(SM90_NATIVE_NEXT_N)), 1, 4, 2.0, False, False)
+def atom_sizes(backend: str, arch: str, next_n: int) -> tuple[int, ...]:
+    """The pieces atom cuts next_n into: the backend's own native row counts on `arch`; for a kernel
+    native for any next_n, those of what vLLM runs there (SM90: DeepGEMM's, as the H200 sweep ran
+    Triton's atom); else one piece."""
+    own = native_sizes(backend, arch)
+    return own or vllm_backend().native_sizes_on(ARCH_MAJORS[arch]) or (next_n,)
 
 
 @dataclass(frozen=True)
@@ -105,11 +104,7 @@ class LaunchWork:
     dram_bytes: float
     mma_flops: float
     epilogue_instructions: float
-    program: tuple[float, float, float] | None = None  # Triton's largest program: (bytes, flops, instructions)
-
-
-def _row_context(seq_len: int, next_n: int, row: int) -> int:
-    return max(0, seq_len - next_n + 1 + row)
+    program: tuple[float, float, float] | None = None  # the largest fixed KV slice: (bytes, flops, instructions)
 
 
 def _padded(rows: int, q_block: int) -> int:
@@ -117,69 +112,70 @@ def _padded(rows: int, q_block: int) -> int:
 
 
 def flatten_dram_share(backend: str, gpu: GpuCeilings, rows: int, unique_kv_bytes: float) -> float:
-    """Share of flatten's KV re-reads that reach DRAM. DeepGEMM: none while every
-    pseudo-request runs at once (rows <= SMs) or the KV fits half the L2, all of them
-    otherwise (H200 Nsight Compute: ~next_n x DRAM at B = 128); Triton: its measured share."""
-    if backend == "triton":
-        return TRITON_FLATTEN_DRAM_SHARE
+    """Share of flatten's KV re-reads that reach DRAM: the backend's measured share where it declares
+    one (Triton's); otherwise none while every pseudo-request runs at once (rows <= SMs) or the KV
+    fits half the L2, all of them otherwise (DeepGEMM on the H200, Nsight Compute: ~next_n x DRAM at B = 128)."""
+    measured = traits(backend, gpu.arch).flatten_dram_share
+    if measured is not None:
+        return measured
     fits = rows <= gpu.sms.value or unique_kv_bytes <= gpu.l2_mb.value * 1e6 / 2
     return 0.0 if fits else 1.0
 
 
 def step_work(
-    gpu: GpuCeilings, backend: str, strategy: str, seq_lens: Sequence[int], next_n: int, heads: int, head_dim: int,
+    gpu: GpuCeilings,
+    backend: str,
+    strategy: str,
+    seq_lens: Sequence[int],
+    next_n: int,
+    heads: int,
+    head_dim: int,
     cache_dtype: str = "fp8",
-) -> tuple[LaunchWork, ...]:  # fmt: skip
-    """The launches of one decode step, uniform decode (every request decodes next_n rows)."""
-    traits = kernel_traits(backend, gpu.arch, heads)
+) -> tuple[LaunchWork, ...]:
+    """The launches of one uniform decode step (every request decodes next_n rows), read from its
+    `LaunchPlan`: its pieces, its row contexts and its KV tokens."""
+    kernel = traits(backend, gpu.arch)
+    native = native_sizes(backend, gpu.arch)
+    if strategy == "native" and native is not None and next_n not in native:
+        raise ValueError(f"next_n={next_n}: {backend} on {gpu.arch} runs {native} natively; use atom or flatten")
+    sizes = atom_sizes(backend, gpu.arch, next_n)
+    plan = LaunchPlan(tuple(seq_lens), next_n, strategy, heads, head_dim, cache_dtype, sizes)
     per_token = bytes_per_token(head_dim, cache_dtype)
     side = heads * (head_dim + 4)  # q (fp8) and weight (fp32) bytes of one row
+    cleans = get_backend(backend).cleans_tail
     max_len = max(seq_lens)
     if strategy == "flatten":
-        contexts = [_row_context(length, next_n, j) for length in seq_lens for j in range(next_n)]
-        unique = sum(seq_lens) * per_token
-        reread = (sum(contexts) * per_token - unique) * flatten_dram_share(backend, gpu, len(contexts), unique)
-        written = len(contexts) * max_len if traits.cleans_tail else sum(contexts)
-        dram = unique + reread + written * traits.logit_bytes + len(contexts) * side
-        pairs = sum(contexts) * _padded(1, traits.q_block)
-        program = _program(gpu, traits, len(contexts), max_len, 1, per_token, heads, head_dim)
-        return (
-            LaunchWork(dram, 2 * heads * head_dim * pairs, traits.epilogue_per_head * heads * sum(contexts), program),
-        )
-    pieces = plan_atoms(next_n, atom_sizes(gpu.arch, next_n)) if strategy == "atom" else (AtomPiece(next_n, 0),)
-    if strategy == "native" and traits.native_sizes is not None and next_n not in traits.native_sizes:
-        raise ValueError(
-            f"next_n={next_n}: {backend} on {gpu.arch} runs {traits.native_sizes} natively; use atom or flatten"
-        )
-    return tuple(
-        _piece_work(gpu, traits, piece, seq_lens, next_n, per_token, side, heads, head_dim) for piece in pieces
-    )
+        rows, contexts = plan.kernel_rows, sum(plan.row_contexts())
+        unique = plan.cost.unique_kv_bytes
+        reread = (plan.cost.strategy_kv_bytes - unique) * flatten_dram_share(backend, gpu, rows, unique)
+        written = rows * max_len if cleans else contexts
+        dram = unique + reread + written * kernel.logit_bytes + rows * side
+        pairs = contexts * _padded(1, kernel.q_block(heads))
+        program = _program(gpu, kernel, rows, max_len, 1, per_token, heads, head_dim)
+        return (LaunchWork(dram, 2 * heads * head_dim * pairs, kernel.epilogue_per_head * heads * contexts, program),)
+    return tuple(_piece_work(gpu, kernel, cleans, plan, piece, per_token, side) for piece in plan.pieces)
 
 
 def _piece_work(
-    gpu: GpuCeilings, traits: KernelTraits, piece: AtomPiece, seq_lens: Sequence[int], next_n: int,
-    per_token: int, side: int, heads: int, head_dim: int,
-) -> LaunchWork:  # fmt: skip
+    gpu: GpuCeilings, kernel: ModelTraits, cleans: bool, plan: LaunchPlan, piece: AtomPiece, per_token: int, side: int
+) -> LaunchWork:
     """A native launch of `piece.size` rows: each request's KV once, up to its last row's context."""
-    last = piece.offset + piece.size - 1
-    kv_tokens = sum(_row_context(length, next_n, last) for length in seq_lens)
-    real_rows = range(max(piece.offset, 0), last + 1)
-    real_contexts = sum(_row_context(length, next_n, j) for length in seq_lens for j in real_rows)
-    tile_rows = _padded(piece.size, traits.q_block)
-    written = len(seq_lens) * len(real_rows) * max(seq_lens) if traits.cleans_tail else real_contexts
-    dram = kv_tokens * per_token + written * traits.logit_bytes + len(seq_lens) * piece.size * side
-    # SM100's epilogue loops over a Q block's valid tokens only; SM90's and Triton's over the tile
-    epilogue_rows = len(real_rows) if traits.q_block > 1 else tile_rows
-    program = _program(gpu, traits, len(seq_lens), max(seq_lens), piece.size, per_token, heads, head_dim)
-    return LaunchWork(
-        dram, 2 * heads * head_dim * tile_rows * kv_tokens, traits.epilogue_per_head * heads * epilogue_rows * kv_tokens,
-        program,
-    )  # fmt: skip
+    kv_tokens = plan.piece_kv_tokens(piece)
+    real_rows = plan.piece_rows(piece)
+    real_contexts = sum(plan.row_contexts(real_rows))
+    heads, head_dim, batch, max_len = plan.heads, plan.head_dim, plan.batch, max(plan.seq_lens)
+    tile_rows = _padded(piece.size, kernel.q_block(heads))
+    written = batch * len(real_rows) * max_len if cleans else real_contexts
+    dram = kv_tokens * per_token + written * kernel.logit_bytes + batch * piece.size * side
+    epilogue_rows = len(real_rows) if kernel.epilogue_over_valid_rows else tile_rows
+    program = _program(gpu, kernel, batch, max_len, piece.size, per_token, heads, head_dim)
+    mma = 2 * heads * head_dim * tile_rows * kv_tokens
+    return LaunchWork(dram, mma, kernel.epilogue_per_head * heads * epilogue_rows * kv_tokens, program)
 
 
 def _program(
     gpu: GpuCeilings,
-    traits: KernelTraits,
+    kernel: ModelTraits,
     batch: int,
     max_len: int,
     rows: int,
@@ -187,12 +183,13 @@ def _program(
     heads: int,
     head_dim: int,
 ) -> tuple[float, float, float] | None:
-    """Triton's largest program: a run of KV blocks of one request, for all the launch's rows."""
-    if not traits.per_program:
+    """The largest program of a kernel of fixed KV slices (Triton's): a run of KV blocks of one request,
+    for all the launch's rows, sized by the kernel's own rule (`ModelTraits.program_blocks`)."""
+    if kernel.program_blocks is None:
         return None
-    blocks = blocks_per_program(batch, -(-max_len // BLOCK_SIZE), int(gpu.sms.value))  # the kernel's own rule
-    tokens = min(blocks * BLOCK_SIZE, max_len)
-    return tokens * per_token, 2 * heads * head_dim * rows * tokens, traits.epilogue_per_head * heads * rows * tokens
+    blocks = kernel.program_blocks(batch, -(-max_len // BLOCK_TOKENS), int(gpu.sms.value))
+    tokens = min(blocks * BLOCK_TOKENS, max_len)
+    return tokens * per_token, 2 * heads * head_dim * rows * tokens, kernel.epilogue_per_head * heads * rows * tokens
 
 
 TERMS = ("hbm", "fp8_mma", "fp32_epilogue")
@@ -244,10 +241,11 @@ def _program_us(work: LaunchWork, gpu: GpuCeilings, fit: KernelFit, cache_dtype:
 def fit_key(backend: str, strategy: str, next_n: int, arch: str) -> tuple[str, str]:
     """Whose fitted efficiencies apply: a strategy that launches exactly the native kernel
     takes native's. That is next_n = 1 (all three are one single-row launch), an atom plan
-    of one native piece, and every strategy of DeepGEMM on SM100, where native, atom and
-    flatten all run the one varlen kernel (its padding and re-reads are counted in the work)."""
-    one_native_launch = strategy == "atom" and next_n in atom_sizes(arch, next_n)
-    if next_n == 1 or one_native_launch or (backend == "deepgemm" and arch == "sm100"):
+    of one native piece, and every strategy of a backend whose strategies all run one kernel
+    (`ModelTraits.one_kernel`: DeepGEMM's varlen kernel on SM100; its padding and re-reads are
+    counted in the work)."""
+    one_native_launch = strategy == "atom" and next_n in atom_sizes(backend, arch, next_n)
+    if next_n == 1 or one_native_launch or traits(backend, arch).one_kernel:
         return backend, "native"
     return backend, strategy
 
@@ -297,23 +295,29 @@ def predict(
     """Modeled time of one uniform decode step (every request decodes next_n rows). An
     MXFP4 cache (68 B a token, FP4 MMAs) is DeepGEMM's on SM100 only, as in vLLM."""
     spec = get_gpu(gpu) if isinstance(gpu, str) else gpu
-    check_choice("backend", backend, BACKENDS)
+    kernel = traits(backend, spec.arch)
     check_choice("strategy", strategy, STRATEGIES)
     next_n = check_range("next_n", next_n, 1, 32)
     seq_lens = check_int_sequence("seq_lens", seq_lens, next_n, 1 << 24)
     if not seq_lens:
         raise ValueError("seq_lens: need one cached length >= next_n per request, got none")
     heads = check_range("heads", heads, 1, 1024)
-    check_choice("cache_dtype", cache_dtype, ("fp8", "mxfp4"))
-    if cache_dtype == "mxfp4" and (backend, spec.arch) != ("deepgemm", "sm100"):
-        raise ValueError(f"cache_dtype='mxfp4': modeled for DeepGEMM on SM100 only, not {backend} on {spec.name}")
-    fit = FITS[fit_key(backend, strategy, next_n, spec.arch)]
+    check_choice("cache_dtype", cache_dtype, CACHE_DTYPES)
+    if cache_dtype not in kernel.cache_dtypes:
+        raise ValueError(f"cache_dtype={cache_dtype!r}: {backend} on {spec.name} is modeled for {kernel.cache_dtypes}")
+    key = fit_key(backend, strategy, next_n, spec.arch)
+    if key not in FITS:
+        raise ValueError(f"backend={backend!r}, strategy={key[1]!r}: no fitted efficiencies (fitted: {sorted(FITS)})")
+    fit = FITS[key]
     works = step_work(spec, backend, strategy, seq_lens, next_n, heads, head_dim, cache_dtype)
     total, ceiling, modeled, dominant = 0.0, dict.fromkeys(TERMS, 0.0), dict.fromkeys(TERMS, 0.0), (0.0, "launch")
     for work in works:
         at_spec = spec_us(work, spec, cache_dtype)
-        scaled = {"hbm": at_spec["hbm"] / fit.bw, "fp8_mma": at_spec["fp8_mma"] / fit.compute,
-                  "fp32_epilogue": at_spec["fp32_epilogue"] / fit.compute}  # fmt: skip
+        scaled = {
+            "hbm": at_spec["hbm"] / fit.bw,
+            "fp8_mma": at_spec["fp8_mma"] / fit.compute,
+            "fp32_epilogue": at_spec["fp32_epilogue"] / fit.compute,
+        }
         program = _program_us(work, spec, fit, cache_dtype)
         body = max(combine(scaled.values(), fit.overlap), program)
         total += fit.launch_us + body
@@ -327,11 +331,25 @@ def predict(
     assumptions = []
     if spec.arch == "sm100":
         assumptions.append("no SM100 measurement here: H200-fitted efficiencies applied to SM100's ceilings and kernel")
-    if (backend, spec.arch) == ("deepgemm", "sm100"):
-        assumptions.append("DeepGEMM's SM100 kernel sums relu x weight over heads in bf16 pairs (one CUDA-core "
-                           "instruction a head); an FP32 epilogue (two a head) would double fp32_epilogue")  # fmt: skip
+    if kernel.assumption:
+        assumptions.append(kernel.assumption)
     return Prediction(
-        spec.name, backend, strategy, len(seq_lens), sum(seq_lens) / len(seq_lens), next_n, heads, head_dim,
-        cache_dtype, total, dominant[1], ceiling, modeled, len(works), sum(w.dram_bytes for w in works),
-        sum(w.mma_flops for w in works), fit, assumptions=tuple(assumptions),
-    )  # fmt: skip
+        spec.name,
+        backend,
+        strategy,
+        len(seq_lens),
+        sum(seq_lens) / len(seq_lens),
+        next_n,
+        heads,
+        head_dim,
+        cache_dtype,
+        total,
+        dominant[1],
+        ceiling,
+        modeled,
+        len(works),
+        sum(w.dram_bytes for w in works),
+        sum(w.mma_flops for w in works),
+        fit,
+        assumptions=tuple(assumptions),
+    )

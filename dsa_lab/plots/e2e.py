@@ -16,15 +16,22 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-from dsa_lab.plots.style import STRATEGY_COLORS, VLLM_MARKER
+from dsa_lab.plots.style import STRATEGY_COLORS, VLLM_MARKER, backend_marker
 
 LABEL_COLORS = {**STRATEGY_COLORS, "dsa_lab kernel": "#9467bd", "vLLM 0.33": "black"}
 LABEL_LINES = {"vLLM 0.33": ":", "dsa_lab kernel": "--"}
 COMPONENT_COLORS = {
-    "indexer logits": "#d62728", "indexer (MTP drafts)": "#ff9896", "indexer top-k": "#e377c2",
-    "sparse MLA": "#1f77b4", "attention weights": "#aec7e8", "MoE experts": "#2ca02c", "MoE all-to-all": "#98df8a",
-    "dense MLP": "#bcbd22", "LM head": "#7f7f7f", "MTP draft layers + LM head": "#c7c7c7",
-}  # fmt: skip
+    "indexer logits": "#d62728",
+    "indexer (MTP drafts)": "#ff9896",
+    "indexer top-k": "#e377c2",
+    "sparse MLA": "#1f77b4",
+    "attention weights": "#aec7e8",
+    "MoE experts": "#2ca02c",
+    "MoE all-to-all": "#98df8a",
+    "dense MLP": "#bcbd22",
+    "LM head": "#7f7f7f",
+    "MTP draft layers + LM head": "#c7c7c7",
+}
 
 
 def _context_axis(ax: plt.Axes, contexts: Sequence[int]) -> None:
@@ -50,8 +57,14 @@ def plot_indexer_share(shares: pd.DataFrame) -> Figure:
         for colour, batch in zip(colours, batches):
             line = part[part["batch"] == batch].sort_values("context")
             ax.plot(line["context"], 100 * line["indexer_share"], color=colour, label=f"B = {batch}")
-            ax.scatter(line["context"], 100 * line["indexer_share"], s=36, zorder=3, edgecolors=colour,
-                       facecolors=_marker_faces(line, colour))  # fmt: skip
+            ax.scatter(
+                line["context"],
+                100 * line["indexer_share"],
+                s=36,
+                zorder=3,
+                edgecolors=colour,
+                facecolors=_marker_faces(line, colour),
+            )
         _context_axis(ax, sorted(part["context"].unique()))
         measured = (part["indexer_source"] == "measured").any()
         ax.set_title(f"{gpu}: step modeled, indexer {'measured (filled) / ' if measured else ''}modeled")
@@ -90,11 +103,23 @@ def plot_tokens_per_second(throughput: pd.DataFrame, contexts: Sequence[int]) ->
         for label, line in part.groupby("strategy", sort=False):
             line = line.sort_values("next_n")  # a missing launch (SM90 native n = 3) stays a gap in the line
             colour = LABEL_COLORS.get(label, "#17becf")
-            ax.plot(line["next_n"], line["tokens_per_s"], color=colour, linestyle=LABEL_LINES.get(label, "-"),
-                    label=label, zorder=5 if label == "vLLM 0.33" else 2)  # fmt: skip
+            ax.plot(
+                line["next_n"],
+                line["tokens_per_s"],
+                color=colour,
+                linestyle=LABEL_LINES.get(label, "-"),
+                label=label,
+                zorder=5 if label == "vLLM 0.33" else 2,
+            )
             timed = line.dropna(subset=["tokens_per_s"])
-            ax.scatter(timed["next_n"], timed["tokens_per_s"], s=28, edgecolors=colour,
-                       facecolors=_marker_faces(timed, colour), zorder=6)  # fmt: skip
+            ax.scatter(
+                timed["next_n"],
+                timed["tokens_per_s"],
+                s=28,
+                edgecolors=colour,
+                facecolors=_marker_faces(timed, colour),
+                zorder=6,
+            )
         ax.set_title(f"{context // 1024}K tokens")
         ax.set_xlabel("next_n (1 + drafts)")
         ax.set_xticks(sorted(part["next_n"].unique()))
@@ -102,8 +127,10 @@ def plot_tokens_per_second(throughput: pd.DataFrame, contexts: Sequence[int]) ->
     axes[0].set_ylabel("tokens / s a GPU (modeled)")
     axes[-1].legend(fontsize=8)
     row = throughput.iloc[0]
-    fig.suptitle(f"MTP throughput, {row.gpu}, B = {row.batch}, acceptance '{row.preset}' "
-                 "(modeled step; filled: indexer measured)")  # fmt: skip
+    fig.suptitle(
+        f"MTP throughput, {row.gpu}, B = {row.batch}, acceptance '{row.preset}' "
+        "(modeled step; filled: indexer measured)"
+    )
     return fig
 
 
@@ -116,8 +143,15 @@ def plot_best_next_n(best: pd.DataFrame) -> Figure:
     image = ax.imshow(values, cmap="Greens", aspect="auto")
     middle = (np.nanmin(values) + np.nanmax(values)) / 2
     for (i, j), n in np.ndenumerate(numbers.to_numpy()):
-        ax.text(j, i, f"{int(n)}", ha="center", va="center", fontsize=11,
-                color="white" if values[i, j] > middle else "black")  # fmt: skip
+        ax.text(
+            j,
+            i,
+            f"{int(n)}",
+            ha="center",
+            va="center",
+            fontsize=11,
+            color="white" if values[i, j] > middle else "black",
+        )
     ax.grid(False)
     ax.set_xticks(range(grid.shape[1]), [f"{c // 1024}K" for c in grid.columns])
     ax.set_yticks(range(grid.shape[0]), grid.index)
@@ -132,8 +166,15 @@ def plot_model_vs_measured(errors: pd.DataFrame, published: pd.DataFrame) -> Fig
     TensorRT-LLM #13219's published SM100 times (and their CuTe kernel)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6), constrained_layout=True)
     for (backend, strategy), part in errors.groupby(["backend", "strategy"]):
-        left.scatter(part["measured_us"], part["modeled_us"], s=14, alpha=0.7, color=STRATEGY_COLORS.get(strategy),
-                     marker="o" if backend == "deepgemm" else "s", label=f"{strategy} ({backend})")  # fmt: skip
+        left.scatter(
+            part["measured_us"],
+            part["modeled_us"],
+            s=14,
+            alpha=0.7,
+            color=STRATEGY_COLORS.get(strategy),
+            marker=backend_marker(backend),
+            label=f"{strategy} ({backend})",
+        )
     low, high = errors["measured_us"].min() * 0.8, errors["measured_us"].max() * 1.25
     for ax in (left, right):
         ax.set_xscale("log")
@@ -144,13 +185,26 @@ def plot_model_vs_measured(errors: pd.DataFrame, published: pd.DataFrame) -> Fig
     left.set_xlabel("measured µs (H200 sweep)")
     left.set_ylabel("modeled µs")
     left.legend(fontsize=7)
-    right.scatter(published["published_deepgemm_us"], published["modeled_deepgemm_us"], color="#1f77b4",
-                  label="DeepGEMM: modeled vs published")  # fmt: skip
-    right.scatter(published["published_deepgemm_us"], published["published_cute_us"], color="#ff7f0e", marker="x",
-                  label="CuTe DSL (published) vs DeepGEMM (published)")  # fmt: skip
+    right.scatter(
+        published["published_deepgemm_us"],
+        published["modeled_deepgemm_us"],
+        color="#1f77b4",
+        label="DeepGEMM: modeled vs published",
+    )
+    right.scatter(
+        published["published_deepgemm_us"],
+        published["published_cute_us"],
+        color="#ff7f0e",
+        marker="x",
+        label="CuTe DSL (published) vs DeepGEMM (published)",
+    )
     headline = published[(published["batch"] == 32) & (published["context"] == 16384)].iloc[0]
-    right.scatter([headline.published_deepgemm_us], [headline.modeled_deepgemm_us], **{**VLLM_MARKER, "s": 60, "facecolors": "black"},
-                  label=f"B=32, 16K: {headline.modeled_deepgemm_us:.1f} modeled vs {headline.published_deepgemm_us} µs")  # fmt: skip
+    right.scatter(
+        [headline.published_deepgemm_us],
+        [headline.modeled_deepgemm_us],
+        **{**VLLM_MARKER, "s": 60, "facecolors": "black"},
+        label=f"B=32, 16K: {headline.modeled_deepgemm_us:.1f} modeled vs {headline.published_deepgemm_us} µs",
+    )
     lo, hi = 3, max(published["modeled_deepgemm_us"].max(), published["published_deepgemm_us"].max()) * 1.2
     right.plot([lo, hi], [lo, hi], color="black", linewidth=0.8)
     right.set_title("SM100: model (B200) vs TensorRT-LLM #13219, next_n = 3")

@@ -1,4 +1,4 @@
-"""Kernel latency against next_n: the charts and the decision table of notebook 02.
+"""Kernel latency against next_n: the charts of notebook 02 and its decision table for display.
 
 Input is a run's results frame (`dsa_lab.store.load_run(...).results`); only rows with
 status 'ok' are drawn, and one shape (heads, head_dim, cache dtype) at a time. The look is
@@ -22,14 +22,18 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator, NullLocator
 from pandas.io.formats.style import Styler
 
-from dsa_lab.analysis.frames import SM90_DEEPGEMM, context_order, ok_rows, speedup_over_vllm, vllm_choice
+from dsa_lab.analysis.frames import SM90_DEEPGEMM, context_order, speedup_over_strategy, speedup_over_vllm, vllm_choice
+from dsa_lab.kernels import vllm_backend
 from dsa_lab.plots.style import (
     MODELED,
     MODELED_HATCH,
     STRATEGY_ORDER,
+    VLLM_MARKER,
     VLLM_RELEASE,
     add_footer,
+    context_title,
     legend_outside,
+    point_columns,
     series_label,
     series_style,
     strategy_color,
@@ -37,24 +41,13 @@ from dsa_lab.plots.style import (
 from dsa_lab.policy import Platform
 from dsa_lab.workload import ContextSpec
 
-_context_order = context_order  # the name explorers import
-__all__ = ["SM90_DEEPGEMM", "STRATEGY_ORDER", "ok_rows", "vllm_choice"]  # re-exported for the explorers
 SPEEDUP_TICKS = (0.25, 0.33, 0.5, 0.67, 1.0, 1.5, 2.0, 3.0, 4.0)
-
-
-def _sources_label(frame: pd.DataFrame) -> str:
-    return " + ".join(s for s in ("measured", "modeled") if s in set(frame["source"]))
-
-
-def context_title(label: str) -> str:
-    """'65536' -> '64K'; 'mixed:1024-65536' -> 'mixed 1K-64K' (tokens cached per request)."""
-    return ContextSpec.parse(label).short
 
 
 def few_contexts(labels: Sequence[str], focus: str | None = None) -> list[str]:
     """The columns of the small multiples: the shortest uniform context, `focus` (else the
     longest uniform one) and every mixed one."""
-    ordered = _context_order(labels)
+    ordered = context_order(labels)
     uniform = [c for c in ordered if not ContextSpec.parse(c).mixed]
     focus = ContextSpec.parse(focus).label if focus else None
     chosen = [uniform[0], focus if focus in uniform else uniform[-1]] if uniform else []
@@ -62,20 +55,32 @@ def few_contexts(labels: Sequence[str], focus: str | None = None) -> list[str]:
 
 
 def plot_vs_vllm(
-    frame: pd.DataFrame, device: str, provenance_line: str | None = None, backend: str = "deepgemm",
-    contexts: Sequence[str] | None = None, platform: Platform = SM90_DEEPGEMM,
-) -> Figure:  # fmt: skip
+    frame: pd.DataFrame,
+    device: str,
+    provenance_line: str | None = None,
+    backend: str | None = None,
+    contexts: Sequence[str] | None = None,
+    platform: Platform = SM90_DEEPGEMM,
+) -> Figure:
     """Small multiples (rows: batch, columns: `contexts`) of every measured series' speedup
-    over what vLLM 0.33 runs at the same point (its strategy, timed on `backend`), on one
-    shared log scale: above 1 the series is faster than vLLM's choice, below it slower."""
+    over what vLLM 0.33 runs at the same point (its strategy, timed on `backend`; None: what vLLM
+    runs), on one shared log scale: above 1 the series is faster than vLLM's choice, below it slower."""
+    backend = vllm_backend().name if backend is None else backend
     data = speedup_over_vllm(frame, backend, platform).dropna(subset=["speedup"])
     if data.empty:
         raise ValueError(f"frame: no measured point has vLLM's strategy timed on backend={backend!r}")
-    contexts = list(contexts) if contexts else _context_order(data["context"])
+    contexts = list(contexts) if contexts else context_order(data["context"])
     data = data[data["context"].isin(contexts)]
     batches = sorted(int(b) for b in data["batch"].unique())
-    fig, axes = plt.subplots(len(batches), len(contexts), figsize=(3.3 * len(contexts) + 2.6, max(4.5, 2.3 * len(batches) + 1)),
-                             sharex=True, sharey=True, squeeze=False, constrained_layout=True)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(batches),
+        len(contexts),
+        figsize=(3.3 * len(contexts) + 2.6, max(4.5, 2.3 * len(batches) + 1)),
+        sharex=True,
+        sharey=True,
+        squeeze=False,
+        constrained_layout=True,
+    )
     series = sorted(data.groupby(["strategy", "backend"]).groups, key=lambda k: (k[1], STRATEGY_ORDER.index(k[0])))
     for (i, batch), (j, context) in ((r, c) for r in enumerate(batches) for c in enumerate(contexts)):
         ax = axes[i, j]
@@ -83,8 +88,14 @@ def plot_vs_vllm(
         ax.axhline(1.0, color="black", linewidth=1.2, zorder=1)
         for strategy, name in series:
             rows = part[(part["strategy"] == strategy) & (part["backend"] == name)].sort_values("next_n")
-            ax.plot(rows["next_n"], rows["speedup"], markersize=4.5, linewidth=1.6, label=series_label(strategy, name),
-                    **series_style(strategy, name))  # fmt: skip
+            ax.plot(
+                rows["next_n"],
+                rows["speedup"],
+                markersize=4.5,
+                linewidth=1.6,
+                label=series_label(strategy, name),
+                **series_style(strategy, name),
+            )
         if i == 0:
             ax.set_title(f"context {context_title(context)}", fontsize=10)
         if j == 0:
@@ -105,29 +116,24 @@ def plot_vs_vllm(
     handles = [*entries.values(), plt.Line2D([], [], color="black", linewidth=1.2)]
     labels = [*entries, f"{VLLM_RELEASE}'s choice ({backend}), = 1"]
     legend_outside(fig, handles, labels, title="strategy (backend)")
-    fig.suptitle(f"Speedup over what {VLLM_RELEASE} runs, measured on {device}\n"
-                 "one y scale for every panel; above the black line: faster")  # fmt: skip
+    fig.suptitle(
+        f"Speedup over what {VLLM_RELEASE} runs, measured on {device}\n"
+        "one y scale for every panel; above the black line: faster"
+    )
     return add_footer(fig, provenance_line)
 
 
-def speedup_table(frame: pd.DataFrame, baseline: str = "flatten") -> pd.DataFrame:
-    """Per backend and point: `baseline` time / strategy time (> 1: the strategy is faster)."""
-    data = ok_rows(frame)
-    keys = ["source", "backend", "batch", "context", "next_n"]
-    base = data[data["strategy"] == baseline].set_index(keys)["median_ms"].rename("baseline_ms")
-    others = data[data["strategy"] != baseline].join(base, on=keys, how="inner")
-    others["speedup"] = others["baseline_ms"] / others["median_ms"]
-    return others[[*keys, "strategy", "median_ms", "baseline_ms", "speedup"]].reset_index(drop=True)
-
-
 def plot_speedup(
-    frame: pd.DataFrame, device: str, baseline: str = "flatten", provenance_line: str | None = None,
+    frame: pd.DataFrame,
+    device: str,
+    baseline: str = "flatten",
+    provenance_line: str | None = None,
     source: str = "measured",
-) -> Figure:  # fmt: skip
+) -> Figure:
     """Heatmaps of the speedup over `baseline` for one `source` (measured or modeled: never on
     one colour scale), a panel per (backend, strategy): rows batch x context, columns next_n;
     blue = faster than `baseline`, red = slower."""
-    table = speedup_table(frame, baseline)
+    table = speedup_over_strategy(frame, baseline)
     table = table[table["source"] == source]
     if table.empty:
         raise ValueError(f"frame: no {source} point has both '{baseline}' and another strategy timed ok")
@@ -135,7 +141,7 @@ def plot_speedup(
     panels.sort(key=lambda kv: (kv[0][0], STRATEGY_ORDER.index(kv[0][1])))
     lo, hi = float(table["speedup"].min()), float(table["speedup"].max())
     norm = TwoSlopeNorm(vcenter=1.0, vmin=min(lo, 0.95), vmax=max(hi, 1.05))
-    contexts = _context_order(table["context"])
+    contexts = context_order(table["context"])
     columns = min(2, len(panels))
     rows = -(-len(panels) // columns)
     width = columns * (3.2 + 0.5 * table["next_n"].nunique()) + 1.5
@@ -146,8 +152,19 @@ def plot_speedup(
         order = [(b, c) for b in sorted(part["batch"].unique()) for c in contexts if (b, c) in grid.index]
         grid = grid.reindex(order)
         grid.index = [f"B={b}, {context_title(c)}" for b, c in grid.index]
-        sns.heatmap(grid, annot=True, fmt=".2f", cmap="RdBu", norm=norm, ax=ax, linewidths=0.5, linecolor="white",
-                    cbar=False, annot_kws={"fontsize": 8}, yticklabels=index % columns == 0)  # fmt: skip
+        sns.heatmap(
+            grid,
+            annot=True,
+            fmt=".2f",
+            cmap="RdBu",
+            norm=norm,
+            ax=ax,
+            linewidths=0.5,
+            linecolor="white",
+            cbar=False,
+            annot_kws={"fontsize": 8},
+            yticklabels=index % columns == 0,
+        )
         label = series_label(strategy, backend, source)
         ax.set_title(f"{label}\nvs {baseline}", color=strategy_color(strategy), fontsize=10)
         ax.set_xlabel("next_n")
@@ -156,8 +173,11 @@ def plot_speedup(
         ax.set_visible(False)
     what = f"{source} speedup over {baseline} (×)" + (" — roofline model, not measured" if source == MODELED else "")
     fig.colorbar(axes.flat[0].collections[0], ax=axes, label=what, shrink=0.8)
-    title = (f"Speedup over {baseline} on {device}, {source}" + (" (roofline at the run's ceilings; its own colour "
-             "scale)" if source == MODELED else "") + "; empty cells: not run or skipped")  # fmt: skip
+    title = (
+        f"Speedup over {baseline} on {device}, {source}"
+        + (" (roofline at the run's ceilings; its own colour scale)" if source == MODELED else "")
+        + "; empty cells: not run or skipped"
+    )
     fig.suptitle(title)
     return add_footer(fig, provenance_line)
 
@@ -166,7 +186,7 @@ def plot_modeled_speedup(frame: pd.DataFrame, device: str, baseline: str = "flat
     """The roofline model's speedup over `baseline` on a colour scale of its own, cells hatched:
     a row per (model, strategy), columns next_n, each cell the median over the batch x context
     points modeled (the title gives the largest spread among them)."""
-    table = speedup_table(frame, baseline)
+    table = speedup_over_strategy(frame, baseline)
     table = table[table["source"] == MODELED]
     if table.empty:
         raise ValueError(f"frame: no modeled point has both '{baseline}' and another strategy")
@@ -178,8 +198,17 @@ def plot_modeled_speedup(frame: pd.DataFrame, device: str, baseline: str = "flat
     names = [backend.removeprefix("model (").removesuffix(")") for backend, _ in rows]  # 'B200, deepgemm'
     grid.index = [f"{strategy} · {name} ({MODELED})" for (_, strategy), name in zip(rows, names)]
     fig, ax = plt.subplots(figsize=(4.5 + 0.8 * grid.shape[1], 1.9 + 0.55 * len(grid)), constrained_layout=True)
-    sns.heatmap(grid, annot=True, fmt=".2f", cmap="Purples", vmin=1.0, ax=ax, linewidths=0.5, linecolor="white",
-                cbar_kws={"label": f"{MODELED} speedup (×)"})  # fmt: skip
+    sns.heatmap(
+        grid,
+        annot=True,
+        fmt=".2f",
+        cmap="Purples",
+        vmin=1.0,
+        ax=ax,
+        linewidths=0.5,
+        linecolor="white",
+        cbar_kws={"label": f"{MODELED} speedup (×)"},
+    )
     for (y, x), value in np.ndenumerate(grid.to_numpy()):
         if np.isfinite(value):
             ax.add_patch(
@@ -192,91 +221,66 @@ def plot_modeled_speedup(frame: pd.DataFrame, device: str, baseline: str = "flat
     ax.set(xlabel="next_n", ylabel="")
     points = table.groupby(["batch", "context"]).ngroups
     gpus = ", ".join(dict.fromkeys(name.split(",")[0] for name in names))
-    ax.set_title(f"Speedup over {baseline}, {MODELED} at {gpus} ceilings, not measured\n"
-                 f"median over the {points} batch × context points of {device} (they differ by ≤ {spread:.2f})",
-                 fontsize=10)  # fmt: skip
+    ax.set_title(
+        f"Speedup over {baseline}, {MODELED} at {gpus} ceilings, not measured\n"
+        f"median over the {points} batch × context points of {device} (they differ by ≤ {spread:.2f})",
+        fontsize=10,
+    )
     return fig
 
 
-def decision_table(frame: pd.DataFrame, backend: str, platform: Platform = SM90_DEEPGEMM) -> pd.DataFrame:
-    """Per (next_n, batch, context): the fastest strategy on `backend` beside vLLM 0.33's choice.
-
-    `vllm_slowdown` = vLLM's time / the fastest; `significant` (measured rows only, else
-    None) when vLLM's 25th percentile lies above the fastest one's 75th, i.e. the gap is
-    larger than the measured spread.
-    """
-    data = ok_rows(frame)
-    available = sorted(data["backend"].unique())
-    if backend not in available:
-        raise ValueError(f"backend={backend!r}: no timed rows; allowed values are {available}")
-    data = data[data["backend"] == backend]
-    rows = []
-    for (n, batch, context), part in data.groupby(["next_n", "batch", "context"]):
-        best = part.loc[part["median_ms"].idxmin()]
-        choice = vllm_choice(int(n), platform)
-        chosen = part[part["strategy"] == choice]
-        vllm_us = float(chosen["median_ms"].iloc[0] * 1e3) if not chosen.empty else np.nan
-        rows.append({
-            "next_n": int(n), "batch": int(batch), "context": context, "source": best["source"],
-            "recommended": best["strategy"], "recommended_us": best["median_ms"] * 1e3,
-            "vllm_0_33": choice, "vllm_us": vllm_us, "vllm_slowdown": vllm_us / (best["median_ms"] * 1e3),
-            "significant": (bool(not chosen.empty and chosen["p25_ms"].iloc[0] > best["p75_ms"])
-                            if best["source"] == "measured" else None),
-            "strategies_timed": ", ".join(sorted(part["strategy"])),
-        })  # fmt: skip
-    table = pd.DataFrame(rows)
-    order = {c: i for i, c in enumerate(_context_order(table["context"]))}
-    table = table.sort_values(["next_n", "batch", "context"], key=lambda s: s.map(order) if s.name == "context" else s)
-    return table.reset_index(drop=True)
-
-
-def _points(count: int) -> str:
-    return f"{count} point{'' if count == 1 else 's'}"
-
-
-def reading(table: pd.DataFrame, device: str, backend: str) -> str:
-    """A short markdown reading of `decision_table`, every number taken from it."""
-    if table.empty:
-        return f"No point on {device} has a timed decision for backend {backend}."
-    known = table.dropna(subset=["vllm_us"])
-    agree = known[known["recommended"] == known["vllm_0_33"]]
-    worse = known[(known["recommended"] != known["vllm_0_33"])].sort_values("vllm_slowdown", ascending=False)
-    sources = " + ".join(sorted(table["source"].unique()))
-    measured = worse[worse["source"] == "measured"]
-    spread = f" ({int(measured['significant'].sum())} of them beyond the measured spread)" if len(measured) else ""
-    lines = [
-        f"**{backend} on {device} ({sources})**: {_points(len(table))} (next_n x batch x context). "
-        f"vLLM 0.33's choice was timed in {len(known)}; it is the fastest strategy in {len(agree)} of them "
-        f"and not in {len(worse)}{spread}."
-    ]
-    missing = table[table["vllm_us"].isna()]
-    if not missing.empty:
-        first = missing.iloc[0]
-        lines.append(f"In {_points(len(missing))} vLLM's choice was not timed here (e.g. next_n={first['next_n']}: "
-                     f"'{first['vllm_0_33']}', timed: {first['strategies_timed']}).")  # fmt: skip
-    for row in worse.head(5).itertuples():
-        within = pd.notna(row.significant) and not row.significant
-        lines.append(
-            f"- next_n={row.next_n}, batch={row.batch}, context={row.context}: vLLM takes **{row.vllm_0_33}** "
-            f"({row.vllm_us:.1f} µs); **{row.recommended}** takes {row.recommended_us:.1f} µs, "
-            f"{row.vllm_slowdown:.2f}x faster{' (within the measured spread)' if within else ''}."
-        )
-    if len(worse) > 5:
-        lines.append(f"- ... and {len(worse) - 5} more (see the table below).")
-    per_n = worse.groupby("next_n")["vllm_slowdown"].agg(["count", "max"])
-    if not per_n.empty:
-        parts = [f"next_n={n}: {_points(int(r['count']))}, up to {r['max']:.2f}x" for n, r in per_n.iterrows()]
-        lines.append("By next_n, where vLLM's choice loses: " + "; ".join(parts) + ".")
-    return "\n".join(lines)
-
-
-def style_decision_table(table: pd.DataFrame) -> Styler:
-    """The decision table for display: times in µs, vLLM's slowdown shaded (white = it is the fastest)."""
+def style_decisions(table: pd.DataFrame) -> Styler:
+    """`analysis.frames.decisions` for display: times in µs, vLLM's choice beside the fastest strategy
+    and the one to use (a tie within the measured spread keeps vLLM's), the speedup shaded."""
+    shown = pd.DataFrame(
+        {
+            **{k: table[k] for k in point_columns(table)},
+            "source": table["source"],
+            "vLLM 0.33 takes": table["vllm_strategy"],
+            "vLLM µs": table["vllm_ms"] * 1e3,
+            "fastest": table["best_strategy"],
+            "fastest µs": table["best_ms"] * 1e3,
+            "speedup": table["speedup"],
+            "beyond the spread": table["beyond_spread"],
+            "recommended": table["recommended_strategy"],
+        }
+    )
     return (
-        table.style.format({"recommended_us": "{:.1f}", "vllm_us": "{:.1f}", "vllm_slowdown": "{:.2f}x"}, na_rep="—")
-        .background_gradient(subset=["vllm_slowdown"], cmap="Reds", vmin=1.0)
+        shown.style.format({"vLLM µs": "{:.1f}", "fastest µs": "{:.1f}", "speedup": "{:.2f}x"}, na_rep="—")
+        .background_gradient(subset=["speedup"], cmap="Reds", vmin=1.0)
         .hide(axis="index")
     )
+
+
+def plot_point(point: pd.DataFrame, vllm_backend: str, title: str, caption: str | None = None) -> Figure:
+    """The latency explorer's view of one (batch, context): left, median µs against next_n with IQR bars,
+    vLLM's choice (its strategy on `vllm_backend`) as hollow diamonds; right, the speedup over vLLM's
+    choice. `caption`: the run's provenance, drawn under the figure."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")
+    vllm = point[(point["backend"] == vllm_backend) & (point["strategy"] == point["next_n"].map(vllm_choice))]
+    vllm_us = vllm.set_index("next_n")["kernel_us"]
+    for (strategy, backend), part in sorted(
+        point.groupby(["strategy", "backend"]), key=lambda kv: STRATEGY_ORDER.index(kv[0][0])
+    ):
+        part = part.sort_values("next_n")
+        style = series_style(strategy, backend)
+        spread = [part["kernel_us"] - part["p25_ms"] * 1e3, part["p75_ms"] * 1e3 - part["kernel_us"]]
+        label = series_label(strategy, backend)
+        left.errorbar(part["next_n"], part["kernel_us"], yerr=spread, capsize=3, label=label, **style)
+        right.plot(part["next_n"], part["next_n"].map(vllm_us) / part["kernel_us"], label=label, **style)
+    if not vllm.empty:
+        left.scatter(vllm["next_n"], vllm["kernel_us"], label=f"what {VLLM_RELEASE} runs", **VLLM_MARKER)
+    right.axhline(1.0, color="grey", lw=1)
+    left.set(xlabel="next_n", ylabel="kernel time, µs (median, IQR bars)", title="latency")
+    right.set(
+        xlabel="next_n",
+        ylabel=f"{VLLM_RELEASE}'s time / this time",
+        title=f"speedup over {VLLM_RELEASE}'s choice (> 1: faster)",
+    )
+    handles, labels = left.get_legend_handles_labels()
+    legend_outside(fig, handles, labels)
+    fig.suptitle(title)
+    return add_footer(fig, caption)
 
 
 def plot_run_to_run(
@@ -287,8 +291,18 @@ def plot_run_to_run(
     backends = sorted(data["backend"].unique())
     greys = dict(zip(backends, sns.color_palette("Greys_r", len(backends) + 2)))
     fig, ax = plt.subplots(figsize=(10, 3.8), constrained_layout=True)
-    sns.histplot(data=data, x="change_pct", hue="backend", hue_order=backends, palette=greys, multiple="stack",
-                 bins=40, ax=ax, legend=False, alpha=1.0)  # fmt: skip
+    sns.histplot(
+        data=data,
+        x="change_pct",
+        hue="backend",
+        hue_order=backends,
+        palette=greys,
+        multiple="stack",
+        bins=40,
+        ax=ax,
+        legend=False,
+        alpha=1.0,
+    )
     ax.axvline(0.0, color="black", linewidth=0.8)
     ax.set_xlabel(f"median of {label_b} vs {label_a} (%; > 0: second call slower)")
     ax.set_ylabel("points")

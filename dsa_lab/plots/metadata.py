@@ -15,19 +15,11 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from dsa_lab.metadata import DecodeMetadata, build_flatten_metadata, build_native_metadata
+from dsa_lab.analysis.headline import blocks_read
+from dsa_lab.metadata import build_flatten_metadata, build_native_metadata
 from dsa_lab.workload import DecodeBatch
 
 UNUSED_COLOR = "#d9d9d9"
-
-
-def blocks_read(metadata: DecodeMetadata, block_size: int) -> int:
-    """KV blocks the launches stream: once per kernel row-group (request), for its longest row."""
-    total = 0
-    for launch in metadata.launches:
-        longest = launch.context_lens.max(dim=1).values.long()
-        total += int(((longest + block_size - 1) // block_size).sum())
-    return total
 
 
 def _native_labels(batch: DecodeBatch) -> list[str]:
@@ -134,8 +126,9 @@ def _context_panel(
         vmax=max(1, int(values.max())),
     )
     for r, c in zip(*np.nonzero(mask)):  # greyed cells still show what the kernel is given
-        ax.text(c + 0.5, r + 0.5, f"{values[r, c]}", ha="center", va="center",
-                color="#777777", fontsize=8, style="italic")  # fmt: skip
+        ax.text(
+            c + 0.5, r + 0.5, f"{values[r, c]}", ha="center", va="center", color="#777777", fontsize=8, style="italic"
+        )
     ax.set_title(title)
     ax.tick_params(axis="y", labelrotation=0)
 

@@ -17,28 +17,20 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from dsa_lab.plots.latency import context_title
+from dsa_lab.analysis.profiles import PHASE_ORDER, tensor_column, tensor_pipe_label
 from dsa_lab.plots.style import (
     MODELED,
     MODELED_HATCH,
-    STRATEGY_COLORS,
     STRATEGY_ORDER,
     add_footer,
     backend_marker,
+    context_title,
     legend_outside,
     provenance_line,
     strategy_color,
 )
-from dsa_lab.profiling.step import PHASES
-from dsa_lab.profiling.torch_profile import OUTSIDE_PHASES
 
-PHASE_ORDER = (*PHASES, OUTSIDE_PHASES)
 PHASE_COLORS = dict(zip(PHASE_ORDER, sns.color_palette("colorblind", len(PHASE_ORDER))))
-__all__ = ["STRATEGY_COLORS"]  # the project's strategy colours, re-exported for older callers
-TENSOR_METRICS = {
-    "tensor_gmma_pct": "sm__pipe_tensor_op_gmma_cycles_active",
-    "tensor_hmma_pct": "sm__pipe_tensor_op_hmma_cycles_active",
-}
 
 
 def provenance_caption(provenance: Mapping[str, Any]) -> str:
@@ -66,8 +58,14 @@ def plot_kernel_timeline(kernels: pd.DataFrame, caption: str, batch: int, next_n
     for y, ((backend, strategy), frame) in enumerate(rows):
         start = 0.0
         for record in frame.sort_values("first_start_us").itertuples():
-            ax.barh(y, record.total_us, left=start, color=PHASE_COLORS.get(record.phase, "0.5"), edgecolor="white",
-                    linewidth=0.4 if record.total_us > 0.02 * frame["total_us"].sum() else 0)  # fmt: skip
+            ax.barh(
+                y,
+                record.total_us,
+                left=start,
+                color=PHASE_COLORS.get(record.phase, "0.5"),
+                edgecolor="white",
+                linewidth=0.4 if record.total_us > 0.02 * frame["total_us"].sum() else 0,
+            )
             start += record.total_us
         calls = int(frame["launches"].iloc[0]) if "launches" in frame else 0
         labels.append(f"{backend} {strategy} ({calls} logits call{'s' if calls != 1 else ''})")
@@ -93,9 +91,20 @@ def plot_phase_time(kernels: pd.DataFrame, caption: str, batch: int | None = Non
     per_phase = chosen.groupby(["backend", "next_n", "strategy", "phase"], as_index=False)["total_us"].sum()
     strategies = _strategies(per_phase)
     grid = sns.catplot(
-        data=per_phase, kind="bar", x="next_n", y="total_us", hue="phase", hue_order=[p for p in PHASE_ORDER if p in set(per_phase["phase"])],
-        col="strategy", col_order=strategies, row="backend", palette=PHASE_COLORS, height=2.8, aspect=1.2, errorbar=None,
-    )  # fmt: skip
+        data=per_phase,
+        kind="bar",
+        x="next_n",
+        y="total_us",
+        hue="phase",
+        hue_order=[p for p in PHASE_ORDER if p in set(per_phase["phase"])],
+        col="strategy",
+        col_order=strategies,
+        row="backend",
+        palette=PHASE_COLORS,
+        height=2.8,
+        aspect=1.2,
+        errorbar=None,
+    )
     grid.set_titles("{row_name} | {col_name}")
     for ax in grid.axes.flat:
         strategy = ax.get_title().split(" | ")[-1]
@@ -120,8 +129,15 @@ def plot_dram_vs_unique(summary: pd.DataFrame, caption: str, batches: Sequence[i
     backends = sorted(chosen["backend"].unique())
     strategies = _strategies(chosen)
     next_ns = sorted(chosen["next_n"].unique())
-    fig, axes = plt.subplots(len(backends), len(batches), figsize=(4.6 * len(batches) + 2.5, 2.9 * len(backends) + 0.8),
-                             sharex=True, sharey=True, squeeze=False, constrained_layout=True)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(backends),
+        len(batches),
+        figsize=(4.6 * len(batches) + 2.5, 2.9 * len(backends) + 0.8),
+        sharex=True,
+        sharey=True,
+        squeeze=False,
+        constrained_layout=True,
+    )
     width = 0.8 / len(strategies)
     for (i, backend), (j, batch) in ((r, c) for r in enumerate(backends) for c in enumerate(batches)):
         ax = axes[i, j]
@@ -130,8 +146,15 @@ def plot_dram_vs_unique(summary: pd.DataFrame, caption: str, batches: Sequence[i
             rows = part[part["strategy"] == strategy].set_index("next_n").reindex(next_ns)
             x = np.arange(len(next_ns)) + (k - (len(strategies) - 1) / 2) * width
             colour = strategy_color(strategy)
-            ax.bar(x, rows["strategy_kv_bytes"] / rows["unique_kv_bytes"], width, facecolor="none", edgecolor=colour,
-                   hatch=MODELED_HATCH, linewidth=0.8)  # fmt: skip
+            ax.bar(
+                x,
+                rows["strategy_kv_bytes"] / rows["unique_kv_bytes"],
+                width,
+                facecolor="none",
+                edgecolor=colour,
+                hatch=MODELED_HATCH,
+                linewidth=0.8,
+            )
             ax.bar(x, rows["dram_read_per_unique"], width * 0.62, color=colour)
         ax.axhline(1.0, color="0.2", linestyle=":", linewidth=0.9)
         ax.set_title(f"{backend}, B = {batch}", fontsize=10)
@@ -162,8 +185,15 @@ def plot_modeled_reread(modeled: pd.DataFrame, caption: str) -> Figure:
     for k, strategy in enumerate(strategies):
         rows = modeled[modeled["strategy"] == strategy].set_index("next_n").reindex(next_ns)
         x = np.arange(len(next_ns)) + (k - (len(strategies) - 1) / 2) * width
-        ax.bar(x, rows["kv_read_per_unique"], width, facecolor="white", edgecolor=strategy_color(strategy),
-               hatch=MODELED_HATCH, label=f"{strategy}, {MODELED}")  # fmt: skip
+        ax.bar(
+            x,
+            rows["kv_read_per_unique"],
+            width,
+            facecolor="white",
+            edgecolor=strategy_color(strategy),
+            hatch=MODELED_HATCH,
+            label=f"{strategy}, {MODELED}",
+        )
     ax.set_xticks(np.arange(len(next_ns)), [str(n) for n in next_ns])
     ax.axhline(1.0, color="0.2", linestyle=":", linewidth=0.9)
     ax.set(xlabel="next_n", ylabel=f"KV bytes read / unique ({MODELED})")
@@ -172,40 +202,26 @@ def plot_modeled_reread(modeled: pd.DataFrame, caption: str) -> Figure:
     return add_footer(fig, caption)
 
 
-def tensor_column(summary: pd.DataFrame) -> str:
-    """The tensor-pipe column this run has numbers for: ncu's gmma-named counter where it
-    exists, else the hmma-named one (the only one ncu 2025.3 collects on an H200)."""
-    for column in TENSOR_METRICS:
-        if column in summary and summary[column].notna().any():
-            return column
-    raise ValueError("summary: no tensor-pipe utilisation in this run (both metrics n/a)")
-
-
-def tensor_pipe_label(summary: pd.DataFrame, provenance: Mapping[str, Any] | None = None) -> str:
-    """What the tensor-pipe numbers are, truthfully: the ncu counter they came from and, when it
-    is the hmma-named one, that on SM90 it counts the FP8 wgmma (GMMA) these kernels issue."""
-    column = tensor_column(summary)
-    text = f"ncu counter {TENSOR_METRICS[column]}"
-    if column == "tensor_hmma_pct":
-        dropped = any(TENSOR_METRICS["tensor_gmma_pct"] in m for m in (provenance or {}).get("ncu_metrics_dropped", []))
-        text += ": HMMA in name only, it is the pipe these kernels' FP8 wgmma (GMMA) runs on"
-        text += "\n(this ncu offers no gmma-named counter for the GPU)" if dropped else ""
-    return text
-
-
 def plot_tensor_pipe(summary: pd.DataFrame, caption: str, provenance: Mapping[str, Any] | None = None) -> Figure:
     """Tensor-pipe utilisation (time-weighted over the logits kernels) against next_n: colour
     strategy, marker backend, a panel per batch on one y scale."""
     column = tensor_column(summary)
     batches = sorted(summary["batch"].unique())
-    fig, axes = plt.subplots(1, len(batches), figsize=(4.6 * len(batches) + 3, 4.6), sharey=True, squeeze=False,
-                             constrained_layout=True)  # fmt: skip
+    fig, axes = plt.subplots(
+        1, len(batches), figsize=(4.6 * len(batches) + 3, 4.6), sharey=True, squeeze=False, constrained_layout=True
+    )
     for ax, batch in zip(axes[0], batches):
         part = summary[summary["batch"] == batch]
         for (backend, strategy), rows in part.groupby(["backend", "strategy"]):
             rows = rows.sort_values("next_n")
-            ax.plot(rows["next_n"], rows[column], color=strategy_color(strategy), marker=backend_marker(backend),
-                    linewidth=1.6, label=f"{strategy} ({backend})")  # fmt: skip
+            ax.plot(
+                rows["next_n"],
+                rows[column],
+                color=strategy_color(strategy),
+                marker=backend_marker(backend),
+                linewidth=1.6,
+                label=f"{strategy} ({backend})",
+            )
         ax.set_title(f"B = {batch}", fontsize=10)
         ax.set_xticks(sorted(summary["next_n"].unique()))
         ax.set_xlabel("next_n")
@@ -215,6 +231,9 @@ def plot_tensor_pipe(summary: pd.DataFrame, caption: str, provenance: Mapping[st
         range(len(labels)), key=lambda i: (labels[i].split("(")[-1], STRATEGY_ORDER.index(labels[i].split(" ")[0]))
     )
     legend_outside(fig, [handles[i] for i in order], [labels[i] for i in order], title="strategy (backend)")
-    fig.suptitle("Tensor-pipe utilisation of the logits kernels, share of active cycles (Nsight Compute, measured)\n"
-                 + tensor_pipe_label(summary, provenance), fontsize=10.5)  # fmt: skip
+    fig.suptitle(
+        "Tensor-pipe utilisation of the logits kernels, share of active cycles (Nsight Compute, measured)\n"
+        + tensor_pipe_label(summary, provenance),
+        fontsize=10.5,
+    )
     return add_footer(fig, caption)

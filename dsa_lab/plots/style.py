@@ -1,8 +1,8 @@
 """One look for every chart: what a colour, a marker, a line style and a footer mean.
 
 - **strategy ↔ colour**: native blue, atom green, flatten red, in every notebook.
-- **backend ↔ marker**: DeepGEMM a circle, our Triton kernel a square, the reference a
-  triangle, Gluon a plus.
+- **backend ↔ marker**: each backend declares its own (`LogitsBackend.marker`: DeepGEMM a circle,
+  our Triton kernel a square, the reference a triangle, Gluon a plus).
 - **measured ↔ solid, modeled ↔ dashed or hatched**: measured lines are solid with filled
   markers; modeled ones (roofline times, never timed) are dashed with hollow X markers,
   modeled bars hatched, and their labels say 'modeled'.
@@ -17,20 +17,22 @@ Legends sit outside the axes (`legend_outside`). Releases are named by version
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from dsa_lab import axes
+from dsa_lab.env_info import version_line
+from dsa_lab.kernels import backend_names, get_backend
 from dsa_lab.policy import RELEASES
+from dsa_lab.workload import ContextSpec
 
 STRATEGY_ORDER = ("native", "atom", "flatten")
 STRATEGY_COLORS = {"native": "#1f77b4", "atom": "#2ca02c", "flatten": "#d62728"}
-BACKEND_MARKERS = {"deepgemm": "o", "deepgemm-pr340": "X", "triton": "s", "reference": "^", "gluon": "P"}
-BACKEND_LINESTYLES = {backend: "-" for backend in BACKEND_MARKERS}  # measured: solid, whatever the backend
 MEASURED_LINESTYLE = "-"
 MODELED_LINESTYLE = "--"
 MODELED_MARKER = "X"
@@ -43,7 +45,24 @@ VLLM_MARKER = {"marker": "D", "color": "black", "facecolors": "none", "s": 90, "
 BEST_MARKER = {"marker": "o", "s": 240, "facecolors": "none", "edgecolors": "black", "linewidths": 1.4, "zorder": 4}
 FOOTER_STYLE = {"fontsize": 7, "color": "0.35"}
 FOOTER_GID = "provenance-footer"
-VERSION_KEYS = ("torch", "triton", "vllm", "deep_gemm", "cuda")
+UNKNOWN_MARKER = "v"  # a backend name no registered backend has (a modeled row's, an older run's)
+
+
+def context_title(label: str) -> str:
+    """'65536' -> '64K'; 'mixed:1024-65536' -> 'mixed 1K-64K' (tokens cached per request)."""
+    return ContextSpec.parse(label).short
+
+
+def point_columns(table: pd.DataFrame) -> list[str]:
+    """The point's columns a table for people shows: batch, context, next_n, and a shape axis only when
+    it varies (a table shows one shape at a time, `analysis.frames.one_shape`)."""
+    step = [k for k in ("batch", "context", "next_n") if k in table]
+    return [*step, *(k for k in axes.SHAPE_KEYS if k in table and table[k].nunique() > 1)]
+
+
+def sources_label(frame: pd.DataFrame) -> str:
+    """'measured', 'modeled' or 'measured + modeled': what a chart of `frame` shows."""
+    return " + ".join(s for s in ("measured", "modeled") if s in set(frame["source"]))
 
 
 def strategy_color(strategy: str) -> str:
@@ -51,7 +70,8 @@ def strategy_color(strategy: str) -> str:
 
 
 def backend_marker(backend: str) -> str:
-    return BACKEND_MARKERS.get(backend, "v")
+    """The marker the backend declares (`LogitsBackend.marker`)."""
+    return get_backend(backend).marker if backend in backend_names() else UNKNOWN_MARKER
 
 
 def series_style(strategy: str, backend: str, modeled: bool = False) -> dict[str, object]:
@@ -60,8 +80,12 @@ def series_style(strategy: str, backend: str, modeled: bool = False) -> dict[str
     Measured: solid, filled marker. Modeled: dashed, hollow X marker (say 'modeled' in its label).
     """
     if modeled:
-        return {"color": strategy_color(strategy), "marker": MODELED_MARKER, "linestyle": MODELED_LINESTYLE,
-                "markerfacecolor": "none"}  # fmt: skip
+        return {
+            "color": strategy_color(strategy),
+            "marker": MODELED_MARKER,
+            "linestyle": MODELED_LINESTYLE,
+            "markerfacecolor": "none",
+        }
     return {"color": strategy_color(strategy), "marker": backend_marker(backend), "linestyle": MEASURED_LINESTYLE}
 
 
@@ -91,18 +115,27 @@ def modeled_handle(color: str = MODELED_COLOR) -> Line2D:
 
 
 def legend_outside(
-    target: Axes | Figure, handles: list[Any] | None = None, labels: list[str] | None = None, where: str = "right",
+    target: Axes | Figure,
+    handles: list[Any] | None = None,
+    labels: list[str] | None = None,
+    where: str = "right",
     **kwargs: Any,
-) -> None:  # fmt: skip
+) -> None:
     """A legend beside (`where='right'`) or under (`'below'`) the axes or figure, never over the data."""
     if handles is None:
         handles, labels = (target.axes[0] if isinstance(target, Figure) else target).get_legend_handles_labels()
     if where == "right":
-        place = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if isinstance(target, Axes) else \
-                {"loc": "outside right center"}  # fmt: skip
+        place = (
+            {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}
+            if isinstance(target, Axes)
+            else {"loc": "outside right center"}
+        )
     else:
-        place = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.14)} if isinstance(target, Axes) else \
-                {"loc": "outside lower center"}  # fmt: skip
+        place = (
+            {"loc": "upper center", "bbox_to_anchor": (0.5, -0.14)}
+            if isinstance(target, Axes)
+            else {"loc": "outside lower center"}
+        )
     target.legend(handles, labels, frameon=False, **{"fontsize": 8, **place, **kwargs})
 
 
@@ -110,11 +143,7 @@ def provenance_line(provenance: Mapping[str, Any]) -> str:
     """'measured on NVIDIA H200 | run h200-full-… | 2026-11-29 | git 1a2b3c4 | torch 2.11.0, triton 3.6.0, …'."""
     git = provenance.get("git") or {}
     sha = (git.get("sha") or provenance.get("git_sha") or "")[:7]
-    env = provenance.get("environment") or {}
-    versions = ", ".join(f"{k} {env[k]}" for k in VERSION_KEYS if env.get(k))
-    pr340 = re.search(r"@([0-9a-f]{7})", env.get("deepgemm_pr340_origin") or "")  # a build has no version of its own
-    if pr340:
-        versions += f", deepgemm-pr340 @{pr340.group(1)}"
+    versions = version_line(provenance.get("environment") or {})
     parts = [
         f"{provenance.get('source', 'measured')} on {provenance.get('device_name', provenance.get('device', '?'))}",
         f"run {provenance.get('run_id', '?')}",

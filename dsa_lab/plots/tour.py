@@ -59,13 +59,28 @@ def plot_tile_reads(reads: Sequence[TileReads]) -> Figure:
         ax.imshow(read.grid, cmap=cmap, norm=norm, aspect="equal")
         for (j, t), value in np.ndenumerate(read.grid):
             if value:
-                ax.text(t, j, f"#{value}", ha="center", va="center", fontsize=9,
-                        color="white" if value > max(2, most * 0.55) else "black")  # fmt: skip
+                ax.text(
+                    t,
+                    j,
+                    f"#{value}",
+                    ha="center",
+                    va="center",
+                    fontsize=9,
+                    color="white" if value > max(2, most * 0.55) else "black",
+                )
         colour = STRATEGY_COLORS.get(read.strategy, "black")
         for group in read.groups:
             if group:
-                ax.add_patch(Rectangle((-0.45, min(group) - 0.45), tiles - 0.1, max(group) - min(group) + 0.9,
-                                       fill=False, edgecolor=colour, linewidth=2.2))  # fmt: skip
+                ax.add_patch(
+                    Rectangle(
+                        (-0.45, min(group) - 0.45),
+                        tiles - 0.1,
+                        max(group) - min(group) + 0.9,
+                        fill=False,
+                        edgecolor=colour,
+                        linewidth=2.2,
+                    )
+                )
         ax.set_xticks(np.arange(-0.5, tiles), minor=True)
         ax.set_yticks(np.arange(-0.5, rows), minor=True)
         ax.grid(which="minor", color="white", linewidth=2)
@@ -81,10 +96,19 @@ def plot_tile_reads(reads: Sequence[TileReads]) -> Figure:
             launches += f" of {len(read.groups)} pseudo-requests"
         counted = f"{read.tile_reads} tile reads ({read.tile_reads / tiles:g} per tile)"
         ax.set_title(f"{read.label}\n{counted}\n{launches}", color=colour, fontsize=10.5)
-    fig.suptitle(f"One request, {tiles} KV tiles of 64 tokens, next_n = {rows} query rows: "
-                 "which read of each tile scores each row", fontsize=11.5)  # fmt: skip
-    fig.text(0.5, 0.01, "cell #k: the row is scored from the k-th time that tile is read from memory; "
-             "a box: the rows one read serves", ha="center", fontsize=8.5, color="0.3")  # fmt: skip
+    fig.suptitle(
+        f"One request, {tiles} KV tiles of 64 tokens, next_n = {rows} query rows: "
+        "which read of each tile scores each row",
+        fontsize=11.5,
+    )
+    fig.text(
+        0.5,
+        0.01,
+        "cell #k: the row is scored from the k-th time that tile is read from memory; a box: the rows one read serves",
+        ha="center",
+        fontsize=8.5,
+        color="0.3",
+    )
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
 
@@ -96,9 +120,11 @@ def plot_modeled_bytes(frame: pd.DataFrame, batch: int, context: str) -> Figure:
         raise ValueError("frame: need the rows of headline.modeled_bytes (source 'modeled' only)")
     shape = frame.iloc[0]
     fig, ax = plt.subplots(figsize=(9, 5.2))
-    labels = {"native": "native (one read per tile: our Triton kernel; DeepGEMM on SM100)",
-              "atom": "atom (one read per native piece, pieces labelled)",
-              "flatten": "flatten (one read per query row)"}  # fmt: skip
+    labels = {
+        "native": "native (one read per tile: our Triton kernel; DeepGEMM on SM100)",
+        "atom": "atom (one read per native piece, pieces labelled)",
+        "flatten": "flatten (one read per query row)",
+    }
     atom = frame[frame["strategy"] == "atom"]
     whole = sorted(int(n) for n, pieces in zip(atom["next_n"], atom["pieces"]) if pieces == str(n))
     if whole:
@@ -106,33 +132,54 @@ def plot_modeled_bytes(frame: pd.DataFrame, batch: int, context: str) -> Figure:
     for strategy, part in frame.groupby("strategy", sort=False):
         part = part.sort_values("next_n")
         wide = strategy == "atom"  # a halo, so that native stays visible where the two coincide
-        ax.plot(part["next_n"], part["bytes"] / 1e9, color=STRATEGY_COLORS[strategy], marker="o",
-                linewidth=6 if wide else 2.2, alpha=0.45 if wide else 1.0, zorder=1 if wide else 2,
-                label=labels.get(strategy, strategy))  # fmt: skip
+        ax.plot(
+            part["next_n"],
+            part["bytes"] / 1e9,
+            color=STRATEGY_COLORS[strategy],
+            marker="o",
+            linewidth=6 if wide else 2.2,
+            alpha=0.45 if wide else 1.0,
+            zorder=1 if wide else 2,
+            label=labels.get(strategy, strategy),
+        )
         for row in part.itertuples():
             if strategy == "atom" and row.launches > 1:
-                ax.annotate(row.pieces.split(" ")[0], (row.next_n, row.bytes / 1e9), xytext=(0, -14),
-                            textcoords="offset points", ha="center", fontsize=8,
-                            color=STRATEGY_COLORS[strategy])  # fmt: skip
+                ax.annotate(
+                    row.pieces.split(" ")[0],
+                    (row.next_n, row.bytes / 1e9),
+                    xytext=(0, -14),
+                    textcoords="offset points",
+                    ha="center",
+                    fontsize=8,
+                    color=STRATEGY_COLORS[strategy],
+                )
     last = frame[frame["next_n"] == frame["next_n"].max()].set_index("strategy")
     for strategy in ("flatten", "atom"):
         if strategy in last.index and last.loc[strategy, "vs_native"] > 1.01:
             point = (last.loc[strategy, "next_n"], last.loc[strategy, "bytes"] / 1e9)
-            ax.annotate(f"{last.loc[strategy, 'vs_native']:.1f}× native", point, xytext=(8, 0),
-                        textcoords="offset points", va="center", fontsize=9, color=STRATEGY_COLORS[strategy],
-                        fontweight="bold")  # fmt: skip
+            ax.annotate(
+                f"{last.loc[strategy, 'vs_native']:.1f}× native",
+                point,
+                xytext=(8, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=9,
+                color=STRATEGY_COLORS[strategy],
+                fontweight="bold",
+            )
     vllm = frame[frame["vllm_0_33"]]
     ax.scatter(vllm["next_n"], vllm["bytes"] / 1e9, label="vLLM 0.33 on SM90 + DeepGEMM", **VLLM_MARKER)
     ax.set_xticks(sorted(frame["next_n"].unique()))
     ax.set_xlim(frame["next_n"].min() - 0.4, frame["next_n"].max() + 1.2)
     ax.set_ylim(0, None)
-    ax.set(xlabel="next_n (query rows per request)",
-           ylabel="GB moved per decode step (KV reads + q, weights, logits)")  # fmt: skip
+    ax.set(xlabel="next_n (query rows per request)", ylabel="GB moved per decode step (KV reads + q, weights, logits)")
     ax.legend(fontsize=8.5, loc="upper left", frameon=False)
-    ax.set_title(f"Bytes one indexer step moves, modeled (dsa_lab.roofline.step_cost), not measured\n"
-                 f"B = {batch} requests, context {context}, {shape['cache_dtype'].upper()} cache "
-                 f"({shape['bytes_per_token']} B/token), H = {shape['heads']}, D = {shape['head_dim']}",
-                 fontsize=10.5)  # fmt: skip
+    ax.set_title(
+        f"Bytes one indexer step moves, modeled (dsa_lab.plan.LaunchPlan.cost), not measured\n"
+        f"B = {batch} requests, context {context}, {shape['cache_dtype'].upper()} cache "
+        f"({shape['bytes_per_token']} B/token), H = {shape['heads']}, D = {shape['head_dim']}",
+        fontsize=10.5,
+    )
     fig.tight_layout()
     return fig
 
@@ -154,35 +201,66 @@ def plot_headline(
     next_ns = sorted(data["next_n"].unique())
     first = table["vllm_backend"].iloc[0]
     order = {backend: i for i, backend in enumerate([first, *sorted(set(data["backend"]) - {first})])}
-    series = sorted(data.groupby(["strategy", "backend"]),
-                    key=lambda kv: (order[kv[0][1]], STRATEGY_ORDER.index(kv[0][0])))  # fmt: skip
+    series = sorted(
+        data.groupby(["strategy", "backend"]), key=lambda kv: (order[kv[0][1]], STRATEGY_ORDER.index(kv[0][0]))
+    )
     for (strategy, backend), part in series:
         part = part.set_index("next_n").reindex(next_ns)  # a next_n the series lacks breaks its line
         style = series_style(strategy, backend)
         main = backend == first  # the kernel vLLM runs; others drawn lighter
-        ax.plot(next_ns, part["kernel_us"], label=series_label(strategy, backend), linewidth=2.4 if main else 1.3,
-                markersize=7 if main else 5, alpha=1.0 if main else 0.7, **style)  # fmt: skip
-        ax.fill_between(next_ns, part["p25_ms"] * 1e3, part["p75_ms"] * 1e3, color=style["color"], alpha=0.15,
-                        linewidth=0)  # fmt: skip
+        ax.plot(
+            next_ns,
+            part["kernel_us"],
+            label=series_label(strategy, backend),
+            linewidth=2.4 if main else 1.3,
+            markersize=7 if main else 5,
+            alpha=1.0 if main else 0.7,
+            **style,
+        )
+        ax.fill_between(
+            next_ns, part["p25_ms"] * 1e3, part["p75_ms"] * 1e3, color=style["color"], alpha=0.15, linewidth=0
+        )
     floor = table.dropna(subset=["floor_us"]) if "floor_us" in table else table.iloc[:0]
     if not floor.empty:
-        ax.plot(floor["next_n"], floor["floor_us"], color=MODELED_COLOR, linestyle=MODELED_LINESTYLE,
-                marker=MODELED_MARKER, markerfacecolor="none",
-                label=f"floor, {MODELED}: KV read once or the FLOPs,\nat the run's ceilings (whichever is longer)")  # fmt: skip
+        ax.plot(
+            floor["next_n"],
+            floor["floor_us"],
+            color=MODELED_COLOR,
+            linestyle=MODELED_LINESTYLE,
+            marker=MODELED_MARKER,
+            markerfacecolor="none",
+            label=f"floor, {MODELED}: KV read once or the FLOPs,\nat the run's ceilings (whichever is longer)",
+        )
     timed = table.dropna(subset=["vllm_us"])
-    ax.scatter(timed["next_n"], timed["vllm_us"], label=f"{VLLM_RELEASE} takes (SM90 + DeepGEMM rule, {first} time)",
-               **VLLM_MARKER)  # fmt: skip
+    ax.scatter(
+        timed["next_n"],
+        timed["vllm_us"],
+        label=f"{VLLM_RELEASE} takes (SM90 + DeepGEMM rule, {first} time)",
+        **VLLM_MARKER,
+    )
     on_gpu = bool((data["device"] == "cuda").all()) if "device" in data else True
     for row in timed[timed["beyond_spread"]].itertuples() if on_gpu else ():
-        ax.annotate("", xy=(row.next_n, row.best_us), xytext=(row.next_n, row.vllm_us),
-                    arrowprops={"arrowstyle": "-|>", "color": "black", "linewidth": 1.3, "shrinkA": 6,
-                                "shrinkB": 4})  # fmt: skip
-        ax.annotate(f"{row.speedup:.2f}×", (row.next_n, (row.vllm_us + row.best_us) / 2), xytext=(7, 0),
-                    textcoords="offset points", va="center", fontsize=10, fontweight="bold", zorder=7,
-                    bbox=LABEL_BOX)  # fmt: skip
+        ax.annotate(
+            "",
+            xy=(row.next_n, row.best_us),
+            xytext=(row.next_n, row.vllm_us),
+            arrowprops={"arrowstyle": "-|>", "color": "black", "linewidth": 1.3, "shrinkA": 6, "shrinkB": 4},
+        )
+        ax.annotate(
+            f"{row.speedup:.2f}×",
+            (row.next_n, (row.vllm_us + row.best_us) / 2),
+            xytext=(7, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=10,
+            fontweight="bold",
+            zorder=7,
+            bbox=LABEL_BOX,
+        )
     if on_gpu:
-        ax.scatter([], [], marker=r"$\downarrow$", color="black", s=80,
-                   label="to the best option: vLLM's time / best (×)")  # fmt: skip
+        ax.scatter(
+            [], [], marker=r"$\downarrow$", color="black", s=80, label="to the best option: vLLM's time / best (×)"
+        )
     else:
         ax.plot([], [], linestyle="none", label="CPU wall clock: no speedups drawn\n(they say nothing about a GPU)")
     ax.set_xticks(next_ns)
@@ -193,35 +271,51 @@ def plot_headline(
     else:
         ax.set_ylim(0, None)
     scale = " (log scale)" if spread > 30 else ""
-    ax.set(xlabel="next_n (query rows per request)",
-           ylabel=f"kernel time per decode step (µs, median; band: IQR){scale}")  # fmt: skip
+    ax.set(
+        xlabel="next_n (query rows per request)", ylabel=f"kernel time per decode step (µs, median; band: IQR){scale}"
+    )
     legend_outside(ax, fontsize=8.5)
     native = sorted(int(n) for n in table.loc[table["vllm_strategy"] == "native", "next_n"])
-    ax.set_title(f"Paged MQA-logits kernel time, measured on {device_label}: batch = {batch}, "
-                 f"context = {context_title(context)}"
-                 f"\n{VLLM_RELEASE} on SM90 runs next_n in {native} natively and flattens the rest",
-                 fontsize=11)  # fmt: skip
+    ax.set_title(
+        f"Paged MQA-logits kernel time, measured on {device_label}: batch = {batch}, "
+        f"context = {context_title(context)}"
+        f"\n{VLLM_RELEASE} on SM90 runs next_n in {native} natively and flattens the rest",
+        fontsize=11,
+    )
     return add_footer(fig, provenance_line)
 
 
 def style_headline(table: pd.DataFrame, device_label: str) -> Styler:
     """The headline table for display: µs, the best option's pieces, speedups shaded (white: vLLM is best)."""
-    shown = pd.DataFrame({
-        "next_n": table["next_n"],
-        "vLLM 0.33 takes": table["vllm_strategy"] + " (" + table["vllm_backend"] + ")",
-        "vLLM µs": table["vllm_us"],
-        "best option": table["best_strategy"] + np.where(table["best_pieces"] != "", " " + table["best_pieces"], "")
-        + " (" + table["best_backend"] + ")",
-        "best µs": table["best_us"],
-        "speedup": table["speedup"],
-        "gap": np.select([table["vllm_us"].isna(), table["beyond_spread"]],
-                         ["vLLM's strategy not timed", "beyond spread"], "within spread"),
-    })  # fmt: skip
+    shown = pd.DataFrame(
+        {
+            "next_n": table["next_n"],
+            "vLLM 0.33 takes": table["vllm_strategy"] + " (" + table["vllm_backend"] + ")",
+            "vLLM µs": table["vllm_us"],
+            "best option": table["best_strategy"]
+            + np.where(table["best_pieces"] != "", " " + table["best_pieces"], "")
+            + " ("
+            + table["best_backend"]
+            + ")",
+            "best µs": table["best_us"],
+            "speedup": table["speedup"],
+            "gap": np.select(
+                [table["vllm_us"].isna(), table["beyond_spread"]],
+                ["vLLM's strategy not timed", "beyond spread"],
+                "within spread",
+            ),
+        }
+    )
     if "floor_us" in table and table["floor_us"].notna().any():
         shown[f"floor µs ({MODELED})"] = table["floor_us"]
         shown["best / floor"] = table["best_us"] / table["floor_us"]
-    formats = {"vLLM µs": "{:.0f}", "best µs": "{:.0f}", "speedup": "{:.2f}×", f"floor µs ({MODELED})": "{:.0f}",
-               "best / floor": "{:.2f}×"}  # fmt: skip
+    formats = {
+        "vLLM µs": "{:.0f}",
+        "best µs": "{:.0f}",
+        "speedup": "{:.2f}×",
+        f"floor µs ({MODELED})": "{:.0f}",
+        "best / floor": "{:.2f}×",
+    }
     top = max(2.0, float(np.nanmax(table["speedup"]))) if table["speedup"].notna().any() else 2.0
     return (
         shown.style.format({k: v for k, v in formats.items() if k in shown}, na_rep="—")

@@ -172,17 +172,25 @@ def ncu_command(
     return [
         ncu,
         "--csv",
-        "--print-units", "base",
-        "--clock-control", "none",
-        "--replay-mode", "kernel",
-        "--cache-control", "all",
-        "--profile-from-start", "off",
-        "--target-processes", "application-only",  # not the compilers JIT backends start
-        "--launch-count", str(launch_count),
-        "--metrics", ",".join(metrics),
+        "--print-units",
+        "base",
+        "--clock-control",
+        "none",
+        "--replay-mode",
+        "kernel",
+        "--cache-control",
+        "all",
+        "--profile-from-start",
+        "off",
+        "--target-processes",
+        "application-only",  # not the compilers JIT backends start
+        "--launch-count",
+        str(launch_count),
+        "--metrics",
+        ",".join(metrics),
         *kept,
         *target,
-    ]  # fmt: skip
+    ]
 
 
 def missing_metrics(output: str) -> list[str]:

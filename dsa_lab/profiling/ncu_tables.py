@@ -14,6 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+from dsa_lab import axes
+
 # friendly column -> ncu metric; tensor-pipe names differ by generation, so all are asked for.
 METRICS: dict[str, str] = {
     "duration_ns": "gpu__time_duration.sum",
@@ -30,9 +32,19 @@ PERCENT_COLUMNS = ("dram_pct_peak", "l2_hit_pct", "occupancy_pct", "tensor_gmma_
 SECTOR_BYTES = 32
 MARKER_KERNEL = "dsa_lab_ncu_marker"  # the name of the Triton kernel in marker.py
 UNIT_SCALE = {
-    "byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
-    "nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9, "ns": 1.0, "us": 1e3, "ms": 1e6,
-}  # fmt: skip
+    "byte": 1.0,
+    "kbyte": 1e3,
+    "mbyte": 1e6,
+    "gbyte": 1e9,
+    "tbyte": 1e12,
+    "nsecond": 1.0,
+    "usecond": 1e3,
+    "msecond": 1e6,
+    "second": 1e9,
+    "ns": 1.0,
+    "us": 1e3,
+    "ms": 1e6,
+}
 
 
 def _number(text: str, unit: str) -> float:
@@ -129,10 +141,8 @@ def _same_config(row: dict[str, Any], config: dict[str, Any]) -> bool:
     return all(row.get(key) == config.get(key) for key in CONFIG_KEYS)
 
 
-CONFIG_KEYS = (
-    "backend", "strategy", "device_name", "batch", "context", "next_n", "heads", "head_dim",
-    "cache_dtype", "launches", "kernel_rows", "unique_kv_bytes", "strategy_kv_bytes", "flops",
-)  # fmt: skip
+# The columns naming a point in every profile table: its axes, the device, and the plan's counts.
+CONFIG_KEYS = (*axes.NAMES, "device_name", "launches", "kernel_rows", "unique_kv_bytes", "strategy_kv_bytes", "flops")
 
 
 def _config_columns(config: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ timer beside the harness's, `profiling.nsight_timing`), `ncu_raw.txt.gz` (ncu's 
 `trace_<backend>.json.gz`. Profile runs live under `data/<device>/profiles/<run_id>/`, out
 of the way of `dsa-lab runs`, which lists timings.
 
-Columns carry the harness's names (`bench.point.AXES` and the plan's: batch, context,
+Columns carry the harness's names (`dsa_lab.axes` and the plan's: batch, context,
 heads, launches, strategy_kv_bytes, flops...). Runs stored before the harness was merged
 used other names (batch_size, context_len, num_heads, logits_calls, modeled_kv_bytes,
 useful_flops, device); `load_profile_run` renames them (`LEGACY_NAMES`), so old and new
@@ -33,11 +33,14 @@ from typing import Any
 import pandas as pd
 import torch
 
-from dsa_lab import store
+from dsa_lab import axes, store
 from dsa_lab.bench.point import SweepSpec, preset
 from dsa_lab.env_info import device_name
+from dsa_lab.kernels import vllm_backend
+from dsa_lab.model.gpus import ARCH_MAJORS
 from dsa_lab.profiling.ncu import NcuStatus
 from dsa_lab.profiling.sweep import ProfileRun, ProfileSettings, run_torch
+from dsa_lab.provenance import build_provenance, git_state
 
 KIND = "profile"
 TABLES = {
@@ -49,17 +52,27 @@ TABLES = {
 RAW_NCU = "ncu_raw.txt.gz"
 CPU_LABEL = "CPU reference, not H200"
 LEGACY_NAMES = {  # column names of profile runs stored before the harness was merged -> the harness's
-    "batch_size": "batch", "context_len": "context", "num_heads": "heads", "logits_calls": "launches",
-    "modeled_kv_bytes": "strategy_kv_bytes", "useful_flops": "flops", "device": "device_name",
-}  # fmt: skip
-LEGACY_SPEC = {"backends": "backend", "strategies": "strategy", "batches": "batch", "context_len": "context",
-               "next_ns": "next_n"}  # fmt: skip
+    "batch_size": "batch",
+    "context_len": "context",
+    "num_heads": "heads",
+    "logits_calls": "launches",
+    "modeled_kv_bytes": "strategy_kv_bytes",
+    "useful_flops": "flops",
+    "device": "device_name",
+}
+LEGACY_SPEC = {
+    "backends": "backend",
+    "strategies": "strategy",
+    "batches": "batch",
+    "context_len": "context",
+    "next_ns": "next_n",
+}
 
 
 def profile_provenance(
     run_id: str, device: torch.device, spec: SweepSpec, settings: ProfileSettings, status: NcuStatus | None
 ) -> dict[str, Any]:
-    return store.build_provenance(
+    return build_provenance(
         run_id,
         device.type,
         device_name(device),
@@ -72,18 +85,18 @@ def profile_provenance(
             "profile": dataclasses.asdict(settings),
             "ncu": status.as_dict() if status else None,
             "tables": TABLES,
-        },  # fmt: skip
+        },
     )
 
 
 def _modern(frame: pd.DataFrame) -> pd.DataFrame:
-    """A profile table under the harness's column names (older runs' names renamed)."""
+    """A profile table under the harness's column names (older runs' names renamed, axes added since filled in)."""
     if "logits_calls" in frame.columns and "launches" in frame.columns:
         frame = frame.rename(columns={"launches": "kernel_launches"})  # old torch tables: kernel launch counts
     frame = frame.rename(columns={old: new for old, new in LEGACY_NAMES.items() if old in frame.columns})
     if "context" in frame.columns:
         frame["context"] = frame["context"].map(str)
-    return frame
+    return axes.complete(frame) if not frame.empty else frame
 
 
 def _modern_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -187,16 +200,19 @@ def load_profile_run(folder: str | Path) -> ProfileRun:
 
 
 def cpu_reference_run(
-    batch: int = 2, context: str | int = 256, next_ns: tuple[int, ...] = (1, 2, 4), topk: int = 64, seed: int = 0
+    batch: int = 2, context: str | int = 256, next_ns: tuple[int, ...] | None = None, topk: int = 64, seed: int = 0
 ) -> ProfileRun:
-    """torch.profiler tables of the reference backend on this CPU, held in memory, labelled as such.
+    """torch.profiler tables of the reference backend on this CPU, held in memory, labelled as such
+    (`next_ns` None: the next_n SM90 DeepGEMM runs natively, as the shipped H200 profiles cover).
 
     Kineto's log level is raised (unless set) so that its per-session chatter and its
     expected complaint about the missing GPU stay out of notebooks.
     """
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    spec = preset("ci").with_axes(batch=(batch,), context=(str(context),), next_n=tuple(next_ns), heads=(64,),
-                                  head_dim=(128,), seed=seed)  # fmt: skip
+    next_ns = vllm_backend().native_sizes_on(ARCH_MAJORS["sm90"]) if next_ns is None else next_ns
+    spec = preset("ci").with_axes(
+        batch=(batch,), context=(str(context),), next_n=tuple(next_ns), heads=(64,), head_dim=(128,), seed=seed
+    )
     settings = ProfileSettings(topk=topk, trace=False)
     run = run_torch(spec, torch.device("cpu"), settings, None, log=lambda message: None)
     run.provenance = {
@@ -206,7 +222,7 @@ def cpu_reference_run(
         "device_name": CPU_LABEL,
         "run_id": "cpu-reference-in-memory",
         "created": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds"),
-        "git": store.git_state(),
+        "git": git_state(),
         "spec": spec.to_dict(),
         "profile": dataclasses.asdict(settings),
         "ncu_skipped": "no GPU here: Nsight Compute needs CUDA kernels",
@@ -238,13 +254,3 @@ def shipped_or_cpu_reference(root: str | Path, **cpu: Any) -> ProfileRun:
 def ignored_note(run: ProfileRun) -> str:
     """One line per stored folder the run's loader ignored, with why ('' when none was)."""
     return "\n".join(f"ignored {folder}: {problem}" for folder, problem in run.ignored)
-
-
-def versus_native(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    """Each strategy's `columns` divided by native's at the same backend, batch, context and next_n."""
-    keys = [k for k in ("backend", "batch", "context", "next_n") if k in frame]
-    native = frame.loc[frame["strategy"] == "native", keys + columns]
-    merged = frame[keys + ["strategy", *columns]].merge(native, on=keys, how="left", suffixes=("", "_native"))
-    for column in columns:
-        merged[f"{column}_vs_native"] = merged[column] / merged[f"{column}_native"]
-    return merged.drop(columns=[f"{c}_native" for c in columns])

@@ -87,17 +87,30 @@ class ProfileRun:
 def point_config(visit: Visit, device: torch.device, tool: str) -> dict[str, Any]:
     """A point as the profile tables name it: the harness's axes, the device and the plan's columns."""
     plan = visit.plan.columns() if visit.plan is not None else {}
-    return {"tool": tool, **visit.point.axes(), "device_name": device_name(device), **plan, "status": "pending",
-            "reason": "", "rel_err": None}  # fmt: skip
+    return {
+        "tool": tool,
+        **visit.point.axes(),
+        "device_name": device_name(device),
+        **plan,
+        "status": "pending",
+        "reason": "",
+        "rel_err": None,
+    }
 
 
 def check_visit(visit: Visit, spec: SweepSpec, device: torch.device) -> tuple[float | None, str | None]:
     """(relative error, None) when the point passes the harness's check, else (error, why not)."""
     prepared = prepare(visit, device)
     result = check_point(
-        visit.inputs, prepared.metadata, visit.backend, prepared.packed, prepared.schedules, spec.check_tolerance,
-        spec.full_check_limit, spec.check_requests,
-    )  # fmt: skip
+        visit.inputs,
+        prepared.metadata,
+        visit.backend,
+        prepared.packed,
+        prepared.schedules,
+        spec.check_tolerance,
+        spec.full_check_limit,
+        spec.check_requests,
+    )
     if result.ok:
         return result.rel_err, None
     return result.rel_err, f"{result.message}; refusing to profile an incorrect configuration"
@@ -219,9 +232,21 @@ def run_ncu(
 
 def _target_args(grid: Path, manifest: Path, settings: ProfileSettings, budget_s: float) -> list[str]:
     return [
-        sys.executable, "-m", "dsa_lab.profile", "--ncu-target", "--grid", str(grid), "--manifest", str(manifest),
-        "--repeats", str(settings.repeats), "--topk", str(settings.topk), "--time-budget-s", f"{budget_s:g}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "dsa_lab.profile",
+        "--ncu-target",
+        "--grid",
+        str(grid),
+        "--manifest",
+        str(manifest),
+        "--repeats",
+        str(settings.repeats),
+        "--topk",
+        str(settings.topk),
+        "--time-budget-s",
+        f"{budget_s:g}",
+    ]
 
 
 def run_ncu_backend(

@@ -102,8 +102,9 @@ def run_target(
             sync(device)
             with window():
                 marker(number, device)
-            phased_decode(visit.inputs, visit.plan, visit.backend, settings.topk, nvtx=nvtx, logits_window=window,
-                          check=False)  # fmt: skip
+            phased_decode(
+                visit.inputs, visit.plan, visit.backend, settings.topk, nvtx=nvtx, logits_window=window, check=False
+            )
             sync(device)
             manifest["steps"].append({"marker": number, "config": config["index"], "repeat": repeat})
         config["status"] = "profiled"

@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from dsa_lab import axes
 from dsa_lab.errors import check_range
 from dsa_lab.kernels import LogitsBackend
 from dsa_lab.plan import LaunchPlan
@@ -303,11 +304,11 @@ def summarize_torch(kernels: pd.DataFrame) -> pd.DataFrame:
     """One row per profiled configuration: step device time, logits time and its share."""
     if kernels.empty:
         return pd.DataFrame()
-    keys = [k for k in ("backend", "strategy", "device_name", "batch", "context", "next_n", "launches") if k in kernels]
+    keys = [k for k in (*axes.NAMES, "device_name", "launches") if k in kernels]
     logits = kernels["total_us"].where(kernels["phase"] == "logits", 0.0)
     summary = (
         kernels.assign(logits_us=logits)
-        .groupby(keys, sort=False)
+        .groupby(keys, sort=False, dropna=False)
         .agg(step_us=("total_us", "sum"), logits_us=("logits_us", "sum"), kernels=("kernel_launches", "sum"))
         .reset_index()
     )

@@ -1,12 +1,15 @@
-"""Issue 13's goals for a candidate kernel (Gluon by default) against every DeepGEMM option, read from one run.
+"""Issue 13's goals for a candidate kernel against every DeepGEMM option, read from one run (a study).
 
 The candidate is its backend's *native* strategy; "the best DeepGEMM option" at a point is the
 fastest timed row of every DeepGEMM strategy (native, atom, flatten) over every DeepGEMM backend
-(`frames.DEEPGEMM_BACKENDS`: the vendored release and the PR #340 build), so a backend missing
+(`frames.vllm_family`: the vendored release and the PR #340 build), so a backend missing
 from a run simply does not compete. The floor is the roofline time of a kernel that reads the KV
 cache once, at the run's measured ceilings (`analysis.modeled.modeled_native_rows`); a run
 without ceilings falls back to its GPU's table row (`roofline.gpu_for_device`), named in
 `floor_gpu`. Every time comes from the run; `Goals` holds the issue's thresholds only.
+
+Drawn and styled here too (`plot_goal_ratio_heatmap`, `style_goal_points`, `style_goal_summary`,
+`style_ncu_comparison`), for notebook 03, which passes the run and the candidate.
 
 Goals 1-3 speak of one context length L, so they apply to uniform contexts only; goal 4 applies
 to any context at its batch sizes. A verdict is True or False where the goal applies and both
@@ -19,27 +22,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
+import seaborn as sns
+from matplotlib.colors import TwoSlopeNorm
+from matplotlib.figure import Figure
 
-from dsa_lab import store
-from dsa_lab.analysis import lab_notes
-from dsa_lab.analysis.frames import DEEPGEMM_BACKENDS, POINT, best_option, by_point, measured_ok
+from dsa_lab import axes, store
+from dsa_lab.analysis.frames import POINT, best_option, by_point, context_order, measured_ok, vllm_family
 from dsa_lab.analysis.modeled import modeled_native_rows
+from dsa_lab.analysis.profiles import TENSOR_METRICS
 from dsa_lab.analysis.runs import ChosenRun, stored_run, timed_backends
+from dsa_lab.kernels import family_of
+from dsa_lab.model.roofline import gpu_for_device
 from dsa_lab.paths import resolve_data_path, shown_path
+from dsa_lab.plots.style import add_footer, context_title
 from dsa_lab.profiling.ncu_tables import METRICS
 from dsa_lab.profiling.runs import load_profile_run
-from dsa_lab.roofline import gpu_for_device
 from dsa_lab.workload import ContextSpec, format_tokens
 
-CANDIDATE = "gluon"
 SMALL_BATCH_STRATEGIES = ("flatten", "atom")  # goal 4's rivals: the strategies any DeepGEMM runs at any next_n
 GOAL_COLUMNS = ("goal1", "goal2", "goal3", "goal4")
-NCU_HOW = (
-    "`dsa-lab profile --preset h200-full --tool ncu --backend gluon,deepgemm,deepgemm-pr340 --strategy native,atom --batch 128 "
-    "--context 64K --next-n 3,4 --device cuda --no-trace` on an H200 (carry `.dg`)"
-)
-TENSOR_COLUMNS = ("tensor_gmma_pct", "tensor_hmma_pct")  # ncu's gmma-named counter where offered, else hmma's
 
 
 @dataclass(frozen=True)
@@ -101,8 +105,8 @@ def _floors(results: pd.DataFrame, provenance: Mapping[str, Any]) -> tuple[pd.Da
 def goal_points(
     results: pd.DataFrame,
     provenance: Mapping[str, Any],
-    candidate: str = CANDIDATE,
-    baselines: Sequence[str] = DEEPGEMM_BACKENDS,
+    candidate: str,
+    baselines: Sequence[str] | None = None,
     goals: Goals = GOALS,
 ) -> pd.DataFrame:
     """One row per measured (batch, context, next_n) of a run: the candidate's native median (`candidate_us`),
@@ -121,8 +125,9 @@ def goal_points(
     table = data[POINT].drop_duplicates()
     table = table.merge(mine[[*POINT, "median_ms"]].rename(columns={"median_ms": "candidate_ms"}), on=POINT, how="left")
     kept = [*POINT, "best_backend", "best_strategy", "best_ms"]
-    best = best_option(results, baselines)[kept]
-    rivals = best_option(results, baselines, SMALL_BATCH_STRATEGIES)[kept]
+    baselines = vllm_family() if baselines is None else baselines
+    best = best_option(results, baselines, twins=True)[kept]  # the goals hold every timed launch, twins too
+    rivals = best_option(results, baselines, SMALL_BATCH_STRATEGIES, twins=True)[kept]
     rivals = rivals.rename(columns=lambda c: c.replace("best_", "flatten_atom_"))
     floors, floor_gpu = _floors(results, provenance)
     table = table.merge(best, on=POINT, how="left").merge(rivals, on=POINT, how="left")
@@ -150,10 +155,16 @@ def goal_summary(points: pd.DataFrame, goals: Goals = GOALS) -> pd.DataFrame:
     for n in sorted({*goals.next_ns, *shapes["next_n"].astype(int)}):
         part = shapes[shapes["next_n"] == n]
         worst = part.loc[part["ratio"].idxmax()] if not part.empty else None
-        rows.append({
-            "next_n": n, "shapes": len(part), "ratio_min": part["ratio"].min(), "ratio_max": part["ratio"].max(),
-            "met": int(part["goal1"].sum()), "worst": _where(int(worst.batch), worst.context) if worst is not None else "",
-        })  # fmt: skip
+        rows.append(
+            {
+                "next_n": n,
+                "shapes": len(part),
+                "ratio_min": part["ratio"].min(),
+                "ratio_max": part["ratio"].max(),
+                "met": int(part["goal1"].sum()),
+                "worst": _where(int(worst.batch), worst.context) if worst is not None else "",
+            }
+        )
     return pd.DataFrame(rows, columns=["next_n", "shapes", "ratio_min", "ratio_max", "met", "worst"])
 
 
@@ -187,23 +198,28 @@ def _sentence(
     return f"**Goal {goal} {verdict}** ({head}): {body}{absent}{more}"
 
 
-def goal_sentences(points: pd.DataFrame, candidate: str = CANDIDATE, goals: Goals = GOALS) -> list[str]:
+def goal_sentences(points: pd.DataFrame, candidate: str, goals: Goals = GOALS) -> list[str]:
     """One markdown sentence per goal from `goal_points`: met, missed (where, by how much) or not judged."""
     name = f"{candidate} native"
     sentences = []
 
     judged, missed, unjudged = _judged(points, "goal1", goals)
     absent = sorted(set(goals.next_ns) - set(judged["next_n"].astype(int)))
-    head = (f"{name} ≤ {goals.ratio:.2f}× the best DeepGEMM option at B ≥ {goals.min_batch}, "
-            f"L ≥ {format_tokens(goals.min_context)}, every next_n in {goals.next_ns[0]}..{goals.next_ns[-1]}")  # fmt: skip
+    head = (
+        f"{name} ≤ {goals.ratio:.2f}× the best DeepGEMM option at B ≥ {goals.min_batch}, "
+        f"L ≥ {format_tokens(goals.min_context)}, every next_n in {goals.next_ns[0]}..{goals.next_ns[-1]}"
+    )
     body = f"{name} / best {_span(judged['ratio'], '.3f')}× over {len(judged)} shapes"
     if not missed.empty:
         worst = missed.loc[missed["ratio"].idxmax()]
-        body += (f"; above {goals.ratio:.2f}× at {len(missed)}, by next_n: {_per_next_n(missed, 'ratio', '.3f', '×')} "
-                 f"(worst {_where(worst.batch, worst.context, worst.next_n)}: {worst.candidate_us:.1f} µs against "
-                 f"{worst.best_strategy} ({worst.best_backend}) {worst.best_us:.1f} µs)")  # fmt: skip
-    sentences.append(_sentence(1, head, judged, missed, unjudged, body + ".",
-                               f" next_n {absent} not measured." if absent else ""))  # fmt: skip
+        body += (
+            f"; above {goals.ratio:.2f}× at {len(missed)}, by next_n: {_per_next_n(missed, 'ratio', '.3f', '×')} "
+            f"(worst {_where(worst.batch, worst.context, worst.next_n)}: {worst.candidate_us:.1f} µs against "
+            f"{worst.best_strategy} ({worst.best_backend}) {worst.best_us:.1f} µs)"
+        )
+    sentences.append(
+        _sentence(1, head, judged, missed, unjudged, body + ".", f" next_n {absent} not measured." if absent else "")
+    )
 
     judged, missed, unjudged = _judged(points, "goal2", goals)
     batch, context, n = goals.point
@@ -229,24 +245,29 @@ def goal_sentences(points: pd.DataFrame, candidate: str = CANDIDATE, goals: Goal
     body = f"{name} / best flatten or atom {_span(judged['flatten_atom_ratio'], '.3f')}× over {len(judged)} shapes"
     if not missed.empty:
         worst = missed.loc[missed["flatten_atom_ratio"].idxmax()]
-        body += (f"; slower at {len(missed)}, by next_n: {_per_next_n(missed, 'flatten_atom_ratio', '.3f', '×')} "
-                 f"(worst {_where(worst.batch, worst.context, worst.next_n)}: against {worst.flatten_atom_strategy} "
-                 f"({worst.flatten_atom_backend}) {worst.flatten_atom_us:.1f} µs)")  # fmt: skip
+        body += (
+            f"; slower at {len(missed)}, by next_n: {_per_next_n(missed, 'flatten_atom_ratio', '.3f', '×')} "
+            f"(worst {_where(worst.batch, worst.context, worst.next_n)}: against {worst.flatten_atom_strategy} "
+            f"({worst.flatten_atom_backend}) {worst.flatten_atom_us:.1f} µs)"
+        )
     sentences.append(_sentence(4, head, judged, missed, unjudged, body + "."))
     return sentences
 
 
-# ---------------------------------------------------------------- the run, the lab notes, Nsight Compute
+# ---------------------------------------------------------------- the run, Nsight Compute
 
 
-def sweep_how(candidate: str = CANDIDATE) -> str:
-    """The command that makes a run these goals can be judged on (every DeepGEMM backend beside the candidate)."""
-    backends = ",".join(dict.fromkeys([*DEEPGEMM_BACKENDS, "triton", candidate]))
-    return (f"`RUN_NAME=h200-{candidate}-<date> scripts/h200_sweep.sh --backend {backends} --batch 1,16,64,128 "
-            "--context 32K,64K --next-n 1,2,3,4,5,6,7,8` on an H200 (carry `.dg`)")  # fmt: skip
+def sweep_how(candidate: str) -> str:
+    """The command that makes a run these goals can be judged on (every DeepGEMM backend beside the
+    candidate and its family)."""
+    backends = ",".join(dict.fromkeys([*vllm_family(), *family_of(candidate), candidate]))
+    return (
+        f"`RUN_NAME=h200-{candidate}-<date> scripts/h200_sweep.sh --backend {backends} --batch 1,16,64,128 "
+        "--context 32K,64K --next-n 1,2,3,4,5,6,7,8` on an H200 (carry `.dg`)"
+    )
 
 
-def goal_run(run_path: str = "", device: str = "h200", candidate: str = CANDIDATE) -> tuple[ChosenRun | None, str]:
+def goal_run(run_path: str, device: str, candidate: str) -> tuple[ChosenRun | None, str]:
     """`run_path` (relative to data/) if it is there, else the newest measured run of `device` that timed
     `candidate`; else None and one line saying what is missing and the command that makes it (no stand-in:
     a CPU sweep says nothing about these goals). A `run_path` that is there without `candidate` is an error."""
@@ -256,24 +277,11 @@ def goal_run(run_path: str = "", device: str = "h200", candidate: str = CANDIDAT
     )
     if chosen is None:
         asked = f" (run_path {run_path!r} is not there)" if run_path else ""
-        return None, (f"No measured {device.upper()} run with the {candidate!r} backend under "
-                      f"{shown_path(resolve_data_path(device))}{asked}: make one with {sweep_how(candidate)}.")  # fmt: skip
+        return None, (
+            f"No measured {device.upper()} run with the {candidate!r} backend under "
+            f"{shown_path(resolve_data_path(device))}{asked}: make one with {sweep_how(candidate)}."
+        )
     return chosen, ""
-
-
-def tuning_rounds(first: int = 5, document: str = "triton_kernel.md") -> str:
-    """The lab notes' sections 'Round N' from `first` on, up to the first N the document lacks.
-
-    Raises FileNotFoundError without the document and LookupError without round `first` (`lab_notes.sections`).
-    """
-    found = [lab_notes.sections(document, f"Round {first}")]
-    n = first + 1
-    while True:
-        try:
-            found.append(lab_notes.sections(document, f"Round {n}"))
-        except LookupError:
-            return "\n\n".join(found)
-        n += 1
 
 
 def _kernel_name(names: pd.Series) -> str:
@@ -282,7 +290,16 @@ def _kernel_name(names: pd.Series) -> str:
     return " + ".join(dict.fromkeys(short))
 
 
-def ncu_comparison(path: str) -> pd.DataFrame:
+def ncu_how(candidate: str) -> str:
+    """The command that makes the Nsight Compute comparison: `candidate` beside every DeepGEMM backend."""
+    backends = ",".join(dict.fromkeys([candidate, *vllm_family()]))
+    return (
+        f"`dsa-lab profile --preset h200-full --tool ncu --backend {backends} --strategy native,atom --batch 128 "
+        "--context 64K --next-n 3,4 --device cuda --no-trace` on an H200 (carry `.dg`)"
+    )
+
+
+def ncu_comparison(path: str, candidate: str) -> pd.DataFrame:
     """Nsight Compute's numbers per profiled step of a profile run at data/`path`: the logits kernel(s), µs,
     DRAM bytes read per unique KV byte (1.0: KV from DRAM once), L2 hit %, occupancy %, tensor pipe busy %
     (`tensor_counter` in the frame's attrs names ncu's counter) and useful TFLOP/s.
@@ -290,18 +307,157 @@ def ncu_comparison(path: str) -> pd.DataFrame:
     Raises FileNotFoundError naming what is missing and the command that makes it."""
     folder = resolve_data_path(path)
     if not (folder / store.PROVENANCE_FILE).is_file():
-        raise FileNotFoundError(f"No Nsight Compute run at {shown_path(folder)}: make one with {NCU_HOW}")
+        raise FileNotFoundError(f"No Nsight Compute run at {shown_path(folder)}: make one with {ncu_how(candidate)}")
     run = load_profile_run(folder)
     if run.ncu.empty:
-        raise FileNotFoundError(f"{shown_path(folder)}: the run holds no Nsight Compute rows; make one with {NCU_HOW}")
+        raise FileNotFoundError(
+            f"{shown_path(folder)}: the run holds no Nsight Compute rows; make one with {ncu_how(candidate)}"
+        )
     summary = run.ncu_summary
-    tensor = next((c for c in TENSOR_COLUMNS if c in summary and summary[c].notna().any()), None)
-    keys = ["backend", "strategy", "batch", "context", "next_n"]
-    names = run.ncu.groupby(keys)["kernel"].agg(_kernel_name)
+    tensor = next((c for c in TENSOR_METRICS if c in summary and summary[c].notna().any()), None)
+    keys = [name for name in axes.NAMES if name in run.ncu and name in summary]
+    names = run.ncu.groupby(keys, dropna=False)["kernel"].agg(_kernel_name)
     table = summary.merge(names.rename("kernel").reset_index(), on=keys)
     table = table.assign(us=table["duration_ns"] / 1e3, tensor_pipe_pct=table[tensor] if tensor else float("nan"))
     table = table.sort_values(["next_n", "backend", "strategy"]).reset_index(drop=True)
-    table = table[["next_n", "batch", "context", "backend", "strategy", "kernel", "us", "dram_read_per_unique",
-                   "l2_hit_pct", "occupancy_pct", "tensor_pipe_pct", "useful_tflops"]]  # fmt: skip
+    table = table[
+        [
+            "next_n",
+            "batch",
+            "context",
+            "backend",
+            "strategy",
+            "kernel",
+            "us",
+            "dram_read_per_unique",
+            "l2_hit_pct",
+            "occupancy_pct",
+            "tensor_pipe_pct",
+            "useful_tflops",
+        ]
+    ]
     table.attrs["tensor_counter"] = METRICS[tensor] if tensor else "none collected"
     return table
+
+
+# ---------------------------------------------------------------- drawn and styled for notebook 03
+
+
+def _ratio_norm(values: np.ndarray) -> TwoSlopeNorm:
+    """Diverging at 1.0, symmetric, so that equal distances from 1 get equal colours."""
+    span = max(np.nanmax(np.abs(values - 1.0)), 0.05)
+    return TwoSlopeNorm(vcenter=1.0, vmin=1.0 - span, vmax=1.0 + span)
+
+
+def plot_goal_ratio_heatmap(points: pd.DataFrame, device: str, provenance_line: str | None, candidate: str) -> Figure:
+    """The candidate's native time / the best DeepGEMM option's at every point (`goal_points`):
+    rows batch x context, columns next_n, diverging colours centred at 1.0 (blue: the candidate faster).
+    Each cell names the option it is held to: its strategy, and its backend when more than one wins somewhere."""
+    shown = points.dropna(subset=["ratio"])
+    if shown.empty:
+        raise ValueError("points: no point has both a candidate and a DeepGEMM time (column 'ratio' all NaN)")
+    several = shown["best_backend"].nunique() > 1
+    text = [
+        f"{r.ratio:.3f}\n{r.best_strategy}" + (f"\n{r.best_backend}" if several else "") for r in shown.itertuples()
+    ]
+    keys = ["batch", "context"]
+    grid = shown.pivot_table(index=keys, columns="next_n", values="ratio")
+    notes = shown.assign(text=text).pivot(index=keys, columns="next_n", values="text")
+    contexts = context_order(shown["context"])
+    order = [(b, c) for b in sorted(shown["batch"].unique()) for c in contexts if (b, c) in grid.index]
+    grid, notes = grid.reindex(order), notes.reindex(index=order, columns=grid.columns).fillna("")
+    grid.index = [f"B={b}, L={context_title(c)}" for b, c in grid.index]
+    rows, columns = grid.shape
+    fig, ax = plt.subplots(
+        figsize=(3.5 + 1.0 * columns, 1.6 + (0.75 if several else 0.55) * rows), constrained_layout=True
+    )
+    sns.heatmap(
+        grid,
+        annot=notes.to_numpy(),
+        fmt="",
+        annot_kws={"fontsize": 8},
+        cmap="RdBu_r",
+        norm=_ratio_norm(grid.to_numpy(dtype=float)),
+        ax=ax,
+        linewidths=0.5,
+        linecolor="white",
+        cbar_kws={"label": f"{candidate} native / best DeepGEMM option (×)"},
+    )
+    ax.set(xlabel="next_n", ylabel="batch, context")
+    ax.tick_params(axis="y", rotation=0)
+    title = (
+        f"{candidate} native / the best DeepGEMM option on {device} (measured; the fastest strategy over "
+        f"every DeepGEMM backend timed)\nbelow 1 (blue): {candidate} faster. Each cell: the ratio and the "
+        "option it is held to; empty: a side was not timed"
+    )
+    fig.suptitle(title)
+    return add_footer(fig, provenance_line)
+
+
+def style_goal_points(points: pd.DataFrame) -> Any:
+    """`goal_points` for display: µs, ratios shaded around 1 (blue: the candidate wins),
+    the floor's share in %, verdicts as met / missed ('—': the goal does not apply, or a side was not timed)."""
+    shown = points[
+        [
+            *POINT,
+            "candidate_us",
+            "best_us",
+            "best_strategy",
+            "best_backend",
+            "ratio",
+            "flatten_atom_us",
+            "flatten_atom_ratio",
+            "floor_us",
+            "floor_share",
+            *GOAL_COLUMNS,
+        ]
+    ]
+    verdict = lambda v: "met" if v else "missed"  # noqa: E731
+    colour = lambda v: "" if pd.isna(v) else f"color: {'#1a7f37' if v else '#cf222e'}; font-weight: bold"  # noqa: E731
+    return (
+        shown.style.format(
+            {
+                "candidate_us": "{:.1f}",
+                "best_us": "{:.1f}",
+                "flatten_atom_us": "{:.1f}",
+                "floor_us": "{:.1f}",
+                "ratio": "{:.3f}",
+                "flatten_atom_ratio": "{:.3f}",
+                "floor_share": "{:.1%}",
+                **dict.fromkeys(GOAL_COLUMNS, verdict),
+            },
+            na_rep="—",
+        )
+        .background_gradient(subset=["ratio", "flatten_atom_ratio"], cmap="RdBu_r", vmin=0.8, vmax=1.2)
+        .map(colour, subset=list(GOAL_COLUMNS))
+        .hide(axis="index")
+    )
+
+
+def style_goal_summary(summary: pd.DataFrame) -> Any:
+    """`goal_summary` for display: the min and max ratio per next_n shaded around 1."""
+    return (
+        summary.style.format({"ratio_min": "{:.3f}", "ratio_max": "{:.3f}"}, na_rep="—")
+        .background_gradient(subset=["ratio_min", "ratio_max"], cmap="RdBu_r", vmin=0.8, vmax=1.2)
+        .hide(axis="index")
+    )
+
+
+def style_ncu_comparison(table: pd.DataFrame) -> Any:
+    """`ncu_comparison` for display, its caption naming ncu's tensor-pipe counter."""
+    counter = table.attrs.get("tensor_counter", "?")
+    return (
+        table.style.format(
+            {
+                "us": "{:.1f}",
+                "dram_read_per_unique": "{:.3f}",
+                "l2_hit_pct": "{:.1f}",
+                "occupancy_pct": "{:.2f}",
+                "tensor_pipe_pct": "{:.1f}",
+                "useful_tflops": "{:.0f}",
+            },
+            na_rep="—",
+        )
+        .set_caption(f"Nsight Compute (kernel replay, caches flushed); tensor pipe busy: ncu counter {counter}")
+        .hide(axis="index")
+    )

@@ -1,4 +1,5 @@
-"""Sections of the project's lab notes (docs/*.md) that notebooks quote instead of copying."""
+"""Sections of the project's lab notes (docs/*.md) that notebooks quote instead of copying (a study: the notes
+are research history, cut apart by their headings)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,18 @@ def sections(document: str, keyword: str) -> str:
     if not found:
         raise LookupError(f"docs/{document}: no section heading contains {keyword!r}")
     return "\n\n".join(found)
+
+
+def tuning_rounds(first: int = 5, document: str = "triton_kernel.md") -> str:
+    """The lab notes' sections 'Round N' from `first` on, up to the first N the document lacks.
+
+    Raises FileNotFoundError without the document and LookupError without round `first` (`sections`).
+    """
+    found = [sections(document, f"Round {first}")]
+    n = first + 1
+    while True:
+        try:
+            found.append(sections(document, f"Round {n}"))
+        except LookupError:
+            return "\n\n".join(found)
+        n += 1

@@ -15,25 +15,7 @@ from dataclasses import dataclass
 
 from dsa_lab.errors import check_choice
 from dsa_lab.model import gpus as model_gpus
-from dsa_lab.plan import LaunchPlan, StepCost, row_context
-
-__all__ = [
-    "GPUS",
-    "GpuSpec",
-    "LaunchPlan",
-    "ModeledPoint",
-    "StepCost",
-    "StepShape",
-    "floor_ms",
-    "from_model",
-    "get_gpu",
-    "gpu_for_device",
-    "modeled_rows",
-    "modeled_time",
-    "roofline_columns",
-    "row_context",
-    "step_cost",
-]
+from dsa_lab.plan import LaunchPlan, StepCost
 
 
 @dataclass(frozen=True)
@@ -82,16 +64,6 @@ GPUS: dict[str, GpuSpec] = {
 def get_gpu(name: str) -> GpuSpec:
     check_choice("gpu", name, tuple(GPUS))
     return GPUS[name]
-
-
-StepShape = LaunchPlan  # the cost model's input is the launch plan (kept under its old name for callers)
-
-
-def step_cost(plan: LaunchPlan) -> StepCost:
-    """The plan's bytes and FLOPs (computed once, when the plan was made)."""
-    if not isinstance(plan, LaunchPlan):
-        raise ValueError(f"plan: expected a LaunchPlan, got {type(plan).__name__}")
-    return plan.cost
 
 
 def floor_ms(cost: StepCost, gpu: GpuSpec, strategy_bytes: bool = False) -> tuple[float, str]:
@@ -145,7 +117,7 @@ def roofline_columns(
 class ModeledPoint:
     """A time for a GPU we did not measure: the strategy's bytes and FLOPs at the GPU's ceilings."""
 
-    shape: StepShape
+    shape: LaunchPlan
     gpu: str
     time_ms: float
     bound: str
@@ -153,15 +125,17 @@ class ModeledPoint:
     source: str = "modeled"
 
 
-def modeled_time(shape: StepShape, gpu: GpuSpec | str) -> ModeledPoint:
+def modeled_time(shape: LaunchPlan, gpu: GpuSpec | str) -> ModeledPoint:
     """Roofline time of the strategy as it reads (re-reads included): a lower bound, not a measurement."""
+    if not isinstance(shape, LaunchPlan):
+        raise ValueError(f"plan: expected a LaunchPlan, got {type(shape).__name__}")
     spec = get_gpu(gpu) if isinstance(gpu, str) else gpu
-    cost = step_cost(shape)
+    cost = shape.cost
     time, bound = floor_ms(cost, spec, strategy_bytes=True)
     return ModeledPoint(shape, spec.name, time, bound, cost)
 
 
-def modeled_rows(shapes: Sequence[StepShape], gpus: Sequence[str]) -> list[dict[str, object]]:
+def modeled_rows(shapes: Sequence[LaunchPlan], gpus: Sequence[str]) -> list[dict[str, object]]:
     """Flat records of `modeled_time` for every shape on every GPU, each tagged source='modeled'."""
     rows = []
     for shape in shapes:

@@ -1,0 +1,224 @@
+"""The axes of a point, declared once: what a sweep varies, how the command line writes it, how runs store it.
+
+Every layer above derives from `AXES` and spells no axis itself: `bench.point.Point` and
+`SweepSpec` get one field per axis, `dsa-lab bench` and `dsa-lab profile` one flag per axis
+(`Axis.parse`, the command line's one list syntax: comma-separated values), `store` one
+column per axis, `compare` its keys, the profile tables their configuration columns, and the
+analysis its group keys (`POINT_KEYS`).
+
+Roles: *series* axes name the option that runs (backend, strategy, config), *shape* axes the
+model's dimensions (cache dtype, heads, head dim; a chart shows one shape at a time) and
+*point* axes the decode step within a shape (batch, context, next_n). `POINT_KEYS` (shape and
+point) is what an answer is computed per; `SERIES_KEYS` what competes there.
+
+An axis added later is one row. Give it `old_value`, the value runs stored before it existed
+were measured at: `complete` fills the missing column with it when such a run loads, and an
+axis at that value is left out of a point's key (`point_key`) and of a spec's record
+(`recorded`), so older runs keep loading, comparing and resuming.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from dsa_lab.errors import as_int, check_choice, check_range
+from dsa_lab.kernels import backend_names, baseline_backend
+from dsa_lab.metadata import STRATEGIES
+from dsa_lab.workload import CACHE_DTYPES, MAX_NEXT_N, SUPPORTED_HEAD_DIMS, SUPPORTED_HEADS, ContextSpec
+
+ROLES = ("series", "shape", "point")
+MAX_BATCH = 4096
+
+
+class _Always:
+    """`Axis.old_value` of an axis every stored run has (its column is required)."""
+
+    def __repr__(self) -> str:
+        return "ALWAYS_STORED"
+
+
+ALWAYS_STORED = _Always()
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One axis: its name (also its stored column and, with '-' for '_', its flag), the type of a
+    value, its role, the values a grid takes when none are given, what is allowed, and the
+    value runs stored before the axis existed were measured at."""
+
+    name: str
+    kind: type  # int or str
+    role: str  # one of ROLES
+    default: Callable[[], tuple[Any, ...]] | tuple[Any, ...]  # the values of a grid that names none
+    help: str
+    choices: Callable[[], Sequence[Any]] | Sequence[Any] | None = None  # None: `bounds`, or any string
+    bounds: tuple[int, int] | None = None  # an int axis's closed range
+    canonical: Callable[[Any], Any] | None = None  # one spelling per value ('8K' -> '8192')
+    every: Sequence[Any] | None = None  # what 'all' stands for on the command line
+    workload: bool = False  # the inputs (KV cache, queries) depend on it: built once per value
+    old_value: Any = ALWAYS_STORED
+
+    def __post_init__(self) -> None:
+        check_choice("role", self.role, ROLES)
+        check_choice("kind", self.kind, (int, str))
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.name.replace('_', '-')}"
+
+    @property
+    def column(self) -> str:
+        return self.name
+
+    @property
+    def stored_always(self) -> bool:
+        return self.old_value is ALWAYS_STORED
+
+    def defaults(self) -> tuple[Any, ...]:
+        return tuple(self.default()) if callable(self.default) else self.default
+
+    def allowed(self) -> tuple[Any, ...] | None:
+        return tuple(self.choices()) if callable(self.choices) else self.choices
+
+    def parse(self, text: str) -> tuple[Any, ...]:
+        """The command line's one list syntax: 'a,b,c' (ints for an int axis; 'all' where the axis has it)."""
+        parts = [part.strip() for part in str(text).split(",") if part.strip()]
+        if not parts:
+            raise ValueError(
+                f"{self.flag}: give at least one value (comma-separated, e.g. {self.flag} {self._example()})"
+            )
+        if self.every is not None and "all" in parts:
+            return tuple(self.every)
+        if self.kind is int:
+            try:
+                return tuple(int(part) for part in parts)
+            except ValueError:
+                raise ValueError(f"{self.flag}={text!r}: values must be integers, comma-separated") from None
+        return tuple(parts)
+
+    def check(self, values: Any) -> tuple[Any, ...]:
+        """`values` (one or several) in their canonical spelling, each checked, duplicates dropped;
+        a ValueError names the axis, the value and what is allowed."""
+        values = (values,) if isinstance(values, (str, int)) else tuple(values)
+        if not values:
+            raise ValueError(f"{self.name}: needs at least one value")
+        out = []
+        for value in values:
+            if self.kind is int:
+                value = as_int(self.name, value)
+            elif not isinstance(value, str):
+                raise ValueError(f"{self.name}={value!r}: values must be strings")
+            if self.canonical is not None:
+                value = self.canonical(value)
+            allowed = self.allowed()
+            if allowed is not None:
+                check_choice(self.name, value, allowed)
+            elif self.bounds is not None:
+                check_range(self.name, value, *self.bounds)
+            out.append(value)
+        return tuple(dict.fromkeys(out))
+
+    def in_key(self, value: Any) -> bool:
+        """Whether `value` names a point: always, unless it is the value runs without this axis had."""
+        return self.stored_always or value != self.old_value
+
+    def _example(self) -> str:
+        return "1,2,4" if self.kind is int else ",".join(map(str, self.defaults()))
+
+
+def _context_label(value: str | int) -> str:
+    return ContextSpec.parse(value).label
+
+
+def _baseline() -> tuple[str, ...]:
+    return (baseline_backend().name,)
+
+
+AXES: tuple[Axis, ...] = (
+    Axis("backend", str, "series", _baseline, "kernel backends (`dsa-lab env` lists them)", choices=backend_names),
+    Axis("strategy", str, "series", STRATEGIES, "how rows reach the kernel, or 'all'", STRATEGIES, every=STRATEGIES),
+    Axis("batch", int, "point", (2,), "requests a decode step", bounds=(1, MAX_BATCH), workload=True),
+    Axis(
+        "context",
+        str,
+        "point",
+        ("256",),
+        "cached tokens a request: 8192, 8K or mixed:1K-64K",
+        workload=True,
+        canonical=_context_label,
+    ),
+    Axis("next_n", int, "point", (1, 2), "query rows a request (1 + speculative tokens)", bounds=(1, MAX_NEXT_N)),
+    Axis("cache_dtype", str, "shape", ("fp8",), "indexer K cache format", CACHE_DTYPES, workload=True),
+    Axis("heads", int, "shape", (64,), "indexer heads", SUPPORTED_HEADS, workload=True),
+    Axis("head_dim", int, "shape", (128,), "indexer head dimension", SUPPORTED_HEAD_DIMS, workload=True),
+    Axis(
+        "config",
+        str,
+        "series",
+        ("rule",),
+        "tuning configs: 'rule' (the backend's own) or knob=value/knob=value",
+        old_value="rule",
+    ),
+)
+BY_NAME: Mapping[str, Axis] = {axis.name: axis for axis in AXES}
+NAMES = tuple(BY_NAME)
+POINT_KEYS = tuple(a.name for a in AXES if a.role in ("point", "shape"))  # what an answer is computed per
+SHAPE_KEYS = tuple(a.name for a in AXES if a.role == "shape")
+SERIES_KEYS = tuple(a.name for a in AXES if a.role == "series")  # what competes at a point
+WORKLOAD_KEYS = tuple(a.name for a in AXES if a.workload)
+# The order `SweepSpec.points` walks a grid: the inputs' axes outermost (each workload built once),
+# then the step's other axes, then the options that run on it.
+NESTING = (*WORKLOAD_KEYS, *(a.name for a in AXES if not a.workload and a.role != "series"), *SERIES_KEYS)
+
+
+def axis(name: str) -> Axis:
+    check_choice("axis", name, NAMES)
+    return BY_NAME[name]
+
+
+def point_key(values: Mapping[str, Any]) -> str:
+    """A point's name in every run file: 'backend=...|strategy=...|...', axes at their old-run value left out."""
+    return "|".join(f"{a.name}={values[a.name]}" for a in AXES if a.in_key(values[a.name]))
+
+
+def recorded(values: Mapping[str, Sequence[Any]]) -> dict[str, list[Any]]:
+    """A grid's axes as its provenance records them: an axis whose values are just its old-run value is left out."""
+    return {a.name: list(values[a.name]) for a in AXES if a.stored_always or tuple(values[a.name]) != (a.old_value,)}
+
+
+def complete(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with every axis column: a column a run stored before the axis existed lacks gets its old-run value."""
+    missing = {a.name: a.old_value for a in AXES if not a.stored_always and a.name not in frame.columns}
+    return frame.assign(**missing) if missing else frame
+
+
+def shown(frame: pd.DataFrame) -> list[str]:
+    """The axes a table for people shows: those the rows differ in, and always the option (backend, strategy)."""
+    return [
+        a.name
+        for a in AXES
+        if a.name in frame.columns and ((a.role == "series" and a.stored_always) or frame[a.name].nunique() > 1)
+    ]
+
+
+def shapes(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """The distinct shapes (cache dtype, heads, head dim) of a results frame, in order of appearance."""
+    present = [k for k in SHAPE_KEYS if k in frame.columns]
+    return frame[present].drop_duplicates().to_dict("records") if present else [{}]
+
+
+def describe_shape(shape: Mapping[str, Any]) -> str:
+    """'cache_dtype=fp8, heads=64, head_dim=128'."""
+    return ", ".join(f"{k}={shape[k]}" for k in SHAPE_KEYS if k in shape)
+
+
+def select(frame: pd.DataFrame, values: Mapping[str, Any]) -> pd.DataFrame:
+    """The rows of `frame` at the given axis values."""
+    mask = pd.Series(True, index=frame.index)
+    for name, value in values.items():
+        mask &= frame[axis(name).column] == value
+    return frame[mask]

@@ -1,0 +1,99 @@
+"""What a notebook displays about its data: which run a chart came from, and a banner when it is not
+the measured data. `dsa-lab report` collects both from the executed notebooks (`PROVENANCE_MIME`,
+`FALLBACK_MIME`) and lists them on the index; nothing here decides which run to show
+(`dsa_lab.analysis.runs` does)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from IPython.display import Markdown, display
+
+from dsa_lab.analysis.runs import ChosenProfile, ChosenRun, relative_to_data
+from dsa_lab.env_info import LIBRARY_KEYS
+
+PROVENANCE_MIME = "application/vnd.dsa-lab.provenance+json"
+FALLBACK_MIME = "application/vnd.dsa-lab.fallback+json"
+
+
+def _is_plain(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool)) or value is None
+
+
+def show_provenance(provenance: Mapping[str, Any], label: str) -> None:
+    """Display, inside a notebook, which run a chart came from; `dsa-lab report` collects it."""
+    record = {"label": label, **{k: v if _is_plain(v) else json.dumps(v, default=str) for k, v in provenance.items()}}
+    summary = ", ".join(f"{k}={v}" for k, v in record.items() if k != "label")
+    display({PROVENANCE_MIME: record, "text/plain": f"data used ({label}): {summary}"}, raw=True)
+
+
+def show_fallback(missing: str, shown_instead: str) -> None:
+    """A banner saying that the notebook shows stand-in data; `dsa-lab report` flags it on the index.
+
+    Falling back is never silent: a reader sees what was missing, what is shown instead,
+    and the command that makes the real data.
+    """
+    html = (
+        '<div class="dsa-lab-fallback" style="border-left:6px solid #d4a72c;background:#fff8c5;'
+        'padding:.6em 1em;margin:.4em 0;color:#3b2300">'
+        f"<b>Not the measured data: {escape(shown_instead)}.</b><br>{escape(missing)}</div>"
+    )
+    record = {"missing": missing, "shown_instead": shown_instead}
+    plain = f"NOT THE MEASURED DATA: {shown_instead}. {missing}"
+    display({FALLBACK_MIME: record, "text/html": html, "text/plain": plain}, raw=True)
+
+
+def _libraries(environment: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: environment.get(key) for key in LIBRARY_KEYS if environment.get(key)}
+
+
+def announce(chosen: ChosenRun, label: str) -> None:
+    """Say in the notebook which run it shows: a banner when it is a stand-in, the runs passed over, provenance."""
+    if chosen.missing:
+        show_fallback(chosen.missing, f"{chosen.device_label} and roofline-modeled times")
+    for path, problem in chosen.ignored:
+        display(Markdown(f"*Ignored run `{path}`: {problem}*"))
+    provenance = chosen.run.provenance
+    record = {
+        "run_id": provenance["run_id"],
+        "path": relative_to_data(chosen.run.path),
+        "source": chosen.run.source,
+        "device_name": chosen.device_label,
+        "created": provenance["created"],
+        "timing_method": provenance["timing_method"],
+        "git_sha": provenance["git"].get("sha"),
+        **_libraries(provenance.get("environment") or {}),
+    }
+    show_provenance(record, label if chosen.measured else f"{label}: {chosen.device_label}")
+    if chosen.measured:
+        display(
+            Markdown(
+                f"Run **`{provenance['run_id']}`**: {chosen.device_label}, {chosen.run.source}, created "
+                f"{provenance['created']}, timing `{provenance['timing_method']}`, "
+                f"{len(chosen.run.results)} points."
+            )
+        )
+
+
+def announce_profile(chosen: ChosenProfile) -> None:
+    """Notebook 04's counterpart of `announce`: banner, profile runs passed over, provenance."""
+    if chosen.missing:
+        show_fallback(chosen.missing, "a CPU reference profile")
+    for folder, problem in chosen.ignored:
+        display(Markdown(f"*Ignored profile run `{folder}`: {problem}*"))
+    provenance = chosen.run.provenance
+    folder: Path | None = chosen.run.folder
+    record = {
+        "run_id": provenance.get("run_id"),
+        "source": provenance.get("source"),
+        "path": relative_to_data(folder) if folder else "in memory",
+        "device_name": provenance.get("device_name"),
+        "created": provenance.get("created"),
+        "git_sha": (provenance.get("git") or {}).get("sha"),
+        **_libraries(provenance.get("environment") or {}),
+    }
+    show_provenance(record, "kernel profiles")

@@ -1,0 +1,200 @@
+"""The house's rules, measured on its sources: the import graph (function-local imports included) has
+no circle and no arrow from a lower layer to a higher one; a backend's name is spelled by its own module
+(and the performance model's calibration) only; no package module outgrows 500 lines; data/ holds data
+and provenance only; no run id is pinned in the package."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dsa_lab.kernels import backend_names
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "dsa_lab"
+# The layer order, lowest first: a module may import its own layer and those below, never one above.
+LAYERS = (
+    ("foundation", ("dsa_lab.errors", "dsa_lab.paths")),
+    ("cache", ("dsa_lab.cache",)),
+    ("workload", ("dsa_lab.workload",)),
+    ("acceptance", ("dsa_lab.acceptance",)),
+    ("metadata", ("dsa_lab.metadata",)),
+    ("plan", ("dsa_lab.plan",)),
+    ("kernels", ("dsa_lab.kernels",)),
+    ("top-k", ("dsa_lab.topk",)),
+    ("decode", ("dsa_lab.decode", "dsa_lab.invariance")),
+    ("policy", ("dsa_lab.policy", "dsa_lab.policy_steps")),
+    ("axes", ("dsa_lab.axes",)),
+    ("model", ("dsa_lab.model",)),
+    ("environment", ("dsa_lab.env_info",)),
+    ("store", ("dsa_lab.store", "dsa_lab.provenance", "dsa_lab.listing")),
+    ("harness", ("dsa_lab.bench",)),
+    ("profiling", ("dsa_lab.profiling",)),
+    ("analysis", ("dsa_lab.analysis",)),
+    ("plots", ("dsa_lab.plots",)),
+    ("notebook", ("dsa_lab.notebook",)),
+    ("explorers", ("dsa_lab.explorers",)),
+    ("studies", ("dsa_lab.studies",)),
+    ("report", ("dsa_lab.report_page", "dsa_lab.report")),
+    (
+        "commands",
+        ("dsa_lab.cli", "dsa_lab.profile", "dsa_lab.policy_cli", "dsa_lab.model.cli", "dsa_lab.profiling.cli"),
+    ),
+)
+MAX_LINES = 500
+CODE_SUFFIXES = {".py", ".sh", ".diff", ".patch", ".ipynb", ".c", ".cu", ".cpp", ".h"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The package modules `name` imports anywhere in its source (function-local imports included)."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    [*package.split(".")[: len(package.split(".")) - node.level + 1], *filter(None, [base])]
+                )
+            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target.startswith("dsa_lab") and target != name:
+                found.add(target)
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def layer(name: str) -> int:
+    matches = [(len(p), i) for i, (_, prefixes) in enumerate(LAYERS) for p in prefixes
+               if name == p or name.startswith(p + ".")]  # fmt: skip
+    if name == "dsa_lab":
+        return 0
+    assert matches, f"{name}: in no layer of LAYERS (declare it)"
+    return max(matches)[1]
+
+
+def test_every_module_has_a_layer_and_imports_nothing_above_it() -> None:
+    upward = [
+        f"{a} ({LAYERS[layer(a)][0]}) -> {b} ({LAYERS[layer(b)][0]})"
+        for a, targets in GRAPH.items()
+        for b in targets
+        if layer(b) > layer(a)
+    ]
+    assert not upward, "imports from a lower layer into a higher one:\n" + "\n".join(sorted(upward))
+
+
+def test_the_import_graph_has_no_circle() -> None:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for name in GRAPH:
+        if name not in index:
+            visit(name)
+    assert not circles, f"import circles: {circles}"
+
+
+def _spellings(path: Path) -> list[str]:
+    """String literals naming a registered backend (exactly, or quoted inside a longer string; docstrings
+    aside), and imports of a backend's own module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }  # fmt: skip
+    names = set(backend_names())
+    quoted = re.compile("['\"`](" + "|".join(map(re.escape, names)) + ")['\"`]")
+    modules = {p.stem for p in (PACKAGE / "kernels").glob("*.py")} - {"__init__", "registry", "cubin"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            if node.value.strip() in names or quoted.search(node.value):
+                found.append(f"line {node.lineno}: {node.value[:40]!r}")
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            parts = node.module.split(".")
+            named = [parts[2]] if parts[:2] == ["dsa_lab", "kernels"] and len(parts) > 2 else []
+            named += [a.name for a in node.names] if node.module == "dsa_lab.kernels" else []
+            found += [f"line {node.lineno}: imports {n}" for n in named if n in modules]
+    return found
+
+
+def test_a_backend_is_named_by_its_own_module_and_the_models_calibration_only() -> None:
+    spelled = {
+        str(path.relative_to(REPO)): hits
+        for path in PACKAGE.rglob("*.py")
+        if path.parent.name != "kernels" and (hits := _spellings(path))
+    }
+    assert set(spelled) <= {"dsa_lab/model/indexer.py"}, spelled  # FITS: efficiencies fitted per backend
+
+
+def test_no_package_module_is_over_500_lines() -> None:
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, long
+
+
+def test_data_holds_data_and_provenance_only() -> None:
+    tracked = subprocess.run(["git", "ls-files", "data"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    code = [path for path in tracked if Path(path).suffix in CODE_SUFFIXES]
+    assert not code, f"code under data/ (experiments/<name>/ holds it): {code[:5]}"
+
+
+def test_no_run_id_is_pinned_in_the_package() -> None:
+    run_id = re.compile(r"\b[a-z0-9]+(?:-[a-z0-9]+)*-20\d{6}(?:T\d{6}Z)?\b")
+    pinned = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()[:80]}"
+        for path in PACKAGE.rglob("*.py")
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if run_id.search(line)
+    ]
+    assert not pinned, "run ids belong to the notebooks' parameters and the tests:\n" + "\n".join(pinned)

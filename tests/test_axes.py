@@ -1,0 +1,68 @@
+"""The axis table: one row per axis, from which points, grids, flags, columns and keys derive.
+
+`config` is an axis added after runs were stored: those runs must keep loading (the column
+filled with the value they were measured at), keep their point keys and keep resuming.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+import pytest
+
+from dsa_lab import axes, store
+from dsa_lab.analysis import compare
+from dsa_lab.bench import cli as bench_cli
+from dsa_lab.bench.point import Point, SweepSpec, preset
+from dsa_lab.bench.sweep import _recorded_form
+from dsa_lab.profiling.ncu_tables import CONFIG_KEYS
+
+
+def test_every_axis_is_a_point_field_a_spec_field_a_flag_a_column_and_a_profile_key() -> None:
+    parser = argparse.ArgumentParser()
+    bench_cli.add_grid_flags(parser)
+    flags = {a for action in parser._actions for a in action.option_strings}
+    for axis in axes.AXES:
+        assert axis.name in Point.__dataclass_fields__ and axis.name in SweepSpec.__dataclass_fields__
+        assert axis.flag in flags and axis.name in CONFIG_KEYS
+        assert axis.column in store.RESULT_COLUMNS or not axis.stored_always
+    assert set(axes.POINT_KEYS) | set(axes.SERIES_KEYS) == set(axes.NAMES)
+    assert axes.NESTING[: len(axes.WORKLOAD_KEYS)] == axes.WORKLOAD_KEYS  # each workload is built once
+
+
+def test_values_are_checked_and_named_by_their_axis() -> None:
+    assert axes.axis("context").check(["8K", "8192", "mixed:1K-64K"]) == ("8192", "mixed:1024-65536")
+    for name, value, message in (
+        ("heads", 48, r"heads=48"),
+        ("next_n", 17, r"next_n=17"),
+        ("batch", True, r"batch=True"),
+        ("backend", "nope", r"backend='nope'"),
+        ("strategy", "fast", r"strategy='fast'"),
+        ("context", "lots", r"context='lots'"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            axes.axis(name).check(value)
+    with pytest.raises(ValueError, match=r"axis='nope'"):
+        axes.axis("nope")
+
+
+def test_an_axis_added_later_leaves_older_runs_loading_comparing_and_resuming(shipped_full_run: store.Run) -> None:
+    results = shipped_full_run.results
+    assert (results["config"] == axes.axis("config").old_value).all()  # the column the run predates, filled in
+    some = results.iloc[0]
+    point = Point(**{name: some[name] for name in axes.NAMES})
+    assert point.key == some["point_key"]  # an axis at its old-run value is not part of a key
+    assert Point(**{**point.axes(), "config": "dot_rows=64"}).key == point.key + "|config=dot_rows=64"
+    recorded = shipped_full_run.provenance["spec"]
+    spec = SweepSpec.from_dict(recorded)
+    assert "config" not in recorded and "config" not in spec.to_dict()
+    assert _recorded_form(shipped_full_run.path, spec) == recorded  # it resumes as stored
+    assert compare.compare_runs(shipped_full_run, shipped_full_run)["verdict"].eq("same").all()
+
+
+def test_complete_fills_only_what_is_missing() -> None:
+    frame = pd.DataFrame({"backend": ["reference"], "config": ["dot_rows=64"]})
+    assert axes.complete(frame)["config"].tolist() == ["dot_rows=64"]
+    assert axes.complete(frame.drop(columns="config"))["config"].tolist() == ["rule"]
+    assert preset("ci").to_dict().keys() == {*axes.NAMES, *SweepSpec.__dataclass_fields__} - {"config"}
