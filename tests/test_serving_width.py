@@ -23,7 +23,7 @@ def test_logits_width_labels_and_bounds() -> None:
         LaunchPlan((100, 300), 2, "native", logits_width=200)
     batch = DecodeBatch((100, 300), (2, 2), 2)
     with pytest.raises(ValueError, match=r"max_context_len=200: allowed range is \[300, "):
-        build_metadata("native", batch, torch.zeros(2, 5, dtype=torch.int32), max_context_len=200)
+        build_metadata("native", batch, torch.zeros(2, 5, dtype=torch.int32), (1, 2, 4), max_context_len=200)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
