@@ -52,8 +52,9 @@ def test_the_plans_bytes_say_what_a_wider_output_costs(strategy) -> None:
 
 
 def test_a_uniform_plan_costs_what_it_always_cost() -> None:
-    old = LaunchPlan((100, 300), 3, "atom")  # 3 = padded 4 on DeepGEMM's SM90 sizes
-    explicit = LaunchPlan((100, 300), 3, "atom", decode_lens=(3, 3), logits_width=300)
+    sm90 = (1, 2, 4)  # DeepGEMM's SM90 native sizes: 3 = padded 4
+    old = LaunchPlan((100, 300), 3, "atom", native_sizes=sm90)
+    explicit = LaunchPlan((100, 300), 3, "atom", native_sizes=sm90, decode_lens=(3, 3), logits_width=300)
     assert explicit == old and explicit.cost == old.cost
     assert old.cost.moved_bytes(False) > old.cost.strategy_bytes  # the padding row's logits are written too
     native = LaunchPlan((100, 300), 3, "native").cost
