@@ -1,6 +1,10 @@
 """What this machine is: versions, GPU, decode-policy platform and usable kernel backends.
 
-`environment_facts()` is the provenance every stored result carries (no hostname).
+`environment_facts(backends)` is the provenance every stored result carries (no hostname).
+A user's DeepGEMM PR #340 build is foreign code: it is imported (and recorded) only for a
+run that names the `deepgemm-pr340` backend, and by `dsa-lab env`, which says so. Every
+string `dsa-lab env` prints from outside (versions, origins, reasons) is escaped for rich,
+so a bracket in an ORIGIN file is text, never markup.
 """
 
 from __future__ import annotations
@@ -8,9 +12,11 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.metadata
+import os
 import platform as host_platform
 import shutil
 import subprocess
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -57,15 +63,24 @@ def _gpu_facts() -> dict[str, Any]:
     }
 
 
+PR340_BACKEND = "deepgemm-pr340"
+
+
+def environment_facts(backends: Iterable[str] = ()) -> dict[str, Any]:
+    """GPU, driver, CUDA/HIP, library versions, python and OS; the PR #340 build's only when `backends`
+    names it (importing foreign code is what a run asks for, not what a variable allows)."""
+    return _facts(PR340_BACKEND in tuple(backends))
+
+
 @functools.cache
-def environment_facts() -> dict[str, Any]:
-    """GPU, driver, CUDA/HIP, library versions, python and OS; cached (importing deep_gemm is slow)."""
+def _facts(with_pr340: bool) -> dict[str, Any]:
+    """Cached (importing deep_gemm is slow)."""
     from dsa_lab.kernels.deepgemm_pr340 import import_pr340
     from dsa_lab.policy import Platform, import_deep_gemm
 
     policy_platform = Platform.detect()
     deep_gemm, origin = import_deep_gemm()
-    pr340, pr340_origin = import_pr340()
+    pr340, pr340_origin = import_pr340() if with_pr340 else (None, "")
     return {
         **_gpu_facts(),
         "driver": _nvidia_driver(),
@@ -85,23 +100,31 @@ def environment_facts() -> dict[str, Any]:
     }
 
 
+environment_facts.cache_clear = _facts.cache_clear  # type: ignore[attr-defined]  # what tests call to reset it
+
+
 def _print_env(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from dsa_lab.kernels import backend_names, get_backend
+    from dsa_lab.kernels.deepgemm_pr340 import ENV_VAR
     from dsa_lab.policy import Platform
 
-    facts = environment_facts()
-    console = Console()
+    facts = environment_facts([PR340_BACKEND])
+    console = Console(highlight=False)
+    if os.environ.get(ENV_VAR):
+        console.print(f"[bold]{ENV_VAR}[/]: {escape(os.environ[ENV_VAR])} (env imports that build to report on it; "
+                      "bench and profile import it only when --backend names deepgemm-pr340)")  # fmt: skip
     plat = Platform(facts["policy_platform"], facts["deep_gemm"] is not None)
     console.print(f"[bold]policy platform[/]: family={plat.family} has_deep_gemm={plat.has_deep_gemm}")
     if facts["gpu_name"] is None:
         console.print("[bold]GPU[/]: no GPU (torch.cuda.is_available() is False)")
     else:
         console.print(
-            f"[bold]GPU[/]: {facts['gpu_name']}  capability {facts['gpu_capability']}  "
-            f"{facts['gpu_sm_count']} SMs  driver {facts['driver']}"
+            f"[bold]GPU[/]: {escape(str(facts['gpu_name']))}  capability {facts['gpu_capability']}  "
+            f"{facts['gpu_sm_count']} SMs  driver {escape(str(facts['driver']))}"
         )
     versions = Table(title="versions")
     versions.add_column("component")
@@ -120,7 +143,7 @@ def _print_env(args: argparse.Namespace) -> int:
         "dsa_lab",
         "os",
     ):
-        versions.add_row(key, str(facts[key]))
+        versions.add_row(key, escape(str(facts[key])))
     console.print(versions)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     backends = Table(title=f"kernel backends on {device}")
@@ -133,7 +156,8 @@ def _print_env(args: argparse.Namespace) -> int:
         state = backend.availability(device)
         native = backend.native_next_n(device) if state.ok else None
         shown = "any" if native is None else ",".join(map(str, sorted(native)))
-        backends.add_row(name, "[green]yes[/]" if state.ok else "[red]no[/]", shown if state.ok else "", state.reason)
+        backends.add_row(escape(name), "[green]yes[/]" if state.ok else "[red]no[/]", shown if state.ok else "",
+                         escape(state.reason))  # fmt: skip
     console.print(backends)
     return 0
 
