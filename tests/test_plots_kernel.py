@@ -46,7 +46,7 @@ def _row(backend: str, strategy: str, batch: int, context: str, next_n: int, us:
     seq_lens = ContextSpec.parse(context).seq_lens(batch, SEED)
     cost = LaunchPlan(seq_lens, next_n, strategy, 64, 128, "fp8", (1, 2, 4)).cost
     return {**row, "status": "ok", "median_ms": ms, "p25_ms": ms * 0.99, "p75_ms": ms * 1.01, "iqr_ms": ms * 0.02,
-            **roofline_columns(cost, ms, H200)}  # fmt: skip
+            "launches": 1, "kernel_rows": batch * next_n, "pieces": str(next_n), **roofline_columns(cost, ms, H200)}  # fmt: skip
 
 
 def synthetic_results() -> pd.DataFrame:
