@@ -31,12 +31,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dsa_lab.cache import bytes_per_token
+from dsa_lab.cache import bytes_per_token, check_head_dim
 from dsa_lab.errors import check_choice, check_int_sequence, check_range
 from dsa_lab.kernels.deepgemm import SM90_NATIVE_NEXT_N
 from dsa_lab.kernels.triton_native import BLOCK_SIZE, blocks_per_program
 from dsa_lab.metadata import STRATEGIES, AtomPiece, plan_atoms
 from dsa_lab.model.gpus import H200_RUN, GpuCeilings, get_gpu
+from dsa_lab.workload import MAX_NEXT_N
 
 BACKENDS = ("deepgemm", "triton")
 # Share of flatten's re-reads that Triton's kernel takes from DRAM rather than L2: the median of
@@ -284,6 +285,18 @@ class Prediction:
         return out
 
 
+def shape_extrapolations(backend: str, heads: int, head_dim: int) -> list[str]:
+    """A note per shape the backend's kernel does not have (its registered heads and head dims)."""
+    from dsa_lab.kernels import get_backend
+
+    kernel = get_backend(backend)
+    return [
+        f"{name}={value}: {backend}'s kernel has {name} in {allowed}; modeled as an extrapolation, never measured"
+        for name, value, allowed in (("heads", heads, kernel.heads), ("head_dim", head_dim, kernel.head_dims))
+        if value not in allowed
+    ]
+
+
 def predict(
     gpu: str | GpuCeilings,
     backend: str,
@@ -295,16 +308,22 @@ def predict(
     cache_dtype: str = "fp8",
 ) -> Prediction:
     """Modeled time of one uniform decode step (every request decodes next_n rows). An
-    MXFP4 cache (68 B a token, FP4 MMAs) is DeepGEMM's on SM100 only, as in vLLM."""
+    MXFP4 cache (68 B a token, FP4 MMAs) is DeepGEMM's on SM100 only, as in vLLM.
+
+    next_n has the range of every other module (`workload.MAX_NEXT_N`). Judgement: heads
+    and head dims the backend's kernel does not have (`shape_extrapolations`) are modeled,
+    not refused (the model scales in them), and labelled as an extrapolation in `assumptions`.
+    """
     spec = get_gpu(gpu) if isinstance(gpu, str) else gpu
     check_choice("backend", backend, BACKENDS)
     check_choice("strategy", strategy, STRATEGIES)
-    next_n = check_range("next_n", next_n, 1, 32)
+    next_n = check_range("next_n", next_n, 1, MAX_NEXT_N)
     seq_lens = check_int_sequence("seq_lens", seq_lens, next_n, 1 << 24)
     if not seq_lens:
         raise ValueError("seq_lens: need one cached length >= next_n per request, got none")
     heads = check_range("heads", heads, 1, 1024)
     check_choice("cache_dtype", cache_dtype, ("fp8", "mxfp4"))
+    head_dim = check_head_dim(head_dim, cache_dtype)
     if cache_dtype == "mxfp4" and (backend, spec.arch) != ("deepgemm", "sm100"):
         raise ValueError(f"cache_dtype='mxfp4': modeled for DeepGEMM on SM100 only, not {backend} on {spec.name}")
     fit = FITS[fit_key(backend, strategy, next_n, spec.arch)]
@@ -324,7 +343,7 @@ def predict(
         name = max(candidates, key=candidates.get)
         if fit.launch_us + body > dominant[0]:
             dominant = (fit.launch_us + body, name)
-    assumptions = []
+    assumptions = shape_extrapolations(backend, heads, head_dim)
     if spec.arch == "sm100":
         assumptions.append("no SM100 measurement here: H200-fitted efficiencies applied to SM100's ceilings and kernel")
     if (backend, spec.arch) == ("deepgemm", "sm100"):
