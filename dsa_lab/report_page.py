@@ -5,6 +5,11 @@ produced into what a reader opens: the headline table generated from the shipped
 run (also written as Markdown to paste into a pull request), a line, a thumbnail and a
 status per notebook, every chart as PNG and SVG under `figures/`, and the notebooks'
 HTML without code (the code-visible page and the executed notebook sit beside it).
+
+Nothing from a run is live in the page: the run's id and device are escaped in the
+Markdown of the reading, and the Markdown is rendered with raw HTML off
+(`markup.render_markdown`). A headline run that cannot be read does not cost the
+report its index: the headline becomes a failed card naming the file and the problem.
 """
 
 from __future__ import annotations
@@ -13,13 +18,14 @@ import base64
 import io
 import re
 from dataclasses import dataclass
-from html import escape
 from pathlib import Path
 from typing import Any
 
-import mistune
 import nbformat
 import pandas as pd
+
+from dsa_lab.markup import html_text, md_code, md_text, render_markdown
+from dsa_lab.store import write_atomic
 
 HEADLINE_RUN = "h200/h200-full-20261129"
 HEADLINE_BATCH, HEADLINE_CONTEXT = 128, "65536"
@@ -34,6 +40,7 @@ class Findings:
     table: pd.DataFrame | None
     reading_html: str
     markdown: str  # the table as Markdown, for pull requests and issues
+    failed: bool = False  # the headline run could not be read; `reading_html` is the failed card
 
 
 def headline_findings(
@@ -43,15 +50,29 @@ def headline_findings(
     from dsa_lab.analysis import headline
     from dsa_lab.analysis.runs import latency_run
 
-    chosen = latency_run(run_path) if _run_present(run_path) else None
-    if chosen is None or not chosen.measured:
-        text = (f"The measured run `{run_path}` is not in this checkout's data folder, so there is no headline. "
-                "Make one on an H200 with `dsa-lab bench --preset h200-full`.")  # fmt: skip
-        return Findings(None, f"<p class='fallback'>{mistune.html(text)}</p>", text + "\n")
-    run_id = chosen.run.provenance["run_id"]
-    table = headline.headline_table(chosen.run.results, batch, context)
-    reading = headline.headline_reading(table, chosen.device_label, run_id, batch, context)
-    return Findings(table, mistune.html(reading), headline_markdown(table, chosen.device_label, run_id, batch, context))
+    try:
+        chosen = latency_run(run_path) if _run_present(run_path) else None
+        if chosen is None or not chosen.measured:
+            text = (f"The measured run {md_code(run_path)} is not in this checkout's data folder, so there is no "
+                    "headline. Make one on an H200 with `dsa-lab bench --preset h200-full`.")  # fmt: skip
+            return Findings(None, f"<div class='fallback'>{render_markdown(text)}</div>", text + "\n")
+        run_id = chosen.run.provenance["run_id"]
+        table = headline.headline_table(chosen.run.results, batch, context)
+        reading = headline.headline_reading(table, chosen.device_label, run_id, batch, context)
+    except (ValueError, OSError) as err:  # a damaged run (store.RunFormatError names its file): a failed card
+        return failed_findings(run_path, err)
+    markdown = headline_markdown(table, chosen.device_label, run_id, batch, context)
+    return Findings(table, render_markdown(reading), markdown)
+
+
+def failed_findings(run_path: str, err: BaseException) -> Findings:
+    """The headline as a failed card: which run, and why it could not be read (the error names the file)."""
+    problem = f"{type(err).__name__}: {err}"
+    card = (f"<div class='card failed-card'><span class='failed'>Headline failed</span>: the run "
+            f"<code>{html_text(run_path)}</code> could not be read.<pre>{html_text(problem)}</pre></div>")  # fmt: skip
+    return Findings(
+        None, card, f"The headline run {md_code(run_path)} could not be read: {md_text(problem)}\n", failed=True
+    )
 
 
 def _run_present(run_path: str) -> bool:
@@ -67,7 +88,7 @@ def headline_markdown(table: pd.DataFrame, device_label: str, run_id: str, batch
     """The headline table in Markdown, with its provenance line."""
     lines = [
         f"Paged MQA logits, one decode step, B = {batch}, context {int(context) // 1024}K, FP8; "
-        f"measured on {device_label} (run `{run_id}`), median µs.",
+        f"measured on {md_text(device_label)} (run {md_code(run_id)}), median µs.",
         "",
         "| next_n | vLLM 0.33 takes | µs | fastest measured | µs | speedup |",
         "|---|---|---|---|---|---|",
@@ -112,7 +133,8 @@ def write_figures(node: nbformat.NotebookNode, stem: str, out_dir: Path) -> list
     for ext, payload in images(node):
         counters[ext] += 1
         path = folder / f"{stem}-{counters[ext]:02d}.{ext}"
-        path.write_bytes(payload) if isinstance(payload, bytes) else path.write_text(payload, encoding="utf-8")
+        data = payload if isinstance(payload, bytes) else payload.encode("utf-8")
+        write_atomic(path, lambda handle, data=data: handle.write(data))
         written.append(str(path.relative_to(out_dir)))
     return written
 
@@ -128,7 +150,7 @@ def write_thumbnail(node: nbformat.NotebookNode, stem: str, out_dir: Path) -> st
     image.thumbnail((THUMB_WIDTH, THUMB_WIDTH * 3))
     path = out_dir / "thumbs" / f"{stem}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
-    image.save(path, optimize=True)
+    write_atomic(path, lambda handle: image.save(handle, format="PNG", optimize=True))
     return str(path.relative_to(out_dir))
 
 
@@ -151,13 +173,14 @@ def headline_html(findings: Findings) -> str:
     for row in findings.table.itertuples():
         pieces = f" {row.best_pieces}" if row.best_pieces else ""
         mark = " class='win'" if row.beyond_spread else ""
-        rows.append(f"<tr><td>{row.next_n}</td><td>{row.vllm_strategy} ({row.vllm_backend})</td><td>{row.vllm_us:.0f}</td>"
-                    f"<td{mark}><b>{row.best_strategy}{pieces}</b> ({row.best_backend})</td><td>{row.best_us:.0f}</td>"
+        rows.append(f"<tr><td>{row.next_n}</td><td>{html_text(row.vllm_strategy)} ({html_text(row.vllm_backend)})</td>"
+                    f"<td>{row.vllm_us:.0f}</td><td{mark}><b>{html_text(row.best_strategy)}{html_text(pieces)}</b> "
+                    f"({html_text(row.best_backend)})</td><td>{row.best_us:.0f}</td>"
                     f"<td{mark}>{row.speedup:.2f}×</td></tr>")  # fmt: skip
     head = ("<tr><th>next_n</th><th>vLLM 0.33 takes</th><th>µs</th><th>fastest measured</th><th>µs</th>"
             "<th>speedup over vLLM</th></tr>")  # fmt: skip
-    caption = findings.markdown.splitlines()[0].replace("`", "")
-    return f"<table class='headline'><caption>{escape(caption)}</caption>{head}{''.join(rows)}</table>"
+    caption = render_markdown(findings.markdown.splitlines()[0]).strip().removeprefix("<p>").removesuffix("</p>")
+    return f"<table class='headline'><caption>{caption}</caption>{head}{''.join(rows)}</table>"
 
 
 def page_context(findings: Findings) -> dict[str, Any]:

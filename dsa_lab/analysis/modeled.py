@@ -19,6 +19,7 @@ import pandas as pd
 
 from dsa_lab.analysis.frames import measured_ok, ok_rows
 from dsa_lab.analysis.runs import SM100_SWEEP_HOW, ChosenRun, sm100_evidence, sm100_run
+from dsa_lab.markup import md_code, md_text
 from dsa_lab.metadata import STRATEGIES
 from dsa_lab.paths import resolve_data_path, shown_path
 from dsa_lab.plan import ANY_NEXT_N, SM90_DEEPGEMM_SIZES, LaunchPlan
@@ -219,8 +220,8 @@ def sm100_frame(
         if with_model and gpu is not None and not ok.empty:
             frame = pd.concat([frame, calibrated_rows(ok, [gpu], run.provenance["seed"])], ignore_index=True)
         where = f"{run.path.parent.name}/{run.path.name}"  # data/<device>/<run_id>, as the run folders lie
-        note = (f"Measured on {chosen.device_label} ({sm100_evidence(run.provenance)}): run "
-                f"`{run.provenance['run_id']}` ({where}), created {run.provenance['created']}, "
+        note = (f"Measured on {md_text(chosen.device_label)} ({sm100_evidence(run.provenance)}): run "
+                f"{md_code(run.provenance['run_id'])} ({md_code(where)}), created {md_text(run.provenance['created'])}, "
                 f"{len(ok)} points timed.")  # fmt: skip
         return Sm100Frame(frame, True, chosen.device_label, note, chosen, ignored)
     passed = f" ({len(ignored)} run(s) passed over, listed below)" if ignored else ""

@@ -4,7 +4,9 @@ Notebooks call one function here (`latency_run`, `kernel_run`, `profile_run`, `s
 instead of carrying their own discovery cells. The answer says whether it is a measurement of the
 GPU asked for; when it is not, `missing` says what was absent and which command makes it,
 and the notebook shows that as a banner (`dsa_lab.report.show_fallback`) that the report
-index flags. Runs that were skipped because they are broken are listed with the reason.
+index flags. Runs that were skipped because they are broken are listed with the reason
+(`show_ignored`). Everything a run says (ids, device names, paths, problems) is shown as
+text: escaped for Markdown (`dsa_lab.markup`), never live markup.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from dsa_lab import store
+from dsa_lab.markup import md_code, md_text
 from dsa_lab.paths import resolve_data_path, shown_path
 from dsa_lab.roofline import GpuSpec, get_gpu, gpu_for_device
 
@@ -27,7 +30,7 @@ SM100_FOLDERS = ("b200", "gb200", "b300", "gb300")  # data/<device>/ names of SM
 SM100_MAJOR = "10"  # compute capability 10.x: SM100 (B200, GB200) and SM103 (B300, GB300)
 SM100_SWEEP_HOW = (
     "Make one on a B200 or GB200 with `scripts/sm100_sweep.sh` (or `dsa-lab bench --preset sm100 --device cuda "
-    "--measure-ceilings`), which writes it under data/<gpu>/."
+    "--measure-ceilings`), which writes it under `data/<gpu>/`."
 )
 
 
@@ -283,8 +286,7 @@ def announce(chosen: ChosenRun, label: str) -> None:
 
     if chosen.missing:
         show_fallback(chosen.missing, f"{chosen.device_label} and roofline-modeled times")
-    for path, problem in chosen.ignored:
-        display(Markdown(f"*Ignored run `{path}`: {problem}*"))
+    show_ignored(chosen.ignored)
     provenance = chosen.run.provenance
     env = provenance.get("environment") or {}
     show_provenance(
@@ -295,9 +297,17 @@ def announce(chosen: ChosenRun, label: str) -> None:
         label if chosen.measured else f"{label}: {chosen.device_label}",
     )  # fmt: skip
     if chosen.measured:
-        display(Markdown(f"Run **`{provenance['run_id']}`**: {chosen.device_label}, {chosen.run.source}, created "
-                         f"{provenance['created']}, timing `{provenance['timing_method']}`, "
-                         f"{len(chosen.run.results)} points."))  # fmt: skip
+        display(Markdown(f"Run **{md_code(provenance['run_id'])}**: {md_text(chosen.device_label)}, "
+                         f"{md_text(chosen.run.source)}, created {md_text(provenance['created'])}, timing "
+                         f"{md_code(provenance['timing_method'])}, {len(chosen.run.results)} points."))  # fmt: skip
+
+
+def show_ignored(ignored: list[tuple[str, str]], what: str = "run") -> None:
+    """One line per run passed over, `*Ignored run <path>: <problem>*`, both shown as text."""
+    from IPython.display import Markdown, display
+
+    for path, problem in ignored:
+        display(Markdown(f"*Ignored {what} {md_code(path)}: {md_text(problem)}*"))
 
 
 def _relative(path: Path) -> str:
@@ -310,12 +320,10 @@ def _relative(path: Path) -> str:
 
 def announce_profile(chosen: ChosenProfile) -> None:
     """Notebook 04's counterpart of `announce`: banner, profile runs passed over, provenance."""
-    from IPython.display import Markdown, display
 
     from dsa_lab.report import show_fallback, show_provenance
 
     if chosen.missing:
         show_fallback(chosen.missing, "a CPU reference profile")
-    for folder, problem in chosen.ignored:
-        display(Markdown(f"*Ignored profile run `{folder}`: {problem}*"))
+    show_ignored(chosen.ignored, "profile run")
     show_provenance(chosen.summary, "kernel profiles")

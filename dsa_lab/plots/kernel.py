@@ -41,6 +41,7 @@ from dsa_lab.analysis.frames import (
 from dsa_lab.analysis.frames import context_order as _context_order
 from dsa_lab.analysis.goals import CANDIDATE as GOAL_CANDIDATE
 from dsa_lab.analysis.goals import GOAL_COLUMNS
+from dsa_lab.markup import html_text, md_text
 from dsa_lab.plots.latency import _sources_label, context_title
 from dsa_lab.plots.style import (
     BEST_MARKER,
@@ -53,6 +54,7 @@ from dsa_lab.plots.style import (
     VLLM_RELEASE,
     add_footer,
     backend_marker,
+    chart_text,
     legend_outside,
     provenance_line,
     series_label,
@@ -214,7 +216,7 @@ def plot_backend_latency(
     ax.set(xlabel="next_n (query rows per request)", ylabel="kernel time per decode step (µs, median)", ylim=(0, None))
     legend_outside(ax)
     backends = " vs ".join(dict.fromkeys(data.loc[data["source"] == "measured", "backend"])) or "modeled"
-    title = (f"Kernel time, {backends}, on {device} ({_sources_label(data)}): batch={batch}, "
+    title = (f"Kernel time, {backends}, on {chart_text(device)} ({_sources_label(data)}): batch={batch}, "
              f"context={context_title(context)}")  # fmt: skip
     return _finish(fig, title, provenance_line)
 
@@ -246,7 +248,7 @@ def plot_speedup_heatmaps(
                     linewidths=0.5, linecolor="white")  # fmt: skip
         ax.set(title=title, xlabel="next_n", ylabel="batch, context")
     fig.colorbar(axes[0].collections[0], ax=axes, label="speedup (×): other time / candidate time", shrink=0.8)
-    title = f"{candidate[0]} {candidate[1]} speedup on {device} (measured); empty cell: the other side was not timed"
+    title = f"{candidate[0]} {candidate[1]} speedup on {chart_text(device)} (measured); empty cell: the other side was not timed"
     return _finish(fig, title, provenance_line)
 
 
@@ -283,7 +285,7 @@ def plot_goal_ratio_heatmap(
                 cbar_kws={"label": f"{candidate} native / best DeepGEMM option (×)"})  # fmt: skip
     ax.set(xlabel="next_n", ylabel="batch, context")
     ax.tick_params(axis="y", rotation=0)
-    title = (f"{candidate} native / the best DeepGEMM option on {device} (measured; the fastest strategy over "
+    title = (f"{candidate} native / the best DeepGEMM option on {chart_text(device)} (measured; the fastest strategy over "
              f"every DeepGEMM backend timed)\nbelow 1 (blue): {candidate} faster. Each cell: the ratio and the "
              "option it is held to; empty: a side was not timed")  # fmt: skip
     return _finish(fig, title, provenance_line)
@@ -307,7 +309,7 @@ def plot_cta_phases(phases: pd.DataFrame, device: str, provenance_line: str | No
     ax.invert_yaxis()
     ax.set(xlabel="ns after the CTA's loader starts (median over CTAs and launches)", ylabel="")
     legend_outside(ax)
-    title = (f"Inside one CTA of the gluon kernel at B = 1 on {device} (measured, instrumented copy): "
+    title = (f"Inside one CTA of the gluon kernel at B = 1 on {chart_text(device)} (measured, instrumented copy): "
              "what the first tiles wait for")  # fmt: skip
     return _finish(fig, title, provenance_line)
 
@@ -372,7 +374,9 @@ def plot_roofline_intensity(
         labels.append(f"native on {gpus}: {MODELED_LABEL}")
     legend_outside(ax, handles, labels, fontsize=7.5)
     ceilings = "measured" if gpu.measured else "datasheet"
-    title = f"Roofline on {device} ({_sources_label(data)} points); ceilings: {gpu.name} ({ceilings} ceilings)"
+    title = (
+        f"Roofline on {chart_text(device)} ({_sources_label(data)} points); ceilings: {gpu.name} ({ceilings} ceilings)"
+    )
     return _finish(fig, title, provenance_line)
 
 
@@ -427,7 +431,7 @@ def plot_modeled_sm100(
     labels += modeled
     legend_outside(ax, handles, labels)
     kind = "measured vs SM100 " if measured else ""
-    title = (f"{device} {kind}{MODELED_LABEL if modeled else 'measured'}: batch={batch}, "
+    title = (f"{chart_text(device)} {kind}{MODELED_LABEL if modeled else 'measured'}: batch={batch}, "
              f"context={context_title(context)}")  # fmt: skip
     return _finish(fig, title, provenance_line)
 
@@ -441,7 +445,7 @@ def reading(comparison: pd.DataFrame, batch: int, context: str, device: str,
     floor; then the whole run in one line. Every number comes from `comparison`."""
     name = f"{candidate[0]} {candidate[1]}"
     here = comparison[(comparison["batch"] == batch) & (comparison["context"] == context)]
-    lines = [f"**{name} on {device}, batch={batch}, context={context} (measured):**", ""]
+    lines = [f"**{name} on {md_text(device)}, batch={batch}, context={context} (measured):**", ""]
     for row in here.itertuples():
         parts = [f"- next_n={row.next_n}: {row.candidate_ms * 1e3:.1f} µs"]
         if pd.notna(row.vllm_ms):
@@ -485,7 +489,7 @@ def mixed_context_reading(
     k = lambda n: f"{n / 1024:.1f}K"  # noqa: E731
     text = (
         f"**Why {name} falls behind at B = {worst.batch} with {context_title(worst.mixed)} contexts "
-        f"({_range(worst.vs_best)}× the best {baseline} option, measured on {device}).** The batch's requests hold "
+        f"({_range(worst.vs_best)}× the best {baseline} option, measured on {md_text(device)}).** The batch's requests hold "
         f"{k(worst['mean'])} tokens on average and {k(worst.longest)} at most: {100 * worst.token_share:.0f} % of "
         f"the tokens of a uniform {context_title(worst.uniform)} batch. The best {baseline} option's time falls "
         f"with the tokens ({_range(worst.baseline_scale)}× its uniform-{context_title(worst.uniform)} time over "
@@ -555,6 +559,7 @@ def style_comparison(table: pd.DataFrame) -> Any:
                 "speedup_vs_best": "{:.2f}x",
             },
             na_rep="—",
+            escape="html",
         )  # fmt: skip
         .background_gradient(subset=speedups, cmap="RdBu", vmin=0.5, vmax=1.5)
         .hide(axis="index")
@@ -581,6 +586,7 @@ def style_goal_points(points: pd.DataFrame) -> Any:
                 **dict.fromkeys(GOAL_COLUMNS, verdict),
             },
             na_rep="—",
+            escape="html",
         )  # fmt: skip
         .background_gradient(subset=["ratio", "flatten_atom_ratio"], cmap="RdBu_r", vmin=0.8, vmax=1.2)
         .map(colour, subset=list(GOAL_COLUMNS))
@@ -591,7 +597,7 @@ def style_goal_points(points: pd.DataFrame) -> Any:
 def style_goal_summary(summary: pd.DataFrame) -> Any:
     """`analysis.goals.goal_summary` for display: the min and max ratio per next_n shaded around 1."""
     return (
-        summary.style.format({"ratio_min": "{:.3f}", "ratio_max": "{:.3f}"}, na_rep="—")
+        summary.style.format({"ratio_min": "{:.3f}", "ratio_max": "{:.3f}"}, na_rep="—", escape="html")
         .background_gradient(subset=["ratio_min", "ratio_max"], cmap="RdBu_r", vmin=0.8, vmax=1.2)
         .hide(axis="index")
     )
@@ -611,7 +617,10 @@ def style_ncu_comparison(table: pd.DataFrame) -> Any:
                 "useful_tflops": "{:.0f}",
             },
             na_rep="—",
+            escape="html",
         )  # fmt: skip
-        .set_caption(f"Nsight Compute (kernel replay, caches flushed); tensor pipe busy: ncu counter {counter}")
+        .set_caption(
+            f"Nsight Compute (kernel replay, caches flushed); tensor pipe busy: ncu counter {html_text(counter)}"
+        )
         .hide(axis="index")
     )

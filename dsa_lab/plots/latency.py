@@ -23,12 +23,14 @@ from matplotlib.ticker import FixedLocator, NullLocator
 from pandas.io.formats.style import Styler
 
 from dsa_lab.analysis.frames import SM90_DEEPGEMM, context_order, ok_rows, speedup_over_vllm, vllm_choice
+from dsa_lab.markup import md_text
 from dsa_lab.plots.style import (
     MODELED,
     MODELED_HATCH,
     STRATEGY_ORDER,
     VLLM_RELEASE,
     add_footer,
+    chart_text,
     legend_outside,
     series_label,
     series_style,
@@ -105,7 +107,7 @@ def plot_vs_vllm(
     handles = [*entries.values(), plt.Line2D([], [], color="black", linewidth=1.2)]
     labels = [*entries, f"{VLLM_RELEASE}'s choice ({backend}), = 1"]
     legend_outside(fig, handles, labels, title="strategy (backend)")
-    fig.suptitle(f"Speedup over what {VLLM_RELEASE} runs, measured on {device}\n"
+    fig.suptitle(f"Speedup over what {VLLM_RELEASE} runs, measured on {chart_text(device)}\n"
                  "one y scale for every panel; above the black line: faster")  # fmt: skip
     return add_footer(fig, provenance_line)
 
@@ -156,7 +158,7 @@ def plot_speedup(
         ax.set_visible(False)
     what = f"{source} speedup over {baseline} (×)" + (" — roofline model, not measured" if source == MODELED else "")
     fig.colorbar(axes.flat[0].collections[0], ax=axes, label=what, shrink=0.8)
-    title = (f"Speedup over {baseline} on {device}, {source}" + (" (roofline at the run's ceilings; its own colour "
+    title = (f"Speedup over {baseline} on {chart_text(device)}, {source}" + (" (roofline at the run's ceilings; its own colour "
              "scale)" if source == MODELED else "") + "; empty cells: not run or skipped")  # fmt: skip
     fig.suptitle(title)
     return add_footer(fig, provenance_line)
@@ -193,7 +195,7 @@ def plot_modeled_speedup(frame: pd.DataFrame, device: str, baseline: str = "flat
     points = table.groupby(["batch", "context"]).ngroups
     gpus = ", ".join(dict.fromkeys(name.split(",")[0] for name in names))
     ax.set_title(f"Speedup over {baseline}, {MODELED} at {gpus} ceilings, not measured\n"
-                 f"median over the {points} batch × context points of {device} (they differ by ≤ {spread:.2f})",
+                 f"median over the {points} batch × context points of {chart_text(device)} (they differ by ≤ {spread:.2f})",
                  fontsize=10)  # fmt: skip
     return fig
 
@@ -237,7 +239,7 @@ def _points(count: int) -> str:
 def reading(table: pd.DataFrame, device: str, backend: str) -> str:
     """A short markdown reading of `decision_table`, every number taken from it."""
     if table.empty:
-        return f"No point on {device} has a timed decision for backend {backend}."
+        return f"No point on {md_text(device)} has a timed decision for backend {md_text(backend)}."
     known = table.dropna(subset=["vllm_us"])
     agree = known[known["recommended"] == known["vllm_0_33"]]
     worse = known[(known["recommended"] != known["vllm_0_33"])].sort_values("vllm_slowdown", ascending=False)
@@ -245,7 +247,7 @@ def reading(table: pd.DataFrame, device: str, backend: str) -> str:
     measured = worse[worse["source"] == "measured"]
     spread = f" ({int(measured['significant'].sum())} of them beyond the measured spread)" if len(measured) else ""
     lines = [
-        f"**{backend} on {device} ({sources})**: {_points(len(table))} (next_n x batch x context). "
+        f"**{md_text(backend)} on {md_text(device)} ({sources})**: {_points(len(table))} (next_n x batch x context). "
         f"vLLM 0.33's choice was timed in {len(known)}; it is the fastest strategy in {len(agree)} of them "
         f"and not in {len(worse)}{spread}."
     ]
@@ -273,7 +275,9 @@ def reading(table: pd.DataFrame, device: str, backend: str) -> str:
 def style_decision_table(table: pd.DataFrame) -> Styler:
     """The decision table for display: times in µs, vLLM's slowdown shaded (white = it is the fastest)."""
     return (
-        table.style.format({"recommended_us": "{:.1f}", "vllm_us": "{:.1f}", "vllm_slowdown": "{:.2f}x"}, na_rep="—")
+        table.style.format(
+            {"recommended_us": "{:.1f}", "vllm_us": "{:.1f}", "vllm_slowdown": "{:.2f}x"}, na_rep="—", escape="html"
+        )
         .background_gradient(subset=["vllm_slowdown"], cmap="Reds", vmin=1.0)
         .hide(axis="index")
     )
@@ -296,7 +300,7 @@ def plot_run_to_run(
     legend_outside(ax, handles, backends, title="backend (stacked)")
     spread = data["change_pct"].abs()
     ax.set_title(
-        f"{device}, measured: run-to-run spread over {len(data)} points "
+        f"{chart_text(device)}, measured: run-to-run spread over {len(data)} points "
         f"(median |change| {spread.median():.2f} %, max {spread.max():.2f} %)"
     )
     return add_footer(fig, provenance_line)
