@@ -392,7 +392,8 @@ TYPED = {
 @pytest.mark.parametrize("case", list(TYPED))
 def test_load_run_validates_every_column_naming_the_file_and_rows(tmp_path: Path, case: str) -> None:
     """Times stored as strings, a NaN next_n or only the minimal columns used to load, then break a
-    notebook with a raw TypeError or KeyError."""
+    notebook with a raw TypeError or KeyError; a backend name with markup used to load and go live
+    through the latency explorer's pandas Styler (a backend is now a plain name)."""
     change, says = TYPED[case]
     run_dir = make_run(tmp_path, "a")
     change(pd.read_parquet(run_dir / PARQUET)).to_parquet(run_dir / PARQUET, index=False)
