@@ -49,11 +49,11 @@ def deadline(seconds: float | None, on_hang: Callable[[], None], grace_s: float 
             on_hang()
 
     previous = signal.signal(signal.SIGALRM, alarm) if use_alarm else None
-    if use_alarm:
-        signal.setitimer(signal.ITIMER_REAL, seconds)
     watchdog = threading.Thread(target=watch, name="dsa-lab-point-watchdog", daemon=True)
-    watchdog.start()
-    try:
+    try:  # the watchdog starts, then the timer: whatever fires (even before the block) ends in `finally`
+        watchdog.start()
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, seconds)
         yield
     finally:
         try:
