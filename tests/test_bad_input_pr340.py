@@ -113,3 +113,8 @@ def test_a_non_utf8_origin_names_the_file(tmp_path) -> None:
 def test_a_huge_origin_is_cut_to_one_line(tmp_path) -> None:
     _, origin = pr.import_pr340(str(build(tmp_path, origin=b"x" * 100_000 + b"\nsecond line")))
     assert len(origin) < pr.MAX_ORIGIN_CHARS + 20 and origin.endswith("... (cut)") and "\n" not in origin
+
+
+def test_a_long_utf8_origin_is_cut_between_characters(tmp_path) -> None:
+    _, origin = pr.import_pr340(str(build(tmp_path, origin=("é" * 5000).encode())))
+    assert origin == "é" * pr.MAX_ORIGIN_CHARS + " ... (cut)"

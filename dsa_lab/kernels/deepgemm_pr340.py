@@ -21,6 +21,7 @@ same module and provenance would name the wrong one.
 
 from __future__ import annotations
 
+import codecs
 import importlib.util
 import os
 import re
@@ -57,7 +58,8 @@ def read_origin(package: Path) -> str:
         return f"unrecorded build ({package})"
     try:
         with open(path, "rb") as handle:
-            text = handle.read(MAX_ORIGIN_CHARS * 4 + 1).decode("utf-8")
+            data = handle.read(MAX_ORIGIN_CHARS * 4 + 1)  # enough for the cut; a longer file is cut below
+        text = codecs.getincrementaldecoder("utf-8")().decode(data, final=len(data) <= MAX_ORIGIN_CHARS * 4)
     except (OSError, UnicodeDecodeError) as err:
         return f"unrecorded build ({package}; its {path} is unreadable: {type(err).__name__})"
     text = " ".join(re.sub(r"[\x00-\x1f\x7f-\x9f]", " ", text).split())
