@@ -20,6 +20,7 @@ import pandas as pd
 from dsa_lab.analysis.frames import POINT, measured_ok, ok_rows
 from dsa_lab.analysis.runs import SM100_SWEEP_HOW, ChosenRun, sm100_evidence, sm100_run
 from dsa_lab.kernels import modeled_backends, vllm_backend
+from dsa_lab.markup import md_code, md_text
 from dsa_lab.metadata import STRATEGIES
 from dsa_lab.model.gpus import ARCH_MAJORS
 from dsa_lab.model.roofline import GpuSpec, floor_ms, get_gpu, modeled_time
@@ -294,9 +295,9 @@ def sm100_frame(
             frame = pd.concat([frame, calibrated_rows(ok, [gpu], run.provenance["seed"])], ignore_index=True)
         where = f"{run.path.parent.name}/{run.path.name}"  # data/<device>/<run_id>, as the run folders lie
         note = (
-            f"Measured on {chosen.device_label} ({sm100_evidence(run.provenance)}): run "
-            f"`{run.provenance['run_id']}` ({where}), created {run.provenance['created']}, "
-            f"{len(ok)} points timed."
+            f"Measured on {md_text(chosen.device_label)} ({sm100_evidence(run.provenance)}): run "
+            f"{md_code(run.provenance['run_id'])} ({md_code(where)}), "
+            f"created {md_text(run.provenance['created'])}, {len(ok)} points timed."
         )
         return Sm100Frame(frame, True, chosen.device_label, note, chosen, ignored)
     passed = f" ({len(ignored)} run(s) passed over, listed below)" if ignored else ""

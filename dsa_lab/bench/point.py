@@ -19,7 +19,7 @@ from typing import Any
 
 from dsa_lab import axes
 from dsa_lab.bench.timing import TimingConfig
-from dsa_lab.errors import UnsupportedShape, as_int, check_choice, check_range
+from dsa_lab.errors import UnsupportedShape, check_choice, check_range, check_seed
 from dsa_lab.kernels import get_backend, preset_backends
 from dsa_lab.plan import LaunchPlan
 from dsa_lab.workload import ContextSpec, DecodeBatch
@@ -97,7 +97,7 @@ class _SpecMethods:
         tolerance = self.check_tolerance
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
             raise ValueError(f"check_tolerance={tolerance!r}: must lie in (0, 1)")
-        object.__setattr__(self, "seed", as_int("seed", self.seed))
+        object.__setattr__(self, "seed", check_seed("seed", self.seed))
         check_range("check_requests", self.check_requests, 1, 1 << 16)
         check_range("full_check_limit", self.full_check_limit, 0, 1 << 62)
         if not isinstance(self.timing, TimingConfig):

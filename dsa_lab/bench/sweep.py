@@ -39,9 +39,10 @@ from dsa_lab.bench.guard import PointTimeout, deadline
 from dsa_lab.bench.numerics import numerics_record
 from dsa_lab.bench.point import PRESETS, Point, SweepPoint, SweepSpec, expand, preset
 from dsa_lab.bench.timing import Measurement, TimingConfig, measure_ceilings, time_callable, timing_method
-from dsa_lab.bench.walk import Visit, prepare, release, skip_reason, walk
+from dsa_lab.bench.walk import Visit, point_backend, prepare, release, skip_reason, walk
+from dsa_lab.decode import native_sizes_for
 from dsa_lab.env_info import device_name
-from dsa_lab.errors import as_device, check_positive, check_range
+from dsa_lab.errors import UnsupportedShape, as_device, check_positive, check_range
 from dsa_lab.kernels import LogitsBackend, vllm_backend
 from dsa_lab.model.gpus import ARCH_MAJORS
 from dsa_lab.model.roofline import GpuSpec, floor_ms, get_gpu, gpu_for_device, roofline_columns
@@ -64,6 +65,8 @@ __all__ = [
 
 RESULTS_EVERY_S = 30.0  # results.parquet is refreshed this often during a sweep
 SM90_MAJOR = ARCH_MAJORS["sm90"]
+ESTIMATE_REQUESTS = 64  # `estimate_seconds` plans at most this many requests of a point and scales to its batch
+LENGTH_AXES = ("batch", "context")  # the axes that only set a point's cached lengths (`Point.seq_lens`)
 DEFAULT_POINT_TIMEOUT_S = 300.0  # a point (JIT compile, check, timing) still running after this is an error
 STOP_REASONS = ("complete", "max_points", "max_minutes", "device_lost", "interrupted", "point_hung")
 HUNG_EXIT_CODE = 3
@@ -167,10 +170,10 @@ def open_run(
     numerics = numerics_record(spec.backend, spec.cache_dtype, spec.check_tolerance, device)
     extra.setdefault("scratch", store.scratch_device(device.type))
     if resume:
-        if not (run_dir / store.PROVENANCE_FILE).exists():
-            raise ValueError(f"--resume: {run_dir} holds no run to resume (no {store.PROVENANCE_FILE})")
-        provenance = store.check_resume(run_dir, _recorded_form(run_dir, spec), device.type, device_name(device),
-                                        environment_facts())  # fmt: skip
+        provenance = store.check_resume(
+            run_dir, _recorded_form(run_dir, spec), device.type, device_name(device), environment_facts(spec.backend)
+        )
+        _check_logged_points(run_dir, spec)
         stamp = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": extra.get("command")}
         fields: dict[str, Any] = {"resumed": provenance.get("resumed", []) + [stamp]}
         if "numerics" not in provenance:  # a run from before the numerics were recorded
@@ -204,6 +207,17 @@ def _recorded_form(run_dir: Path, spec: SweepSpec) -> dict[str, Any]:
     return recorded if same else spec.to_dict()
 
 
+def _check_logged_points(run_dir: Path, spec: SweepSpec) -> None:
+    """Every point the log holds belongs to the run's grid (a foreign point would join its results)."""
+    keys = {point.key for point in spec.points()}
+    foreign = [key for key in store.latest_rows(run_dir) if key not in keys]
+    if foreign:
+        raise store.RunFormatError(
+            f"{run_dir / store.POINTS_FILE}: {len(foreign)} logged point(s) not in the run's grid, e.g. {foreign[0]}: "
+            "the log is not this run's; refusing to resume"
+        )
+
+
 def run_sweep(
     spec: SweepSpec,
     run_dir: str | Path,
@@ -232,10 +246,10 @@ def run_sweep(
     if point_timeout_s is not None:
         check_positive("point_timeout_s", point_timeout_s)
     device, run_dir = as_device("device", device), Path(run_dir)
-    if resume and not (run_dir / store.PROVENANCE_FILE).exists():
-        raise ValueError(f"--resume: {run_dir} holds no run to resume (no {store.PROVENANCE_FILE})")
-    if not resume:
-        store._check_new_folder(run_dir)  # before taking the lock, which creates the folder
+    if resume:
+        store.require_run(run_dir)
+    else:
+        store.check_new_folder(run_dir)  # before taking the lock, which creates the folder
     created = not run_dir.exists()
     try:
         with store.run_lock(run_dir):
@@ -378,6 +392,27 @@ def _watched() -> bool:
     return sys.stderr.isatty() or "ipykernel" in sys.modules
 
 
+def skipped_here(spec: SweepSpec, device: torch.device) -> int:
+    """How many of the spec's points `skip_reason` skips on `device`, asked once per point with its cached
+    lengths left out (`LENGTH_AXES`): whether a point runs depends on its launches' widths, never on its
+    cached lengths, so a one-request plan answers for every batch and context."""
+    reasons: dict[tuple, bool] = {}
+    count = 0
+    for point in spec.points():
+        key = tuple(value for name, value in point.axes().items() if name not in LENGTH_AXES)
+        if key not in reasons:
+            try:
+                backend = point_backend(point)
+            except UnsupportedShape:
+                plan = None  # skip_reason names the refused config
+            else:
+                ok = backend.availability(device).ok
+                plan = point.plan((point.next_n,), native_sizes_for(backend, device)) if ok else None
+            reasons[key] = skip_reason(point, device, plan) is not None
+        count += reasons[key]
+    return count
+
+
 def _device_alive(device: torch.device) -> bool:
     """False after a sticky CUDA error (illegal address...), when every later point would fail too."""
     if device.type != "cuda":
@@ -395,12 +430,24 @@ def estimate_seconds(
 ) -> float:
     """A rough wall-clock estimate: a compile per (backend, next_n), and per point a fixed overhead
     plus its samples at twice the roofline time of the strategy's bytes (+ the L2 flush); atom
-    pieces as SM90 DeepGEMM plans them (what vLLM runs, `kernels.vllm_backend`)."""
+    pieces as SM90 DeepGEMM plans them (what vLLM runs, `kernels.vllm_backend`).
+
+    The roofline time is taken once per distinct shape, from a plan of at most
+    `ESTIMATE_REQUESTS` requests scaled to the point's batch (bytes and FLOPs add up over
+    requests: exact for a uniform context, a seeded sample's mean for a mixed one), so a
+    dry run of any size answers in seconds, not in points x batch.
+    """
     gpu = get_gpu(gpu_name)
     total = compile_s * len(spec.backend) * len(spec.next_n)
+    native = vllm_backend().native_sizes_on(SM90_MAJOR)
+    per_request: dict[tuple, float] = {}
     for point in spec.points():
-        plan = point.plan(point.seq_lens(spec.seed), vllm_backend().native_sizes_on(SM90_MAJOR))
-        kernel_ms = 2 * floor_ms(plan.cost, gpu, strategy_bytes=True)[0] + 0.06
+        sample = min(point.batch, ESTIMATE_REQUESTS)
+        key = (sample, point.context, point.next_n, point.strategy, point.heads, point.head_dim, point.cache_dtype)
+        if key not in per_request:
+            plan = point.plan(ContextSpec.parse(point.context).seq_lens(sample, spec.seed), native)
+            per_request[key] = floor_ms(plan.cost, gpu, strategy_bytes=True)[0] / sample
+        kernel_ms = 2 * per_request[key] * point.batch + 0.06
         samples = min(spec.timing.max_samples, max(spec.timing.min_samples, spec.timing.max_seconds * 1e3 / kernel_ms))
         total += per_point_s + (samples + spec.timing.warmup + 2) * kernel_ms / 1e3
     return total

@@ -18,7 +18,14 @@ from typing import Any
 import pandas as pd
 
 from dsa_lab import axes, store
-from dsa_lab.bench.cli import add_grid_flags, resolve_device, run_dir_from_args, scratch_run, spec_from_args
+from dsa_lab.bench.cli import (
+    add_grid_flags,
+    check_folder_flags,
+    resolve_device,
+    run_dir_from_args,
+    scratch_run,
+    spec_from_args,
+)
 from dsa_lab.errors import check_choice, check_positive, check_range
 from dsa_lab.profiling.ncu import NcuUnavailable, detect_ncu
 from dsa_lab.profiling.runs import profile_provenance, write_tables
@@ -51,6 +58,7 @@ def _tools(text: str) -> tuple[str, ...]:
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     tools = _tools(args.tool)
+    check_folder_flags(args)
     for flag, value in (("--torch-budget", args.torch_budget), ("--ncu-timeout", args.ncu_timeout)):
         if value is not None:
             check_positive(flag, value)
@@ -72,7 +80,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         )
     nsight = _nsight_for(tools, device)
     out = run_dir_from_args(args, device, "profile", sub="profiles")
-    store._check_new_folder(out)
+    store.check_new_folder(out)
     with store.run_lock(out):
         provenance = profile_provenance(out.name, device, spec, settings, status)
         provenance.update(ncu_skipped=ncu_skipped, scratch=scratch_run(args, device))
