@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from dsa_lab.file_writes import check_no_links
 from dsa_lab.store import (
     POINTS_FILE,
     PROVENANCE_FILE,
     RESULTS_FILE,
     RunFormatError,
-    check_no_links,
     is_scratch,
     read_provenance,
 )

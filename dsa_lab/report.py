@@ -40,10 +40,10 @@ from papermill.exceptions import PapermillExecutionError
 from tqdm import tqdm
 
 from dsa_lab import report_page
+from dsa_lab.file_writes import write_text_atomic
 from dsa_lab.notebook import FALLBACK_MIME, PROVENANCE_MIME
 from dsa_lab.paths import check_output_path
 from dsa_lab.provenance import git_state
-from dsa_lab.store import write_text_atomic
 
 PAPERMILL_BANNER_TAG = "papermill-error-cell-tag"
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_.+\.ipynb$")

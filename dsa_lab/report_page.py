@@ -26,8 +26,8 @@ import nbformat
 import pandas as pd
 import papermill
 
+from dsa_lab.file_writes import write_atomic
 from dsa_lab.markup import html_text, md_code, md_text, render_markdown
-from dsa_lab.store import write_atomic
 from dsa_lab.workload import ContextSpec
 
 HEADLINE_NOTEBOOK = "00"  # the tour: its parameters name the headline's run and shape

@@ -10,16 +10,16 @@ that was started with another spec, or on another device or environment. `load_r
 checks both files and names the file (and rows) at fault: every read failure, and any
 timed row with a non-finite or non-positive time or quartiles out of order, becomes a
 `RunFormatError` (`listing.list_runs` lists a damaged run with its problem instead of failing).
-Writes that the OS refuses (no space, read-only, permission) raise `RunWriteError`, one
+Writes that the OS refuses (no space, read-only, permission) raise `file_writes.RunWriteError`, one
 line naming the path. Every row carries `source` (measured or modeled) and a column per axis
 (`dsa_lab.axes`; one an older run lacks is filled in on load). Run ids are plain folder names
 (`check_run_id`), so a run folder never lands outside its root. A new run's provenance is
 `provenance.build_provenance`'s.
 
-Nothing is written through a link: a run folder holds plain files only (`check_no_links`
+Nothing is written through a link: a run folder holds plain files only (`file_writes.check_no_links`
 refuses one holding a symbolic link, naming it, before anything reads or writes there), and
 every open for writing uses O_NOFOLLOW; everything rewritten goes to a temp file created
-exclusively beside it, then `os.replace` (`write_atomic`). A folder left by a kill inside
+exclusively beside it, then `os.replace` (`file_writes.write_atomic`). A folder left by a kill inside
 `create_run` (only `.lock` and our temp files) is recognised: a fresh run clears those
 leftovers by name and starts, a resume says what the folder is (`require_run`).
 """
@@ -28,22 +28,30 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import errno
 import fcntl
 import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import pandas as pd
 
 from dsa_lab import axes
 from dsa_lab.env_info import RESUME_FIELDS
-from dsa_lab.run_format import TIME_COLUMNS, RunFormatError, check_provenance_fields, check_results
+from dsa_lab.file_writes import (
+    TEMP_PATTERN,
+    check_no_links,
+    open_no_follow,
+    refuse_link,
+    write_atomic,
+    write_json,
+    writing,
+)
+from dsa_lab.run_format import PLAIN_NAME, TIME_COLUMNS, RunFormatError, check_provenance_fields, check_results
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.parquet"
@@ -75,31 +83,11 @@ RESULT_COLUMNS = (  # every run has these; an axis added later is filled in on l
     "p75_ms",
     "iqr_ms",
 )
-RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-TEMP_PATTERN = re.compile(r"\.(?P<name>.+)\.tmp-\d+")  # `write_atomic`'s temp files: .<name>.tmp-<pid>
-NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+RUN_ID_PATTERN = PLAIN_NAME  # one folder name
 
 
 class RunLocked(RuntimeError):
     """Another process is writing this run folder."""
-
-
-class RunWriteError(OSError):
-    """The OS refused a write (no space, read-only, permission...); one line naming the path."""
-
-
-@contextlib.contextmanager
-def writing(path: Path, action: str = "write") -> Iterator[None]:
-    """Turn an OSError while writing `path` into one `RunWriteError` line that names the path."""
-    try:
-        yield
-    except RunWriteError:
-        raise
-    except OSError as err:
-        reason = err.strerror or str(err) or type(err).__name__
-        failure = RunWriteError(f"cannot {action} {path}: {reason}")
-        failure.errno = err.errno or errno.EIO
-        raise failure from None
 
 
 def check_run_id(run_id: str) -> str:
@@ -140,63 +128,6 @@ def is_scratch(provenance: dict[str, Any]) -> bool:
 
 
 # ---------------------------------------------------------------- writing
-
-
-def _refuse_link(path: Path) -> None:
-    """A symbolic link where a run file belongs: refused by name (a contributed run folder can carry one)."""
-    raise RunFormatError(
-        f"{path}: a symbolic link (to {os.readlink(path)}); a run folder holds plain files only and dsa_lab never "
-        "reads or writes through a link: remove it (or give the folder it points to)"
-    )
-
-
-def check_no_links(run_dir: str | Path) -> None:
-    """Refuse a run folder that is, or holds, a symbolic link, naming it (a link above the run folder, say a
-    data root on another disk, is fine)."""
-    run_dir = Path(run_dir)
-    if run_dir.is_symlink():
-        _refuse_link(run_dir)
-    if run_dir.is_dir():
-        for entry in sorted(run_dir.iterdir()):
-            if entry.is_symlink():
-                _refuse_link(entry)
-
-
-def _open_no_follow(path: Path, flags: int, action: str) -> int:
-    """os.open with O_NOFOLLOW: a link at `path` is refused by name, an OS error is one line naming it."""
-    try:
-        return os.open(path, flags | NO_FOLLOW, 0o644)
-    except OSError as err:
-        if err.errno == errno.ELOOP or path.is_symlink():
-            _refuse_link(path)
-        with writing(path, action):
-            raise
-
-
-def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write `path` whole or not at all: `write(handle)` fills a temp file created exclusively beside it
-    (never through a link planted at its name), then `os.replace` moves it over `path` (a link there is
-    replaced, not followed)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with writing(path):
-            if tmp.is_symlink() or tmp.exists():
-                tmp.unlink()  # a stale temp file, or a link planted at its name: removed, never followed
-            with os.fdopen(_open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "write"), "wb") as handle:
-                write(handle)
-            os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    write_atomic(path, lambda handle: handle.write(text.encode("utf-8")))
-
-
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def leftovers(run_dir: Path) -> list[str]:
@@ -272,7 +203,7 @@ def run_lock(run_dir: str | Path) -> Iterator[Path]:
     with writing(run_dir, "create the run folder"):
         run_dir.mkdir(parents=True, exist_ok=True)
     while True:
-        handle = os.fdopen(_open_no_follow(path, os.O_RDWR | os.O_CREAT, "lock"), "r+", encoding="utf-8")
+        handle = os.fdopen(open_no_follow(path, os.O_RDWR | os.O_CREAT, "lock"), "r+", encoding="utf-8")
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -385,7 +316,7 @@ def append_point(run_dir: str | Path, row: dict[str, Any]) -> None:
     """Append one finished point as a JSON line and force it to disk."""
     path = Path(run_dir) / POINTS_FILE
     line = json.dumps(row, default=_json_default, allow_nan=True) + "\n"
-    fd = _open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "append to")
+    fd = open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "append to")
     with writing(path, "append to"), os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(line)
         handle.flush()
@@ -403,13 +334,13 @@ def _json_default(value: Any) -> Any:
 def _repair_points(path: Path) -> None:
     """Drop a torn last line (a point cut off mid-write), so appends start on a fresh line."""
     if path.is_symlink():
-        _refuse_link(path)
+        refuse_link(path)
     if not path.exists():
         return
     data = path.read_bytes()
     cut = data.rfind(b"\n") + 1
     if cut != len(data):
-        fd = _open_no_follow(path, os.O_RDWR, "repair")
+        fd = open_no_follow(path, os.O_RDWR, "repair")
         with writing(path, "repair"), os.fdopen(fd, "r+b") as handle:
             handle.truncate(cut)
 
@@ -418,7 +349,7 @@ def read_points(run_dir: str | Path) -> list[dict[str, Any]]:
     """Rows of points.jsonl; a torn last line is ignored, any other bad line is an error naming the file."""
     path = Path(run_dir) / POINTS_FILE
     if path.is_symlink():
-        _refuse_link(path)
+        refuse_link(path)
     if not path.exists():
         return []
     try:
@@ -492,7 +423,7 @@ class Run:
 def read_provenance(path: Path) -> dict[str, Any]:
     """A run's provenance.json, checked: one of ours, of this schema, every field a reader uses of its type."""
     if path.is_symlink():
-        _refuse_link(path)
+        refuse_link(path)
     if not path.is_file():
         raise RunFormatError(f"{path}: no provenance file (is this a dsa_lab run folder?)")
     try:

@@ -31,7 +31,7 @@ LAYERS = (
     ("axes", ("dsa_lab.axes",)),
     ("model", ("dsa_lab.model",)),
     ("environment", ("dsa_lab.env_info",)),
-    ("store", ("dsa_lab.run_format", "dsa_lab.store", "dsa_lab.provenance", "dsa_lab.listing")),
+    ("store", ("dsa_lab.run_format", "dsa_lab.file_writes", "dsa_lab.store", "dsa_lab.provenance", "dsa_lab.listing")),
     ("harness", ("dsa_lab.bench",)),
     ("profiling", ("dsa_lab.profiling",)),
     ("analysis", ("dsa_lab.analysis",)),

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from dsa_lab import store
+from dsa_lab import file_writes, store
 from dsa_lab.listing import list_runs
 from dsa_lab.provenance import build_provenance
 
@@ -69,14 +69,14 @@ def test_a_run_is_never_overwritten(tmp_path):
 
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path):
     target = tmp_path / "provenance.json"
-    store.write_json(target, {"old": True})
+    file_writes.write_json(target, {"old": True})
 
     def half_write(handle):
         handle.write(b'{"new": tr')
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        store.write_atomic(target, half_write)
+        file_writes.write_atomic(target, half_write)
     assert json.loads(target.read_text()) == {"old": True}
     assert [p.name for p in tmp_path.iterdir()] == ["provenance.json"]
 

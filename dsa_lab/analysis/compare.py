@@ -35,8 +35,9 @@ import numpy as np
 import pandas as pd
 
 from dsa_lab import axes
+from dsa_lab.file_writes import write_text_atomic
 from dsa_lab.paths import check_output_path
-from dsa_lab.store import Run, load_run, write_text_atomic
+from dsa_lab.store import Run, load_run
 
 VERDICTS = ("slower", "unsure", "nan", "faster", "same")  # the order a report lists them in
 DEFAULT_THRESHOLD = 0.05

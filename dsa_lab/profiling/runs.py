@@ -36,6 +36,7 @@ import torch
 from dsa_lab import axes, store
 from dsa_lab.bench.point import SweepSpec, preset
 from dsa_lab.env_info import device_name
+from dsa_lab.file_writes import write_atomic
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.model.gpus import ARCH_MAJORS
 from dsa_lab.profiling.ncu import NcuStatus
@@ -118,12 +119,10 @@ def write_tables(run: ProfileRun, folder: Path) -> None:
     """Write the run's tables next to its provenance (atomically, one file each)."""
     tables = [("torch_kernels", run.kernels), ("torch_phases", run.phases), ("ncu_kernels", run.ncu)]
     for name, frame in [*tables, *([("nsight_times", run.nsight)] if not run.nsight.empty else [])]:
-        store.write_atomic(
-            folder / f"{name}.parquet", lambda handle, frame=frame: frame.to_parquet(handle, index=False)
-        )
+        write_atomic(folder / f"{name}.parquet", lambda handle, frame=frame: frame.to_parquet(handle, index=False))
     if run.raw_ncu:
         raw = gzip.compress(run.raw_ncu.encode("utf-8"))
-        store.write_atomic(folder / RAW_NCU, lambda handle: handle.write(raw))
+        write_atomic(folder / RAW_NCU, lambda handle: handle.write(raw))
     store.update_provenance(folder, configs=run.configs)
 
 
