@@ -9,8 +9,9 @@ the central `CONFIDENCE` of those ratios kept. Verdicts:
   (a regression: `dsa-lab compare` exits 1);
 - `faster`: B's median is more than `threshold` below A's and the interval lies below 1;
 - `unsure`: no verdict: the change passes the threshold but the interval holds 1, or a run
-  has fewer than `VERDICT_SAMPLES` samples of the point, or its median is noisier than the
-  threshold (its own bootstrap interval is wider than the threshold either side), so that
+  has fewer than `VERDICT_SAMPLES` samples of the point, or its timings are noisier than the
+  threshold (the median's own bootstrap interval is wider than the threshold either side), or
+  it was flagged `noisy` when timed (`bench.timing`: its IQR above the run's `noisy_rel_iqr`), so that
   two runs of the same code on a busy CPU never read as a regression;
 - `same`: within the threshold;
 - `nan`: no ratio (the point was not timed ok in both runs), with the reason.
@@ -44,6 +45,7 @@ DEFAULT_THRESHOLD = 0.05
 RESAMPLES = 1000
 CONFIDENCE = 0.95
 VERDICT_SAMPLES = 10  # fewer samples of a point in either run: no verdict (a median of 3-5 says little)
+EXTRA_COLUMNS = ("samples_ms", "samples", "noisy")  # what a verdict reads beside the times, where stored
 DEVICE_FIELDS = ("device", "device_name")  # provenance fields that must agree unless allow_cross_device
 
 
@@ -66,14 +68,22 @@ def median_noise(values: np.ndarray, rng: np.random.Generator, resamples: int = 
     return float((high - low) / 2 / np.median(values))
 
 
-def _no_verdict(counts: tuple[int | None, int | None], noise: tuple[float, float], threshold: float) -> str:
-    """Why a point gets no verdict ('' when it gets one): too few samples, or a median noisier than the threshold."""
+def _no_verdict(
+    counts: tuple[int | None, int | None], noise: tuple[float, float], flagged: tuple[bool, bool], threshold: float
+) -> str:
+    """Why a point gets no verdict ('' when it gets one): too few samples, a median noisier than the
+    threshold, or a point its run flagged noisy when it was timed (`bench.timing`: an interquartile range
+    above `noisy_rel_iqr` of the median; on a busy CPU the spread of one run is the drift between two,
+    however many samples pin its median)."""
     few = [f"{run} {n}" for run, n in zip("AB", counts) if n is not None and n < VERDICT_SAMPLES]
     if few:
         return f"too few samples ({', '.join(few)}; a verdict needs {VERDICT_SAMPLES})"
     noisy = [f"{run} ±{value:.1%}" for run, value in zip("AB", noise) if value > threshold]
     if noisy:
         return f"noisier than the threshold (median uncertain by {', '.join(noisy)})"
+    if any(flagged):
+        runs = " and ".join(run for run, flag in zip("AB", flagged) if flag)
+        return f"noisy when timed (run {runs}: its IQR above that run's noisy_rel_iqr of the median)"
     return ""
 
 
@@ -129,7 +139,8 @@ def _judge(row: dict, threshold: float, rng: np.random.Generator, resamples: int
         apart_up, apart_down = row["p25_ms_b"] > row["p75_ms_a"], row["p75_ms_b"] < row["p25_ms_a"]
         low, high = (1.0 + 1e-9, ratio) if apart_up else ((ratio, 1.0 - 1e-9) if apart_down else (0.0, math.inf))
         note = "no stored samples: interval from the interquartile ranges"
-    why_not = _no_verdict((_count(row, "a", sa), _count(row, "b", sb)), noise, threshold)
+    flagged = tuple(isinstance(row.get(f"noisy_{s}"), (bool, np.bool_)) and bool(row[f"noisy_{s}"]) for s in "ab")
+    why_not = _no_verdict((_count(row, "a", sa), _count(row, "b", sb)), noise, flagged, threshold)
     verdict = "unsure" if why_not else _verdict(ratio, low, high, threshold)
     return {"ratio": ratio, "ci_low": low, "ci_high": high, "verdict": verdict, "note": why_not or note}
 
@@ -179,13 +190,9 @@ def compare_runs(
             f"threshold={threshold!r}: a fraction in (0, 10), e.g. 0.05 for 5 % (no change can be told from noise at 0)"
         )
     check_comparable(a, b, allow_mixed_sources, allow_cross_device)
-    extra = [c for c in ("samples_ms", "samples") if c in a.results]
     keep = ["point_key", *[c for c in axes.NAMES if c in a.results], "status", "median_ms", "p25_ms", "p75_ms"]
-    left = a.results[keep + extra]
-    right = b.results[
-        ["point_key", "status", "median_ms", "p25_ms", "p75_ms"]
-        + [c for c in ("samples_ms", "samples") if c in b.results]
-    ]
+    left = a.results.reindex(columns=[*keep, *EXTRA_COLUMNS])  # a column one run lacks: empty, on both sides
+    right = b.results.reindex(columns=["point_key", "status", "median_ms", "p25_ms", "p75_ms", *EXTRA_COLUMNS])
     merged = left.merge(right, on="point_key", suffixes=("_a", "_b"))
     shared = len(merged)
     merged = merged[(merged["status_a"] == "ok") | (merged["status_b"] == "ok")]  # untimed in both: nothing to say
@@ -266,7 +273,7 @@ class Summary:
         if self.no_verdict:
             lines.append(
                 f"no verdict (unsure) for {self.no_verdict} point(s): fewer than {VERDICT_SAMPLES} samples, "
-                "or a median noisier than the threshold (see their note)"
+                "a median noisier than the threshold, or flagged noisy when timed (see their note)"
             )
         if math.isfinite(self.geomean):
             lines.append(
@@ -288,7 +295,7 @@ def summarize(table: pd.DataFrame, a: Run, b: Run, threshold: float) -> Summary:
     ratios = table["ratio"][np.isfinite(table["ratio"])] if not table.empty else pd.Series(dtype=float)
     positive = ratios[ratios > 0]
     counts = table["verdict"].value_counts().to_dict() if not table.empty else {}
-    no_verdict = int(table["note"].str.startswith(("too few", "noisier")).sum()) if not table.empty else 0
+    no_verdict = int(table["note"].str.startswith(("too few", "noisier", "noisy")).sum()) if not table.empty else 0
     return Summary(
         both=len(table),
         untimed=untimed,
