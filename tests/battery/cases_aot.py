@@ -1,5 +1,6 @@
-"""The ahead-of-time helpers of our Triton kernel: an arch outside the allowed list, shapes and configs it
-does not take, all refused before Triton sees them. (The Gluon helpers are the lead's: not counted here.)"""
+"""The ahead-of-time helpers of our Triton and Gluon kernels: an arch outside the allowed list, shapes and
+configs they do not take, all refused before Triton sees them (the Gluon checks are `kernels.gluon_config`'s
+and `gluon_native.compile_for`'s)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,85 @@ for _args, _name in (
         return refused(lambda: tn.blocks_per_program(*args), name)
 
     case(AREA, f"triton blocks_per_program{_args}")(_bpp)
+
+
+# ---------------------------------------------------------------- Gluon
+
+
+def _gluon_config(**fields):
+    from dsa_lab.kernels import gluon_config as gc
+
+    return gc.GluonConfig(**fields)
+
+
+def _gluon_compile(arch=90, next_n=1, heads=64, head_dim=128, config=None):
+    from dsa_lab.kernels import gluon_native as gn
+
+    return gn.compile_for(arch, next_n, heads, head_dim, _gluon_config() if config is None else config)
+
+
+for _arch in (0, "90", 75, 90.0, True, None, 100, 89):  # never a real compile: 90 is the only arch it takes
+    case(AREA, f"gluon compile_for(arch={_arch!r})")(
+        lambda tmp, a=_arch: refused(lambda: _gluon_compile(arch=a), "arch")
+    )
+
+for _kwargs, _name in (
+    ({"config": "fast"}, "config"),
+    ({"next_n": 0}, "next_n"),
+    ({"next_n": 17}, "next_n"),
+    ({"heads": 48}, "heads"),
+    ({"head_dim": 96}, "head_dim"),
+):
+    case(AREA, f"gluon compile_for({_kwargs})")(lambda tmp, k=_kwargs, n=_name: refused(lambda: _gluon_compile(**k), n))
+
+
+@case(AREA, "gluon compile_for with a config too big for shared memory at the shape")
+def _(tmp: Path) -> Result:
+    return refused(lambda: _gluon_compile(next_n=16, config=_gluon_config(stages=32, query_slots=2)), "config=")
+
+
+for _args, _name in (
+    ((16, 3, "pair"), "heads"),  # once chunks of 10 and 5 rows
+    ((0, 64, "pair"), "next_n"),
+    ((17, 64, "pair"), "next_n"),
+    ((4, 64, "diagonal"), "plan"),
+    ((4, 64, "pair", 100), "mma_columns"),
+    ((4.0, 64, "pair"), "next_n"),
+):
+
+    def _gluon_plan(tmp: Path, args=_args, name=_name) -> Result:
+        from dsa_lab.kernels import gluon_config as gc
+
+        return refused(lambda: gc.gluon_chunk_plan(*args), name)
+
+    case(AREA, f"gluon gluon_chunk_plan{_args}")(_gluon_plan)
+
+
+for _fields, _name in (
+    ({"stages": -4}, "stages"),  # shared_bytes(..., stages=-4) once returned -48
+    ({"stages": 6, "consumers": 4}, "stages"),
+    ({"consumers": 5}, "consumers"),
+    ({"plan": "diagonal"}, "plan"),
+    ({"query_slots": 3}, "query_slots"),
+    ({"loader_registers": 33}, "loader_registers"),
+    ({"resident_weights": 1}, "resident_weights"),
+):
+    case(AREA, f"gluon GluonConfig({_fields})")(lambda tmp, f=_fields, n=_name: refused(lambda: _gluon_config(**f), n))
+
+
+for _args, _name in (
+    ((4, 64, 128, "fast"), "config"),
+    ((4, 64, 128, None), "config"),
+    ((17, 64, 128, "default"), "next_n"),
+    ((4, 48, 128, "default"), "heads"),
+    ((4, 64, 96, "default"), "head_dim"),
+):
+
+    def _shared(tmp: Path, args=_args, name=_name) -> Result:
+        from dsa_lab.kernels import gluon_config as gc
+
+        *shape, config = args
+        config = _gluon_config() if config == "default" else config
+        return refused(lambda: gc.shared_bytes(*shape, config), name)
+
+    case(AREA, f"gluon shared_bytes{_args}")(_shared)
