@@ -58,7 +58,10 @@ def test_an_axis_added_later_leaves_older_runs_loading_comparing_and_resuming(sh
     spec = SweepSpec.from_dict(recorded)
     assert "config" not in recorded and "config" not in spec.to_dict()
     assert _recorded_form(shipped_full_run.path, spec) == recorded  # it resumes as stored
-    assert compare.compare_runs(shipped_full_run, shipped_full_run)["verdict"].eq("same").all()
+    table = compare.compare_runs(shipped_full_run, shipped_full_run)
+    flagged = table["note"].str.startswith(("noisier", "noisy"))  # a point too noisy for a verdict gets none
+    assert table.loc[~flagged, "verdict"].eq("same").all() and (~flagged).sum() > len(table) // 2
+    assert table.loc[flagged, "verdict"].eq("unsure").all()
 
 
 def test_complete_fills_only_what_is_missing() -> None:
