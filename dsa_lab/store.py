@@ -427,6 +427,9 @@ def load_run(path: str | Path) -> Run:
     if results["point_key"].map(lambda key: not isinstance(key, str)).any() or results["point_key"].duplicated().any():
         raise RunFormatError(f"{results_path}: point_key must be unique strings")
     _check_times(results, results_path)
+    problems = axes.stored_problems(results)
+    if problems:
+        raise RunFormatError(f"{results_path}: {'; '.join(problems[:3])}")
     return Run(run_dir, provenance, axes.complete(results))
 
 
