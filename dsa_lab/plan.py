@@ -279,6 +279,9 @@ class LaunchPlan:
         return {
             "launches": self.launches,
             "kernel_rows": self.kernel_rows,
+            "query_tokens": self.tokens,
+            "max_decode_len": self.next_n,
+            "logits_columns": self.logits_width,
             "pieces": self.label,
             "native_sizes": ",".join(map(str, self.native_sizes)),
             "unique_bytes": self.cost.unique_bytes,

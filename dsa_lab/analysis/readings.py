@@ -52,7 +52,7 @@ def decisions_reading(table: pd.DataFrame, device: str, backend: str) -> str:
         )
     for row in beaten.head(5).itertuples():
         lines.append(
-            f"- next_n={row.next_n}, batch={row.batch}, context={row.context}: vLLM takes **{row.vllm_strategy}** "
+            f"- next_n={row.next_n}, batch={row.batch}, context {_short(row.context)}: vLLM takes **{row.vllm_strategy}** "
             f"({row.vllm_ms * 1e3:.1f} µs); **{row.best_strategy}** takes {row.best_ms * 1e3:.1f} µs, "
             f"{row.speedup:.2f}x faster."
         )
@@ -78,7 +78,7 @@ def comparison_reading(
     baseline = vllm_backend().name if baseline is None else baseline
     name = f"{candidate[0]} {candidate[1]}"
     here = comparison[(comparison["batch"] == batch) & (comparison["context"] == context)]
-    lines = [f"**{name} on {md_text(device)}, batch={batch}, context={context} (measured):**", ""]
+    lines = [f"**{name} on {md_text(device)}, batch={batch}, context {_short(context)} (measured):**", ""]
     for row in here.itertuples():
         parts = [f"- next_n={row.next_n}: {row.candidate_ms * 1e3:.1f} µs"]
         if pd.notna(row.vllm_ms):

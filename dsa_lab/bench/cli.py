@@ -201,7 +201,8 @@ def numerics_notes(spec: Any, device: Any) -> list[str]:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from dsa_lab import store
-    from dsa_lab.bench.sweep import DEFAULT_POINT_TIMEOUT_S, estimate_seconds, resume_command, run_sweep, skipped_here
+    from dsa_lab.bench.estimate import START_S, estimate_seconds, estimate_table
+    from dsa_lab.bench.sweep import DEFAULT_POINT_TIMEOUT_S, resume_command, run_sweep, skip_reason
 
     _check_limits(args)
     device = resolve_device(args.device)
@@ -213,11 +214,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     spec = bench_spec(args, run_dir)
     points = spec.points()
     if args.dry_run:
-        skipped = skipped_here(spec, device)
+        skipped = sum(skip_reason(p, device, seed=spec.seed) is not None for p in points)
         print(
-            f"{len(points)} points ({skipped} skipped here on {device.type}); "
-            f"estimated H200 time ~{estimate_seconds(spec) / 60:.1f} min"
+            f"{len(points)} points ({skipped} skipped here on {device.type}); estimated H200 time "
+            f"~{estimate_seconds(spec) / 60:.1f} min (the sweep; start-up ~{START_S / 60:.1f} min more)"
         )
+        print(estimate_table(spec))
         for line in numerics_notes(spec, device):
             print(line)
         return 0
@@ -293,7 +295,11 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--dry-run", action="store_true", help="count the points and estimate the H200 time; run nothing")
     timing = bench.add_argument_group("timing")
-    timing.add_argument("--graph", action="store_true", help="time CUDA-graph replays (warm L2)")
+    timing.add_argument(
+        "--graph",
+        action="store_true",
+        help="the events timer replays CUDA graphs of 10 calls (warm L2); --timer graph replays one whole step",
+    )
     timing.add_argument("--warm-l2", action="store_true", help="do not flush L2 between timed calls")
     timing.add_argument("--max-seconds-per-point", type=float, default=None, help="timing budget of one point")
     timing.add_argument(

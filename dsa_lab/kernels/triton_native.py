@@ -436,7 +436,7 @@ class TritonNativeBackend(LogitsBackend):
     label = "Triton (ours)"
     marker = "s"
     color = "#9467bd"
-    presets = ("smoke", "h200-full", "sm100")
+    presets = ("smoke", "h200-full", "sm100", "h200-serving:spot-check")  # the serving study: a few points
     packages: ClassVar[tuple[str, ...]] = ("triton",)
     resume_fields: ClassVar[tuple[str, ...]] = ("triton",)
     cleans_tail: ClassVar[bool] = True

@@ -65,6 +65,13 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     check_range("--nsight-runs", args.nsight_runs, 2, 10_000)
     device = resolve_device(args.device)
     spec = spec_from_args(args)
+    for name in ("timed", "timer"):  # what bench times; a profile traces the step's phases (logits, top-k) eagerly
+        other = [v for v in getattr(spec, name) if axes.axis(name).in_key(v)]
+        if other:
+            allowed = axes.axis(name).old_value
+            raise ValueError(
+                f"{name}={other[0]!r}: dsa-lab profile traces every phase of an eager step; allowed {allowed!r}"
+            )
     settings = ProfileSettings(args.topk, args.repeats, not args.no_trace)
     status = detect_ncu() if "ncu" in tools else None
     ncu_skipped = None
