@@ -78,12 +78,19 @@ def _format_rate(rate: float) -> str:
 @dataclass(frozen=True)
 class AcceptanceSpec:
     """Per-position acceptance rates of a point ('accept:0.8,0.6,0.4'), or 'none': every request
-    decodes all next_n rows (the uniform step every run before this axis measured)."""
+    decodes all next_n rows (the uniform step every run before this axis measured).
+
+    A published curve keeps its name as its label ('v3-sglang3582'), so a stored point says where its
+    rates came from; 'NAME:K' is the curve's first K positions ('v4flash-dspark-ascend13640:5'), for a
+    next_n below the curve's length that should say so."""
 
     rates: tuple[float, ...] | None = None  # None: 'none'
+    name: str | None = None  # a `PUBLISHED` name, ':K' when only its first K positions are taken
 
     def __post_init__(self) -> None:
         if self.rates is None:
+            if self.name is not None:
+                raise ValueError(f"name={self.name!r}: 'none' has no published source")
             return
         rates = tuple(self.rates) if isinstance(self.rates, Sequence) and not isinstance(self.rates, str) else None
         if not rates or len(rates) > MAX_NEXT_N - 1:
@@ -97,19 +104,30 @@ class AcceptanceSpec:
                     "(draft k counts as accepted only when every draft before it was)"
                 )
         object.__setattr__(self, "rates", tuple(float(r) for r in rates))
+        if self.name is not None and _published(self.name) != self.rates:
+            raise ValueError(f"name={self.name!r}: not the published curve {self.rates} (see acceptance.PUBLISHED)")
 
     @property
     def label(self) -> str:
-        return "none" if self.rates is None else "accept:" + ",".join(map(_format_rate, self.rates))
+        if self.rates is None:
+            return "none"
+        return self.name if self.name is not None else "accept:" + ",".join(map(_format_rate, self.rates))
 
     @classmethod
     def parse(cls, value: str) -> AcceptanceSpec:
-        """'none', 'accept:R1,R2,...' (each in [0, 1], non-increasing) or a name of `PUBLISHED`."""
+        """'none', 'accept:R1,R2,...' (each in [0, 1], non-increasing), a name of `PUBLISHED`, or
+        'NAME:K' (its first K positions; K its length is the name itself)."""
         text = str(value).strip().lower()
         if text == "none":
             return cls()
-        if text in PUBLISHED:
-            return cls(PUBLISHED[text].rates)
+        name, colon, count = text.partition(":")
+        if name in PUBLISHED and (not colon or (count.isascii() and count.isdigit())):
+            full = PUBLISHED[name].rates
+            if not count or int(count) == len(full):
+                return cls(full, name)
+            if 1 <= int(count) < len(full):
+                return cls(full[: int(count)], f"{name}:{int(count)}")
+            raise ValueError(f"acceptance={value!r}: {name} has {len(full)} positions; take 1..{len(full)} of them")
         if text.startswith("accept:"):
             try:
                 rates = tuple(float(part) for part in text[len("accept:") :].split(","))
@@ -119,8 +137,15 @@ class AcceptanceSpec:
                 return cls(rates)
         raise ValueError(
             f"acceptance={value!r}: allowed values are 'none', 'accept:R1,R2,...' (per-position acceptance "
-            f"rates in [0, 1], non-increasing, e.g. accept:0.8,0.6,0.4) or one of {tuple(PUBLISHED)}"
+            f"rates in [0, 1], non-increasing, e.g. accept:0.8,0.6,0.4) or one of {tuple(PUBLISHED)} "
+            "(NAME:K for its first K positions)"
         )
+
+    @property
+    def per_request(self) -> bool:
+        """Drafts admitted per request, so rows may differ between requests: in vLLM 0.33 that is adaptive
+        verification (`PolicyQuery.adaptive_verification`); 'none' is plain MTP, every request at next_n."""
+        return self.rates is not None
 
     def expected_rows(self, next_n: int) -> float:
         """Mean rows a request brings (vLLM's mean acceptance length, capped at next_n rows)."""
@@ -144,6 +169,17 @@ class AcceptanceSpec:
         gen = torch.Generator().manual_seed(as_int("seed", seed) + ACCEPTANCE_STREAM)
         u = torch.rand(batch, dtype=torch.float64, generator=gen)
         return tuple(int(x) for x in 1 + (u[:, None] < rates[None, :]).sum(dim=1))
+
+
+def _published(name: str) -> tuple[float, ...] | None:
+    """The rates a label names: a `PUBLISHED` curve, or its first K positions for 'NAME:K' (None: no such)."""
+    base, _, count = name.partition(":")
+    if base not in PUBLISHED:
+        return None
+    rates = PUBLISHED[base].rates
+    if not count:
+        return rates
+    return rates[: int(count)] if count.isdigit() and 1 <= int(count) < len(rates) else None
 
 
 def accepted_batch(

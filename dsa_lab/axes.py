@@ -8,8 +8,18 @@ analysis its group keys (`POINT_KEYS`).
 
 Roles: *series* axes name the option that runs (backend, strategy, config), *shape* axes the
 model's dimensions (cache dtype, heads, head dim; a chart shows one shape at a time) and
-*point* axes the decode step within a shape (batch, context, next_n). `POINT_KEYS` (shape and
-point) is what an answer is computed per; `SERIES_KEYS` what competes there.
+*point* axes the decode step within a shape (batch, context, next_n, and the serving step's
+acceptance, logits width, timed unit and timer). `POINT_KEYS` (shape and point) is what an
+answer is computed per; `SERIES_KEYS` what competes there.
+
+The serving axes (issue 19): `acceptance` ('none', 'accept:R1,R2,...' or a published curve:
+`acceptance.AcceptanceSpec`, the rows each request brings), `logits_width` ('batch' or
+'model:N': `plan.LogitsWidth`, the kernels' max_context_len), `timed` (`TIMED_UNITS`: the
+logits launches, or the launches and the top-k after them) and `timer` (`TIMERS`: CUDA events
+around each eager step, or one CUDA-graph replay of the whole step). The timer is not called
+`timing`: that is the spec's `TimingConfig` (how long and how carefully a point is sampled),
+and each row's `timing_method` names what was measured in full ('cuda_graph_step_cold_l2').
+The context's distribution and request order ride its label (`workload.ContextSpec`).
 
 An axis added later is one row. Give it `old_value`, the value runs stored before it existed
 were measured at: `complete` fills the missing column with it when such a run loads, and an
@@ -25,13 +35,17 @@ from typing import Any
 
 import pandas as pd
 
+from dsa_lab.acceptance import AcceptanceSpec, parse_acceptance_list
 from dsa_lab.errors import as_int, check_choice, check_range
 from dsa_lab.kernels import backend_names, baseline_backend
 from dsa_lab.metadata import STRATEGIES
+from dsa_lab.plan import LogitsWidth
 from dsa_lab.workload import CACHE_DTYPES, MAX_NEXT_N, SUPPORTED_HEAD_DIMS, SUPPORTED_HEADS, ContextSpec
 
 ROLES = ("series", "shape", "point")
 MAX_BATCH = 4096
+TIMED_UNITS = ("logits", "logits+topk")  # what a point times: `bench.timed_unit.timed_step`
+TIMERS = ("events", "graph")  # how a whole step is timed: `bench.timing.time_step`
 
 
 class _Always:
@@ -59,6 +73,7 @@ class Axis:
     bounds: tuple[int, int] | None = None  # an int axis's closed range
     canonical: Callable[[Any], Any] | None = None  # one spelling per value ('8K' -> '8192')
     every: Sequence[Any] | None = None  # what 'all' stands for on the command line
+    split: Callable[[str], tuple[str, ...]] | None = None  # the command line's list, where commas sit inside values
     workload: bool = False  # the inputs (KV cache, queries) depend on it: built once per value
     old_value: Any = ALWAYS_STORED
 
@@ -86,6 +101,8 @@ class Axis:
 
     def parse(self, text: str) -> tuple[Any, ...]:
         """The command line's one list syntax: 'a,b,c' (ints for an int axis; 'all' where the axis has it)."""
+        if self.split is not None:
+            return self.split(str(text))
         parts = [part.strip() for part in str(text).split(",") if part.strip()]
         if not parts:
             raise ValueError(
@@ -138,6 +155,19 @@ def _baseline() -> tuple[str, ...]:
     return (baseline_backend().name,)
 
 
+def _acceptance_label(value: str) -> str:
+    return AcceptanceSpec.parse(value).label
+
+
+def _acceptance_list(text: str) -> tuple[str, ...]:
+    """'none,accept:0.8,0.6,v3-report': a comma separates profiles, except between an 'accept:' profile's rates."""
+    return tuple(spec.label for spec in parse_acceptance_list(text))
+
+
+def _width_label(value: str) -> str:
+    return LogitsWidth.parse(value).label
+
+
 AXES: tuple[Axis, ...] = (
     Axis("backend", str, "series", _baseline, "kernel backends (`dsa-lab env` lists them)", choices=backend_names),
     Axis("strategy", str, "series", STRATEGIES, "how rows reach the kernel, or 'all'", STRATEGIES, every=STRATEGIES),
@@ -147,7 +177,7 @@ AXES: tuple[Axis, ...] = (
         str,
         "point",
         ("256",),
-        "cached tokens a request: 8192, 8K or mixed:1K-64K",
+        "cached tokens a request: 8192, 8K, mixed:1K-64K or lognormal:16K:1.2 (':sorted': shortest first)",
         workload=True,
         canonical=_context_label,
     ),
@@ -155,6 +185,27 @@ AXES: tuple[Axis, ...] = (
     Axis("cache_dtype", str, "shape", ("fp8",), "indexer K cache format", CACHE_DTYPES, workload=True),
     Axis("heads", int, "shape", (64,), "indexer heads", SUPPORTED_HEADS, workload=True),
     Axis("head_dim", int, "shape", (128,), "indexer head dimension", SUPPORTED_HEAD_DIMS, workload=True),
+    Axis(
+        "acceptance",
+        str,
+        "point",
+        ("none",),
+        "MTP acceptance: none, accept:R1,R2,... (per-position rates) or a published curve (NAME, NAME:K)",
+        canonical=_acceptance_label,
+        split=_acceptance_list,
+        old_value="none",
+    ),
+    Axis(
+        "logits_width",
+        str,
+        "point",
+        ("batch",),
+        "the kernels' max_context_len: batch (the longest context) or model:N (vLLM's max_model_len)",
+        canonical=_width_label,
+        old_value="batch",
+    ),
+    Axis("timed", str, "point", ("logits",), "what is timed: logits or logits+topk", TIMED_UNITS, old_value="logits"),
+    Axis("timer", str, "point", ("events",), "how a step is timed: events or graph (CUDA)", TIMERS, old_value="events"),
     Axis(
         "config",
         str,

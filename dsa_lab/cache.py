@@ -19,11 +19,11 @@ import torch
 
 from dsa_lab.errors import (
     as_device,
-    as_int,
     check_choice,
     check_finite,
     check_int_sequence,
     check_range,
+    check_seed,
     check_tensor,
 )
 
@@ -182,7 +182,7 @@ def build_paged_cache(
     check_choice("cache_dtype", cache_dtype, CACHE_DTYPES)
     block_size = check_range("block_size", block_size, 1, MAX_BLOCK_SIZE)
     spare_blocks = check_range("spare_blocks", spare_blocks, 0, 1 << 20)
-    seed = as_int("seed", seed)
+    seed = check_seed("seed", seed)
     check_choice("ue8m0", ue8m0, (False, True))
     if isinstance(keys, torch.Tensor) or not isinstance(keys, (list, tuple)) or not keys:
         raise ValueError(
@@ -249,9 +249,18 @@ def split_block(cache: PagedCache) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize_blocks(cache: PagedCache, block_ids: torch.Tensor) -> torch.Tensor:
-    """K in float32 `[len(block_ids) * block_size, D]` for the given physical blocks (integer ids:
-    float ids would be truncated; their range is the caller's, who checked it once)."""
+    """K in float32 `[len(block_ids) * block_size, D]` for the given physical blocks.
+
+    Ids are integers (float ids would be truncated) within [0, num_blocks): a negative id
+    would wrap around to a block from the end. The range check reads the ids (a device to
+    host copy on a GPU): this is a helper for checks and notebooks, never a timed path.
+    """
     check_tensor("block_ids", block_ids, dtype=(torch.int32, torch.int64), ndim=1, device=cache.data.device)
+    if block_ids.numel() and (int(block_ids.min()) < 0 or int(block_ids.max()) >= cache.num_blocks):
+        outside = block_ids[(block_ids < 0) | (block_ids >= cache.num_blocks)]
+        raise ValueError(
+            f"block_ids: must lie in [0, {cache.num_blocks - 1}] (this cache's blocks), got {outside[:8].tolist()}"
+        )
     values, scales = split_block(cache)
     v, s = values[block_ids.long()], scales[block_ids.long()]
     if cache.cache_dtype == "fp8":
@@ -301,7 +310,7 @@ def random_paged_cache(
         raise ValueError("seq_lens: need one length >= 0 per request, got none")
     block_size = check_range("block_size", block_size, 1, MAX_BLOCK_SIZE)
     chunk_tokens = check_range("chunk_tokens", chunk_tokens, 1, 1 << 30)
-    seed = as_int("seed", seed)
+    seed = check_seed("seed", seed)
     device = as_device("device", device)
     gen = torch.Generator(device=device).manual_seed(seed)
     per_request = [max(1, -(-length // block_size)) for length in seq_lens]

@@ -1,6 +1,11 @@
 """What this machine is: versions, GPU, decode-policy platform and usable kernel backends.
 
-`environment_facts()` is the provenance every stored result carries (no hostname).
+`environment_facts(backends)` is the provenance every stored result carries (no hostname): every
+backend's own facts (`LogitsBackend.environment`). A backend whose library is foreign code (a user's
+build: DeepGEMM PR #340) imports it, and records it, only for a run that names that backend, and for
+`dsa-lab env`, which says so (`LogitsBackend.foreign_code`). Every string `dsa-lab env` prints from
+outside (versions, origins, reasons) is escaped for rich, so a bracket in an ORIGIN file is text,
+never markup.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import os
 import platform as host_platform
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -92,11 +97,21 @@ def detect_platform() -> Platform:
     return Platform(CAPABILITY_FAMILIES.get(major, "other"), has_deep_gemm)
 
 
-@functools.cache
-def environment_facts() -> dict[str, Any]:
+def environment_facts(backends: Iterable[str] = ()) -> dict[str, Any]:
     """GPU, driver, CUDA/HIP, library versions (every backend's own, `LogitsBackend.environment`),
-    python and OS; cached (importing deep_gemm is slow)."""
-    backends = {key: value for name in backend_names() for key, value in get_backend(name).environment().items()}
+    python and OS. A backend's foreign code is imported only when `backends` (the run's) names it:
+    importing a user's build is what a run asks for, not what a variable allows."""
+    return _facts(frozenset(backends))
+
+
+@functools.cache
+def _facts(requested: frozenset[str]) -> dict[str, Any]:
+    """Cached (importing deep_gemm is slow)."""
+    backends = {
+        key: value
+        for name in backend_names()
+        for key, value in get_backend(name).environment(requested=name in requested).items()
+    }
     return {
         **_gpu_facts(),
         "driver": _nvidia_driver(),
@@ -112,6 +127,9 @@ def environment_facts() -> dict[str, Any]:
     }
 
 
+environment_facts.cache_clear = _facts.cache_clear  # type: ignore[attr-defined]  # what tests call to reset it
+
+
 def version_line(environment: Mapping[str, Any]) -> str:
     """'torch 2.11.0, triton 3.6.0, vllm 0.33.0, deep_gemm 2.8.1, cuda 13.0': what a chart's footer names."""
     parts = [f"{key} {environment[key]}" for key in VERSION_KEYS if environment.get(key)]
@@ -121,25 +139,28 @@ def version_line(environment: Mapping[str, Any]) -> str:
 
 def _print_env(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    facts = environment_facts()
-    console = Console()
+    facts = environment_facts(backend_names())
+    console = Console(highlight=False)
+    for note in filter(None, (get_backend(name).foreign_code() for name in backend_names())):
+        console.print(escape(note))
     plat = Platform(facts["policy_platform"], facts["deep_gemm"] is not None)
     console.print(f"[bold]policy platform[/]: family={plat.family} has_deep_gemm={plat.has_deep_gemm}")
     if facts["gpu_name"] is None:
         console.print("[bold]GPU[/]: no GPU (torch.cuda.is_available() is False)")
     else:
         console.print(
-            f"[bold]GPU[/]: {facts['gpu_name']}  capability {facts['gpu_capability']}  "
-            f"{facts['gpu_sm_count']} SMs  driver {facts['driver']}"
+            f"[bold]GPU[/]: {escape(str(facts['gpu_name']))}  capability {facts['gpu_capability']}  "
+            f"{facts['gpu_sm_count']} SMs  driver {escape(str(facts['driver']))}"
         )
     versions = Table(title="versions")
     versions.add_column("component")
     versions.add_column("version")
-    backend_facts = [key for name in backend_names() for key in get_backend(name).environment()]
+    backend_facts = [key for name in backend_names() for key in get_backend(name).environment(requested=False)]
     for key in ("python", "torch", "cuda", "hip", *PACKAGES, *backend_facts, "dsa_lab", "os"):
-        versions.add_row(key, str(facts[key]))
+        versions.add_row(key, escape(str(facts[key])))
     console.print(versions)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     backends = Table(title=f"kernel backends on {device}")
@@ -155,7 +176,7 @@ def _print_env(args: argparse.Namespace) -> int:
         shown = "any" if native is None else ",".join(map(str, sorted(native)))
         knobs = ", ".join(backend.config_space.knobs) if backend.config_space else "rule only"
         available = "[green]yes[/]" if state.ok else "[red]no[/]"
-        backends.add_row(name, available, shown if state.ok else "", knobs, state.reason)
+        backends.add_row(escape(name), available, shown if state.ok else "", escape(knobs), escape(state.reason))
     console.print(backends)
     return 0
 

@@ -55,6 +55,19 @@ def check_range(name: str, value: Any, low: int, high: int) -> int:
     return number
 
 
+MAX_SEED = (1 << 63) - 1
+
+
+def check_seed(name: str, value: Any) -> int:
+    """A seed: an int in [0, 2**63 - 1].
+
+    Judgement: the range every tool that keeps a seed holds exactly (torch's generators,
+    NumPy, an int64 parquet or JSON column); a negative seed is refused rather than
+    wrapped (torch would map -1 to 2**64 - 1), so one run's seed means one thing.
+    """
+    return check_range(name, value, 0, MAX_SEED)
+
+
 def check_int_sequence(name: str, values: Any, low: int, high: int) -> tuple[int, ...]:
     """A non-string sequence of ints in [low, high], each refused by its index (`seq_lens[2]=10.7`)."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):

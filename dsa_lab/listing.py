@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from dsa_lab.store import POINTS_FILE, PROVENANCE_FILE, RESULTS_FILE, RunFormatError, is_scratch, read_provenance
+from dsa_lab.file_writes import check_no_links
+from dsa_lab.store import (
+    POINTS_FILE,
+    PROVENANCE_FILE,
+    RESULTS_FILE,
+    RunFormatError,
+    is_scratch,
+    read_provenance,
+)
 
 
 def _run_folders(root: Path) -> list[Path]:
@@ -46,6 +54,7 @@ def list_runs(root: str | Path = "data") -> pd.DataFrame:
     rows = []
     for folder in _run_folders(root):
         try:
+            check_no_links(folder)
             provenance = read_provenance(folder / PROVENANCE_FILE)
             results = folder / RESULTS_FILE
             count = _result_rows(results) if results.is_file() else None

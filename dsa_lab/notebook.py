@@ -1,7 +1,8 @@
 """What a notebook displays about its data: which run a chart came from, and a banner when it is not
 the measured data. `dsa-lab report` collects both from the executed notebooks (`PROVENANCE_MIME`,
 `FALLBACK_MIME`) and lists them on the index; nothing here decides which run to show
-(`dsa_lab.analysis.runs` does)."""
+(`dsa_lab.analysis.runs` does). Everything a run says (ids, device names, paths, problems) is shown as
+text: escaped for Markdown or HTML (`dsa_lab.markup`), never live markup."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from IPython.display import Markdown, display
 
 from dsa_lab.analysis.runs import ChosenProfile, ChosenRun, relative_to_data
 from dsa_lab.env_info import LIBRARY_KEYS
+from dsa_lab.markup import md_code, md_text
 
 PROVENANCE_MIME = "application/vnd.dsa-lab.provenance+json"
 FALLBACK_MIME = "application/vnd.dsa-lab.fallback+json"
@@ -55,8 +57,7 @@ def announce(chosen: ChosenRun, label: str) -> None:
     """Say in the notebook which run it shows: a banner when it is a stand-in, the runs passed over, provenance."""
     if chosen.missing:
         show_fallback(chosen.missing, f"{chosen.device_label} and roofline-modeled times")
-    for path, problem in chosen.ignored:
-        display(Markdown(f"*Ignored run `{path}`: {problem}*"))
+    show_ignored(chosen.ignored)
     provenance = chosen.run.provenance
     record = {
         "run_id": provenance["run_id"],
@@ -72,19 +73,24 @@ def announce(chosen: ChosenRun, label: str) -> None:
     if chosen.measured:
         display(
             Markdown(
-                f"Run **`{provenance['run_id']}`**: {chosen.device_label}, {chosen.run.source}, created "
-                f"{provenance['created']}, timing `{provenance['timing_method']}`, "
-                f"{len(chosen.run.results)} points."
+                f"Run **{md_code(provenance['run_id'])}**: {md_text(chosen.device_label)}, "
+                f"{md_text(chosen.run.source)}, created {md_text(provenance['created'])}, timing "
+                f"{md_code(provenance['timing_method'])}, {len(chosen.run.results)} points."
             )
         )
+
+
+def show_ignored(ignored: list[tuple[str, str]], what: str = "run") -> None:
+    """One line per run passed over, `*Ignored run <path>: <problem>*`, both shown as text."""
+    for path, problem in ignored:
+        display(Markdown(f"*Ignored {what} {md_code(path)}: {md_text(problem)}*"))
 
 
 def announce_profile(chosen: ChosenProfile) -> None:
     """Notebook 04's counterpart of `announce`: banner, profile runs passed over, provenance."""
     if chosen.missing:
         show_fallback(chosen.missing, "a CPU reference profile")
-    for folder, problem in chosen.ignored:
-        display(Markdown(f"*Ignored profile run `{folder}`: {problem}*"))
+    show_ignored(chosen.ignored, "profile run")
     provenance = chosen.run.provenance
     folder: Path | None = chosen.run.folder
     record = {

@@ -88,3 +88,20 @@ def docs_dir() -> Path:
     if root is None:
         raise FileNotFoundError(f"no dsa_lab checkout found from {PACKAGE_DIR} or {Path.cwd()}")
     return root / "docs"
+
+
+def check_output_path(path: str | os.PathLike[str], inputs: list[str | os.PathLike[str]], flag: str) -> Path:
+    """`path`, an output a command writes, when it neither is nor lies inside one of `inputs` (the files and
+    folders the command reads), links resolved; else a ValueError naming both. No command destroys its inputs."""
+    if not str(path).strip():
+        raise ValueError(f"{flag}={str(path)!r}: give a path")
+    output = Path(path).expanduser().resolve()
+    for given in inputs:
+        read = Path(given).expanduser().resolve()
+        if output == read or read in output.parents:
+            where = "is" if output == read else "lies inside"
+            raise ValueError(
+                f"{flag}={str(path)!r} {where} {given}, which this command reads; an output never "
+                "overwrites an input: choose another path"
+            )
+    return Path(path)

@@ -147,7 +147,7 @@ class LaunchPlan:
     def __post_init__(self) -> None:
         check_choice("strategy", self.strategy, STRATEGIES)
         set_ = object.__setattr__
-        set_(self, "next_n", check_range("next_n", self.next_n, 1, 1 << 10))
+        set_(self, "next_n", check_range("next_n", self.next_n, 1, MAX_NEXT_N))
         set_(self, "seq_lens", check_int_sequence("seq_lens", self.seq_lens, 0, 1 << 40))
         if not self.seq_lens or any(length < self.next_n for length in self.seq_lens):
             raise ValueError(f"seq_lens: need lengths >= next_n={self.next_n}, got {self.seq_lens[:8]}")
@@ -279,6 +279,9 @@ class LaunchPlan:
         return {
             "launches": self.launches,
             "kernel_rows": self.kernel_rows,
+            "query_tokens": self.tokens,
+            "max_decode_len": self.next_n,
+            "logits_columns": self.logits_width,
             "pieces": self.label,
             "native_sizes": ",".join(map(str, self.native_sizes)),
             "unique_bytes": self.cost.unique_bytes,

@@ -74,7 +74,7 @@ def build_provenance(
         "timing_method": timing_method,
         "seed": seed,
         "spec": spec,
-        "environment": environment_facts(),
+        "environment": environment_facts(spec.get("backend", ()) if isinstance(spec, dict) else ()),
         "git": git_state(),
         **(extra or {}),
     }

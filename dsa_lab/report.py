@@ -7,6 +7,11 @@ announce the data they used (`dsa_lab.notebook.show_provenance`); the index list
 Per notebook the report keeps a reader's page without code (`NN_x.html`), the page with
 code (`NN_x.code.html`), the executed notebook, and every chart as PNG and SVG
 (`figures/`); `dsa_lab.report_page` builds the landing page.
+
+The report never destroys its inputs: an `out_dir` that is, or lies inside, the notebooks
+folder is refused by name. It always writes an index: a notebook whose output cannot be
+rendered, or a headline run that cannot be read, is a failed card naming the file. Every
+page, the index and `report.json` are written to a temp file, then moved into place.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ from papermill.exceptions import PapermillExecutionError
 from tqdm import tqdm
 
 from dsa_lab import report_page
+from dsa_lab.file_writes import write_text_atomic
 from dsa_lab.notebook import FALLBACK_MIME, PROVENANCE_MIME
+from dsa_lab.paths import check_output_path
 from dsa_lab.provenance import git_state
 
 PAPERMILL_BANNER_TAG = "papermill-error-cell-tag"
@@ -72,6 +79,7 @@ class ReportResult:
     parameters: dict[str, Any]
     outcomes: list[NotebookOutcome]
     code: dict[str, Any] = field(default_factory=dict)  # git state of the dsa_lab that ran them
+    headline_failed: str | None = None  # why the headline run could not be read (its card in the index says so too)
 
     @property
     def failed(self) -> list[NotebookOutcome]:
@@ -79,7 +87,7 @@ class ReportResult:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.failed else 0
+        return 1 if self.failed or self.headline_failed else 0
 
 
 def default_device() -> str:
@@ -95,7 +103,7 @@ def find_notebooks(notebooks_dir: Path, only: Sequence[str] = ()) -> list[Path]:
         raise ValueError(f"notebooks_dir={str(notebooks_dir)!r}: not a directory")
     found = sorted(p for p in notebooks_dir.iterdir() if NOTEBOOK_PATTERN.match(p.name))
     if only:
-        wanted = {f"{int(x):02d}" if x.isdigit() else x for x in only}
+        wanted = {f"{int(x):02d}" if x.isascii() and x.isdigit() else x for x in only}
         available = [p.name[:2] for p in found]
         unknown = sorted(wanted - set(available))
         if unknown:
@@ -124,6 +132,9 @@ def build_report(
     """
     notebooks_dir, out_dir = Path(notebooks_dir), Path(out_dir)
     notebooks = find_notebooks(notebooks_dir, only)
+    check_output_path(out_dir, [notebooks_dir], "out_dir")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"out_dir={str(out_dir)!r}: an existing file, not a folder; choose another --out")
     params = {"interactive": False, **(parameters or {}), "device": device or default_device()}
     out_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(cwd) if cwd is not None else notebooks_dir.resolve().parent
@@ -133,8 +144,9 @@ def build_report(
         for path in bar:
             bar.set_postfix_str(path.name)
             outcomes.append(_run_one(path, out_dir, params, workdir, execution_timeout))
-    result = ReportResult(out_dir, params, outcomes, git_state())
-    _write_index(result, _findings(notebooks_dir))
+    findings = _findings(notebooks_dir)
+    result = ReportResult(out_dir, params, outcomes, git_state(), headline_failed=findings.problem)
+    _write_index(result, findings)
     return result
 
 
@@ -144,7 +156,14 @@ def _findings(notebooks_dir: Path) -> report_page.Findings:
     if not tour:
         text = f"No tour notebook ({report_page.HEADLINE_NOTEBOOK}_*.ipynb) among the notebooks: no headline."
         return report_page.Findings(None, f"<p class='fallback'>{escape(text)}</p>", text + "\n")
-    return report_page.headline_findings(*report_page.headline_point(tour[0]))
+    try:
+        point = report_page.headline_point(tour[0])
+    except Exception as err:  # parameters the tour cannot give: the index is written, with a failed card
+        return report_page.failed_findings(str(tour[0]), err)
+    try:
+        return report_page.headline_findings(*point)
+    except Exception as err:  # whatever the headline run does, the index is written, with a failed card
+        return report_page.failed_findings(point[0], err)
 
 
 @contextlib.contextmanager
@@ -174,10 +193,11 @@ def _run_one(
         stale.unlink(missing_ok=True)  # never report a previous run's output
     start = time.perf_counter()
     outcome = NotebookOutcome(name=path.stem, status="ok", seconds=0.0)
+    running = executed.with_name(f".tmp-{os.getpid()}-{executed.name}")  # papermill saves as it goes: moved at the end
     try:
         papermill.execute_notebook(
             str(path),
-            str(executed),
+            str(running),
             parameters=params,
             cwd=str(workdir),
             progress_bar=False,
@@ -192,25 +212,15 @@ def _run_one(
         outcome.status = "failed"
         outcome.error = f"{type(err).__name__}: {err}"
     outcome.seconds = round(time.perf_counter() - start, 2)
+    if running.exists():
+        os.replace(running, executed)
     if executed.exists():
-        outcome.executed = executed.name
-        node = nbformat.read(executed, as_version=4)
-        outcome.provenance = _collect(node, PROVENANCE_MIME)
-        outcome.fallbacks = _collect(node, FALLBACK_MIME)
-        if outcome.status != "ok":
-            outcome.failed_cell = _failing_source_cell(node)
-        outcome.title, outcome.description = report_page.describe(node)
-        outcome.figures = report_page.write_figures(node, path.stem, out_dir)
-        outcome.thumbnail = report_page.write_thumbnail(node, path.stem, out_dir)
-        light = report_page.without_svg(node)
-        reader = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
-        for exporter, target in (
-            (reader, executed.with_suffix(".html")),
-            (HTMLExporter(), executed.with_suffix(".code.html")),
-        ):
-            body, _ = exporter.from_notebook_node(light)
-            target.write_text(body, encoding="utf-8")
-        outcome.html, outcome.code_html = executed.with_suffix(".html").name, executed.with_suffix(".code.html").name
+        try:
+            _render(executed, path, out_dir, outcome)
+        except Exception as err:  # an executed notebook that cannot be read or rendered: its card says so
+            outcome.status = "failed"
+            problem = f"rendering {executed} failed: {type(err).__name__}: {err}"
+            outcome.error = f"{outcome.error}; {problem}" if outcome.error else problem
     if outcome.status != "ok":
         where = (
             f" in cell {outcome.failed_cell} (In [{outcome.failed_exec_count}]: {outcome.failed_source!r})"
@@ -219,6 +229,28 @@ def _run_one(
         )
         tqdm.write(f"FAILED {path.name}{where}: {outcome.error}", file=sys.stderr)
     return outcome
+
+
+def _render(executed: Path, path: Path, out_dir: Path, outcome: NotebookOutcome) -> None:
+    """An executed notebook's card (provenance, fallbacks, title, figures) and its two HTML pages."""
+    outcome.executed = executed.name
+    node = nbformat.read(executed, as_version=4)
+    outcome.provenance = _collect(node, PROVENANCE_MIME)
+    outcome.fallbacks = _collect(node, FALLBACK_MIME)
+    if outcome.status != "ok":
+        outcome.failed_cell = _failing_source_cell(node)
+    outcome.title, outcome.description = report_page.describe(node)
+    outcome.figures = report_page.write_figures(node, path.stem, out_dir)
+    outcome.thumbnail = report_page.write_thumbnail(node, path.stem, out_dir)
+    light = report_page.without_svg(node)
+    reader = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    for exporter, target in (
+        (reader, executed.with_suffix(".html")),
+        (HTMLExporter(), executed.with_suffix(".code.html")),
+    ):
+        body, _ = exporter.from_notebook_node(light)
+        write_text_atomic(target, body)
+    outcome.html, outcome.code_html = executed.with_suffix(".html").name, executed.with_suffix(".code.html").name
 
 
 def _failing_source_cell(node: nbformat.NotebookNode) -> int | None:
@@ -302,10 +334,10 @@ def _write_index(result: ReportResult, findings: report_page.Findings) -> None:
         code=result.code,
         **report_page.page_context(findings),
     )
-    (result.out_dir / "index.html").write_text(page, encoding="utf-8")
-    (result.out_dir / "headline.md").write_text(findings.markdown, encoding="utf-8")
+    write_text_atomic(result.out_dir / "index.html", page)
+    write_text_atomic(result.out_dir / "headline.md", findings.markdown)
     summary = {"parameters": result.parameters, "code": result.code, "notebooks": [asdict(o) for o in result.outcomes]}
-    (result.out_dir / "report.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
+    write_text_atomic(result.out_dir / "report.json", json.dumps(summary, indent=2, default=str))
 
 
 def parse_parameter(text: str) -> tuple[str, Any]:
@@ -326,6 +358,8 @@ def _cli(args: argparse.Namespace) -> int:
     result = build_report(args.notebooks, args.out, params, device=device, only=args.only)
     for o in result.outcomes:
         print(f"{o.status:>6}  {o.name}  {o.seconds:.1f}s" + (f"  {o.error}" if o.error else ""))
+    if result.headline_failed:
+        print(f"failed  headline: {result.headline_failed} (its card in the index says so too)")
     print(f"index: {result.out_dir / 'index.html'}")
     return result.exit_code
 

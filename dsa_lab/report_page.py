@@ -5,6 +5,11 @@ produced into what a reader opens: the headline table generated from the run and
 notebook (00) names in its parameters (also written as Markdown to paste into a pull request), a line, a thumbnail and a
 status per notebook, every chart as PNG and SVG under `figures/`, and the notebooks'
 HTML without code (the code-visible page and the executed notebook sit beside it).
+
+Nothing from a run is live in the page: the run's id and device are escaped in the
+Markdown of the reading, and the Markdown is rendered with raw HTML off
+(`markup.render_markdown`). A headline run that cannot be read does not cost the
+report its index: the headline becomes a failed card naming the file and the problem.
 """
 
 from __future__ import annotations
@@ -14,15 +19,15 @@ import base64
 import io
 import re
 from dataclasses import dataclass
-from html import escape
 from pathlib import Path
 from typing import Any
 
-import mistune
 import nbformat
 import pandas as pd
 import papermill
 
+from dsa_lab.file_writes import write_atomic
+from dsa_lab.markup import html_text, md_code, md_text, render_markdown
 from dsa_lab.workload import ContextSpec
 
 HEADLINE_NOTEBOOK = "00"  # the tour: its parameters name the headline's run and shape
@@ -37,6 +42,11 @@ class Findings:
     table: pd.DataFrame | None
     reading_html: str
     markdown: str  # the table as Markdown, for pull requests and issues
+    problem: str | None = None  # why the headline run could not be read; `reading_html` is then the failed card
+
+    @property
+    def failed(self) -> bool:
+        return self.problem is not None
 
 
 def headline_point(notebook: Path) -> tuple[str, int, str]:
@@ -52,17 +62,33 @@ def headline_findings(run_path: str, batch: int, context: str) -> Findings:
     from dsa_lab.analysis.frames import one_shape
     from dsa_lab.analysis.runs import latency_run
 
-    chosen = latency_run(run_path) if _run_present(run_path) else None
-    if chosen is None or not chosen.measured:
-        text = (
-            f"The measured run `{run_path}` is not in this checkout's data folder, so there is no headline. "
-            "Make one on an H200 with `dsa-lab bench --preset h200-full`."
-        )
-        return Findings(None, f"<p class='fallback'>{mistune.html(text)}</p>", text + "\n")
-    run_id = chosen.run.provenance["run_id"]
-    table = headline.headline_table(one_shape(chosen.run.results)[0], batch, context)
-    reading = headline.headline_reading(table, chosen.device_label, run_id, batch, context)
-    return Findings(table, mistune.html(reading), headline_markdown(table, chosen.device_label, run_id, batch, context))
+    try:
+        chosen = latency_run(run_path) if _run_present(run_path) else None
+        if chosen is None or not chosen.measured:
+            text = (
+                f"The measured run {md_code(run_path)} is not in this checkout's data folder, so there is no "
+                "headline. Make one on an H200 with `dsa-lab bench --preset h200-full`."
+            )
+            return Findings(None, f"<div class='fallback'>{render_markdown(text)}</div>", text + "\n")
+        run_id = chosen.run.provenance["run_id"]
+        table = headline.headline_table(one_shape(chosen.run.results)[0], batch, context)
+        reading = headline.headline_reading(table, chosen.device_label, run_id, batch, context)
+    except (ValueError, OSError) as err:  # a damaged run (store.RunFormatError names its file): a failed card
+        return failed_findings(run_path, err)
+    markdown = headline_markdown(table, chosen.device_label, run_id, batch, context)
+    return Findings(table, render_markdown(reading), markdown)
+
+
+def failed_findings(source: str, err: BaseException) -> Findings:
+    """The headline as a failed card: the run (or the notebook naming it) and why it could not be read (the
+    error names the file)."""
+    problem = f"{type(err).__name__}: {err}"
+    card = (
+        f"<div class='card failed-card'><span class='failed'>Headline failed</span>: "
+        f"<code>{html_text(source)}</code> could not be read.<pre>{html_text(problem)}</pre></div>"
+    )
+    markdown = f"The headline's {md_code(source)} could not be read: {md_text(problem)}\n"
+    return Findings(None, card, markdown, problem=f"{source} could not be read: {problem}")
 
 
 def _run_present(run_path: str) -> bool:
@@ -78,7 +104,7 @@ def headline_markdown(table: pd.DataFrame, device_label: str, run_id: str, batch
     """The headline table in Markdown, with its provenance line."""
     lines = [
         f"Paged MQA logits, one decode step, B = {batch}, context {int(context) // 1024}K, FP8; "
-        f"measured on {device_label} (run `{run_id}`), median µs.",
+        f"measured on {md_text(device_label)} (run {md_code(run_id)}), median µs.",
         "",
         "| next_n | vLLM 0.33 takes | µs | fastest measured | µs | speedup |",
         "|---|---|---|---|---|---|",
@@ -125,7 +151,8 @@ def write_figures(node: nbformat.NotebookNode, stem: str, out_dir: Path) -> list
     for ext, payload in images(node):
         counters[ext] += 1
         path = folder / f"{stem}-{counters[ext]:02d}.{ext}"
-        path.write_bytes(payload) if isinstance(payload, bytes) else path.write_text(payload, encoding="utf-8")
+        data = payload if isinstance(payload, bytes) else payload.encode("utf-8")
+        write_atomic(path, lambda handle, data=data: handle.write(data))
         written.append(str(path.relative_to(out_dir)))
     return written
 
@@ -141,7 +168,7 @@ def write_thumbnail(node: nbformat.NotebookNode, stem: str, out_dir: Path) -> st
     image.thumbnail((THUMB_WIDTH, THUMB_WIDTH * 3))
     path = out_dir / "thumbs" / f"{stem}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
-    image.save(path, optimize=True)
+    write_atomic(path, lambda handle: image.save(handle, format="PNG", optimize=True))
     return str(path.relative_to(out_dir))
 
 
@@ -165,16 +192,17 @@ def headline_html(findings: Findings) -> str:
         pieces = f" {row.best_pieces}" if row.best_pieces else ""
         mark = " class='win'" if row.beyond_spread else ""
         rows.append(
-            f"<tr><td>{row.next_n}</td><td>{row.vllm_strategy} ({row.vllm_backend})</td><td>{row.vllm_us:.0f}</td>"
-            f"<td{mark}><b>{row.best_strategy}{pieces}</b> ({row.best_backend})</td><td>{row.best_us:.0f}</td>"
+            f"<tr><td>{row.next_n}</td><td>{html_text(row.vllm_strategy)} ({html_text(row.vllm_backend)})</td>"
+            f"<td>{row.vllm_us:.0f}</td><td{mark}><b>{html_text(row.best_strategy)}{html_text(pieces)}</b> "
+            f"({html_text(row.best_backend)})</td><td>{row.best_us:.0f}</td>"
             f"<td{mark}>{row.speedup:.2f}×</td></tr>"
         )
     head = (
         "<tr><th>next_n</th><th>vLLM 0.33 takes</th><th>µs</th><th>fastest measured</th><th>µs</th>"
         "<th>speedup over vLLM</th></tr>"
     )
-    caption = findings.markdown.splitlines()[0].replace("`", "")
-    return f"<table class='headline'><caption>{escape(caption)}</caption>{head}{''.join(rows)}</table>"
+    caption = render_markdown(findings.markdown.splitlines()[0]).strip().removeprefix("<p>").removesuffix("</p>")
+    return f"<table class='headline'><caption>{caption}</caption>{head}{''.join(rows)}</table>"
 
 
 def page_context(findings: Findings) -> dict[str, Any]:

@@ -10,18 +10,24 @@ that was started with another spec, or on another device or environment. `load_r
 checks both files and names the file (and rows) at fault: every read failure, and any
 timed row with a non-finite or non-positive time or quartiles out of order, becomes a
 `RunFormatError` (`listing.list_runs` lists a damaged run with its problem instead of failing).
-Writes that the OS refuses (no space, read-only, permission) raise `RunWriteError`, one
+Writes that the OS refuses (no space, read-only, permission) raise `file_writes.RunWriteError`, one
 line naming the path. Every row carries `source` (measured or modeled) and a column per axis
 (`dsa_lab.axes`; one an older run lacks is filled in on load). Run ids are plain folder names
 (`check_run_id`), so a run folder never lands outside its root. A new run's provenance is
 `provenance.build_provenance`'s.
+
+Nothing is written through a link: a run folder holds plain files only (`file_writes.check_no_links`
+refuses one holding a symbolic link, naming it, before anything reads or writes there), and
+every open for writing uses O_NOFOLLOW; everything rewritten goes to a temp file created
+exclusively beside it, then `os.replace` (`file_writes.write_atomic`). A folder left by a kill inside
+`create_run` (only `.lock` and our temp files) is recognised: a fresh run clears those
+leftovers by name and starts, a resume says what the folder is (`require_run`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import errno
 import fcntl
 import json
 import math
@@ -36,13 +42,22 @@ import pandas as pd
 
 from dsa_lab import axes
 from dsa_lab.env_info import RESUME_FIELDS
+from dsa_lab.file_writes import (
+    TEMP_PATTERN,
+    check_no_links,
+    open_no_follow,
+    refuse_link,
+    write_atomic,
+    write_json,
+    writing,
+)
+from dsa_lab.run_format import PLAIN_NAME, TIME_COLUMNS, RunFormatError, check_provenance_fields, check_results
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.parquet"
 PROVENANCE_FILE = "provenance.json"
 POINTS_FILE = "points.jsonl"
 LOCK_FILE = ".lock"
-TIME_COLUMNS = ("p25_ms", "median_ms", "p75_ms")  # in this order for every timed (status ok) row
 SOURCES = ("measured", "modeled")
 STATUSES = ("ok", "failed", "error", "skipped")
 PROVENANCE_KEYS = (
@@ -68,33 +83,11 @@ RESULT_COLUMNS = (  # every run has these; an axis added later is filled in on l
     "p75_ms",
     "iqr_ms",
 )
-RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-class RunFormatError(ValueError):
-    """A run file is missing, corrupt or not one of ours; the message names the file."""
+RUN_ID_PATTERN = PLAIN_NAME  # one folder name
 
 
 class RunLocked(RuntimeError):
     """Another process is writing this run folder."""
-
-
-class RunWriteError(OSError):
-    """The OS refused a write (no space, read-only, permission...); one line naming the path."""
-
-
-@contextlib.contextmanager
-def writing(path: Path, action: str = "write") -> Iterator[None]:
-    """Turn an OSError while writing `path` into one `RunWriteError` line that names the path."""
-    try:
-        yield
-    except RunWriteError:
-        raise
-    except OSError as err:
-        reason = err.strerror or str(err) or type(err).__name__
-        failure = RunWriteError(f"cannot {action} {path}: {reason}")
-        failure.errno = err.errno or errno.EIO
-        raise failure from None
 
 
 def check_run_id(run_id: str) -> str:
@@ -137,37 +130,60 @@ def is_scratch(provenance: dict[str, Any]) -> bool:
 # ---------------------------------------------------------------- writing
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with writing(path):
-            write(tmp)
-            os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+def leftovers(run_dir: Path) -> list[str]:
+    """Names in `run_dir` that a killed writer leaves behind: `.lock` and `write_atomic`'s temp files."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(p.name for p in run_dir.iterdir() if p.name == LOCK_FILE or TEMP_PATTERN.fullmatch(p.name))
 
 
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n"))
+def _clear_temp_files(run_dir: Path) -> None:
+    """Remove `write_atomic`'s temp files of an earlier writer, by name (called under the run's lock)."""
+    for name in leftovers(run_dir):
+        if name != LOCK_FILE:
+            with writing(run_dir / name, "remove the leftover"):
+                (run_dir / name).unlink()
 
 
-def _check_new_folder(run_dir: Path) -> None:
+def check_new_folder(run_dir: Path) -> None:
+    """A fresh run may go into `run_dir`: absent, empty, or holding only what a killed writer left."""
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"run folder {run_dir} is an existing file, not a folder; choose another --run-id/--out")
-    if run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
+    check_no_links(run_dir)
+    if run_dir.is_dir() and set(p.name for p in run_dir.iterdir()) - set(leftovers(run_dir)):
         raise FileExistsError(
             f"run folder {run_dir} already exists and is never overwritten: "
             "resume it (--resume) or choose another --run-id/--out"
         )
 
 
+def require_run(run_dir: Path, flag: str = "--resume") -> None:
+    """A run to continue is in `run_dir` (its provenance.json), else a ValueError saying what the folder is.
+
+    Judgement: a folder left by a kill inside `create_run` (only `.lock` and temp files) is
+    not resumed, since no provenance says what it was; the same command without `--resume`
+    starts it afresh and clears those leftovers by name.
+    """
+    if (run_dir / PROVENANCE_FILE).is_file() or (run_dir / PROVENANCE_FILE).is_symlink():
+        return
+    left = leftovers(run_dir)
+    if left and set(left) == {p.name for p in run_dir.iterdir()}:
+        raise ValueError(
+            f"{flag}: {run_dir} was left by a run killed while it was being created (it holds only "
+            f"{', '.join(left)}): there is nothing to resume; run the same command without {flag} to start it "
+            "afresh (those leftovers are cleared)"
+        )
+    raise ValueError(f"{flag}: {run_dir} holds no run to resume (no {PROVENANCE_FILE})")
+
+
 def create_run(run_dir: str | Path, provenance: dict[str, Any]) -> Path:
-    """Make a fresh run folder holding provenance.json; refuse if the folder already holds anything."""
+    """Make a fresh run folder holding provenance.json; refuse if the folder already holds anything
+    but a killed writer's leftovers, which are removed by name."""
     run_dir = Path(run_dir)
-    _check_new_folder(run_dir)
+    check_new_folder(run_dir)
     with writing(run_dir, "create the run folder"):
         run_dir.mkdir(parents=True, exist_ok=True)
+    _clear_temp_files(run_dir)
     write_json(run_dir / PROVENANCE_FILE, provenance)
     return run_dir
 
@@ -183,11 +199,11 @@ def run_lock(run_dir: str | Path) -> Iterator[Path]:
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"run folder {run_dir} is an existing file, not a folder; choose another --run-id/--out")
     path = run_dir / LOCK_FILE
+    check_no_links(run_dir)  # before the first open: the folder itself may be a link
     with writing(run_dir, "create the run folder"):
         run_dir.mkdir(parents=True, exist_ok=True)
     while True:
-        with writing(path, "lock"):
-            handle = open(path, "a+", encoding="utf-8")
+        handle = os.fdopen(open_no_follow(path, os.O_RDWR | os.O_CREAT, "lock"), "r+", encoding="utf-8")
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -202,6 +218,8 @@ def run_lock(run_dir: str | Path) -> Iterator[Path]:
             break  # still the file at `path` (not one a finishing holder just removed)
         handle.close()
     try:
+        check_no_links(run_dir)
+        _clear_temp_files(run_dir)  # an earlier writer's, killed mid-write: nobody else writes here now
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()} since {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}\n")
@@ -224,7 +242,13 @@ def check_resume(
     device or environment (`env_info.RESUME_FIELDS`), whose times must not be mixed in.
     """
     run_dir = Path(run_dir)
+    check_no_links(run_dir)
+    require_run(run_dir)
     provenance = read_provenance(run_dir / PROVENANCE_FILE)
+    if provenance.get("kind") is not None:  # a profile run (or an experiment's folder) is not a sweep's log
+        raise RunFormatError(
+            f"{run_dir / PROVENANCE_FILE}: a {provenance['kind']!r} run, not a timing run: only a timing run resumes"
+        )
     if provenance.get("spec") != json.loads(json.dumps(spec, default=str)):
         raise ValueError(
             f"{run_dir / PROVENANCE_FILE}: the run was started with another sweep spec; "
@@ -292,7 +316,8 @@ def append_point(run_dir: str | Path, row: dict[str, Any]) -> None:
     """Append one finished point as a JSON line and force it to disk."""
     path = Path(run_dir) / POINTS_FILE
     line = json.dumps(row, default=_json_default, allow_nan=True) + "\n"
-    with writing(path, "append to"), open(path, "a", encoding="utf-8") as handle:
+    fd = open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "append to")
+    with writing(path, "append to"), os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(line)
         handle.flush()
         os.fsync(handle.fileno())
@@ -308,18 +333,23 @@ def _json_default(value: Any) -> Any:
 
 def _repair_points(path: Path) -> None:
     """Drop a torn last line (a point cut off mid-write), so appends start on a fresh line."""
+    if path.is_symlink():
+        refuse_link(path)
     if not path.exists():
         return
     data = path.read_bytes()
     cut = data.rfind(b"\n") + 1
     if cut != len(data):
-        with writing(path, "repair"), open(path, "r+b") as handle:
+        fd = open_no_follow(path, os.O_RDWR, "repair")
+        with writing(path, "repair"), os.fdopen(fd, "r+b") as handle:
             handle.truncate(cut)
 
 
 def read_points(run_dir: str | Path) -> list[dict[str, Any]]:
     """Rows of points.jsonl; a torn last line is ignored, any other bad line is an error naming the file."""
     path = Path(run_dir) / POINTS_FILE
+    if path.is_symlink():
+        refuse_link(path)
     if not path.exists():
         return []
     try:
@@ -335,9 +365,23 @@ def read_points(run_dir: str | Path) -> list[dict[str, Any]]:
             raise RunFormatError(f"{path}: line {number} is not valid JSON ({err})") from None
         if not isinstance(row, dict) or not isinstance(row.get("point_key"), str):
             raise RunFormatError(f"{path}: line {number} is not a point (a JSON object with a string 'point_key')")
+        _check_logged(row, path, number)
         rows.append(row)
     del torn  # a line without its newline was cut off mid-write: that point re-runs
     return rows
+
+
+def _check_logged(row: dict[str, Any], path: Path, number: int) -> None:
+    """A logged point's status is one of ours, and a timed one's times are numbers (finite, positive and in
+    order is `load_run`'s check)."""
+    status = row.get("status")
+    if status is not None and status not in STATUSES:
+        raise RunFormatError(f"{path}: line {number} has status {status!r}, allowed {STATUSES}")
+    if status == "ok":
+        for column in TIME_COLUMNS:
+            value = row.get(column)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise RunFormatError(f"{path}: line {number} is timed but its {column} is {value!r}, not a number")
 
 
 def done_keys(run_dir: str | Path) -> set[str]:
@@ -358,7 +402,7 @@ def write_results(run_dir: str | Path) -> Path:
         frame = pd.DataFrame(columns=list(RESULT_COLUMNS))
     frame = frame.drop_duplicates("point_key", keep="last").reset_index(drop=True)
     path = run_dir / RESULTS_FILE
-    _atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
+    write_atomic(path, lambda handle: frame.to_parquet(handle, index=False))
     return path
 
 
@@ -377,6 +421,9 @@ class Run:
 
 
 def read_provenance(path: Path) -> dict[str, Any]:
+    """A run's provenance.json, checked: one of ours, of this schema, every field a reader uses of its type."""
+    if path.is_symlink():
+        refuse_link(path)
     if not path.is_file():
         raise RunFormatError(f"{path}: no provenance file (is this a dsa_lab run folder?)")
     try:
@@ -396,6 +443,7 @@ def read_provenance(path: Path) -> dict[str, Any]:
         raise RunFormatError(f"{path}: source {provenance['source']!r}, allowed {SOURCES}")
     if not isinstance(provenance["run_id"], str) or not isinstance(provenance["created"], str):
         raise RunFormatError(f"{path}: run_id and created must be strings")
+    check_provenance_fields(provenance, path)
     return provenance
 
 
@@ -403,6 +451,7 @@ def load_run(path: str | Path) -> Run:
     """Read and validate a run (its folder, or its results.parquet); never writes."""
     path = Path(path)
     run_dir = path.parent if path.name == RESULTS_FILE else path
+    check_no_links(run_dir)
     provenance = read_provenance(run_dir / PROVENANCE_FILE)
     results_path = run_dir / RESULTS_FILE
     if not results_path.is_file():
@@ -426,25 +475,6 @@ def load_run(path: str | Path) -> Run:
         )
     if results["point_key"].map(lambda key: not isinstance(key, str)).any() or results["point_key"].duplicated().any():
         raise RunFormatError(f"{results_path}: point_key must be unique strings")
-    _check_times(results, results_path)
-    return Run(run_dir, provenance, axes.complete(results))
-
-
-def _check_times(results: pd.DataFrame, path: Path) -> None:
-    """Every timed row: finite, positive times, p25 <= median <= p75; else name the file and the rows."""
-    timed = results[results["status"] == "ok"]
-    if timed.empty:
-        return
-    times = timed[list(TIME_COLUMNS)].apply(pd.to_numeric, errors="coerce").astype(float)
-    values = times.to_numpy()
-    bad_value = ~(pd.DataFrame(values).map(math.isfinite).to_numpy() & (values > 0)).all(axis=1)
-    ordered = (values[:, 0] <= values[:, 1]) & (values[:, 1] <= values[:, 2])
-    for mask, what in (
-        (bad_value, "non-finite or non-positive times (p25_ms, median_ms, p75_ms)"),
-        (~ordered & ~bad_value, "quartiles out of order (need p25_ms <= median_ms <= p75_ms)"),
-    ):
-        if mask.any():
-            rows = timed.index[mask]
-            shown = ", ".join(f"row {i} ({timed.at[i, 'point_key']})" for i in rows[:3])
-            more = f" and {len(rows) - 3} more" if len(rows) > 3 else ""
-            raise RunFormatError(f"{path}: {len(rows)} timed row(s) with {what}: {shown}{more}")
+    results = axes.complete(results)
+    check_results(results, results_path)
+    return Run(run_dir, provenance, results)

@@ -137,14 +137,30 @@ def compare_selections(
     gap = torch.where(both, (sa - sb).abs(), torch.zeros_like(sa))
     tol = atol + rtol * sa.abs().where(both, torch.zeros_like(sa))
     row_ok = same_count & (gap <= tol).all(dim=-1)
-    overlap = []
-    for ra, rb in zip(a.tolist(), b.tolist()):
-        sa_set, sb_set = {x for x in ra if x >= 0}, {x for x in rb if x >= 0}
-        union = sa_set | sb_set
-        overlap.append(len(sa_set & sb_set) / len(union) if union else 1.0)
     return SelectionAgreement(
         rows=a.shape[0],
         rows_equal=int(row_ok.sum()),
         max_score_gap=float(gap.max()) if gap.numel() else 0.0,
-        index_overlap=sum(overlap) / max(1, len(overlap)),
+        index_overlap=_mean_overlap(a, b),
     )
+
+
+def _mean_overlap(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Mean over rows of |A & B| / |A | B| for the index sets (-1 aside) of two selections, 1 where both
+    are empty; on the device, one sort per selection (a step's 1024 rows x 2048 picks in a few ms)."""
+    if not a.numel():
+        return 1.0
+
+    def distinct(sel: torch.Tensor) -> torch.Tensor:  # sorted, repeats and -1 as -1
+        ordered = sel.sort(dim=-1).values
+        repeat = torch.zeros_like(ordered, dtype=torch.bool)
+        repeat[:, 1:] = ordered[:, 1:] == ordered[:, :-1]
+        return torch.where(repeat, torch.full_like(ordered, -1), ordered)
+
+    da, db = distinct(a), distinct(b).sort(dim=-1).values.contiguous()
+    size_a, size_b = (da >= 0).sum(dim=-1), (db >= 0).sum(dim=-1)
+    at = torch.searchsorted(db, da.contiguous()).clamp(max=db.shape[1] - 1)
+    shared = ((db.gather(1, at) == da) & (da >= 0)).sum(dim=-1)
+    union = size_a + size_b - shared
+    ratio = torch.where(union > 0, shared.double() / union.clamp(min=1).double(), torch.ones_like(union).double())
+    return float(ratio.mean())

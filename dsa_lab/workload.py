@@ -14,7 +14,17 @@ from dataclasses import dataclass, field
 import torch
 
 from dsa_lab.cache import CACHE_DTYPES, PagedCache, build_paged_cache
-from dsa_lab.errors import as_device, as_int, check_choice, check_finite, check_int_sequence, check_range, check_tensor
+from dsa_lab.errors import (
+    MAX_SEED,
+    as_device,
+    as_int,
+    check_choice,
+    check_finite,
+    check_int_sequence,
+    check_range,
+    check_seed,
+    check_tensor,
+)
 
 SUPPORTED_HEADS = (32, 64)
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -185,7 +195,7 @@ def _generator_args(
     batch_size = check_range("batch_size", batch_size, 1, MAX_REQUESTS)
     max_len = check_range("max_len", max_len, next_n, MAX_SEQ_LEN)
     min_len = check_range("min_len", min_len, next_n if min_low is None else min_low, max_len)
-    return batch_size, next_n, max_len, min_len, as_int("seed", seed)
+    return batch_size, next_n, max_len, min_len, check_seed("seed", seed)
 
 
 def _check_batch(batch: object) -> DecodeBatch:
@@ -381,12 +391,13 @@ class DecodeInputs:
 def random_inputs(batch: DecodeBatch, seed: int = 0, device: str | torch.device = "cpu") -> DecodeInputs:
     """Fresh random queries, weights and keys (never zeros) for `batch`, on `device`."""
     _check_batch(batch)
-    seed = as_int("seed", seed)
+    seed = check_seed("seed", seed)
     device = as_device("device", device)
     gen = torch.Generator().manual_seed(seed)
     tokens, heads, dim = batch.num_decode_tokens, batch.num_heads, batch.head_dim
     q = torch.randn(tokens, heads, dim, generator=gen).clamp(-448, 448).to(torch.float8_e4m3fn)
     weights = torch.randn(tokens, heads, generator=gen) * heads**-0.5
     keys = [torch.randn(length, dim, generator=gen) for length in batch.seq_lens]
-    cache = build_paged_cache([k.to(device) for k in keys], batch.block_size, batch.cache_dtype, seed=seed + 1)
+    cache_seed = (seed + 1) & MAX_SEED  # the top seed's neighbour wraps to 0
+    cache = build_paged_cache([k.to(device) for k in keys], batch.block_size, batch.cache_dtype, seed=cache_seed)
     return DecodeInputs(batch, q.to(device), weights.to(device), cache)

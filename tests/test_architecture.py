@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "dsa_lab"
 # The layer order, lowest first: a module may import its own layer and those below, never one above.
 LAYERS = (
-    ("foundation", ("dsa_lab.errors", "dsa_lab.paths")),
+    ("foundation", ("dsa_lab.errors", "dsa_lab.paths", "dsa_lab.markup")),
     ("cache", ("dsa_lab.cache",)),
     ("workload", ("dsa_lab.workload",)),
     ("acceptance", ("dsa_lab.acceptance",)),
@@ -31,7 +31,7 @@ LAYERS = (
     ("axes", ("dsa_lab.axes",)),
     ("model", ("dsa_lab.model",)),
     ("environment", ("dsa_lab.env_info",)),
-    ("store", ("dsa_lab.store", "dsa_lab.provenance", "dsa_lab.listing")),
+    ("store", ("dsa_lab.run_format", "dsa_lab.file_writes", "dsa_lab.store", "dsa_lab.provenance", "dsa_lab.listing")),
     ("harness", ("dsa_lab.bench",)),
     ("profiling", ("dsa_lab.profiling",)),
     ("analysis", ("dsa_lab.analysis",)),

@@ -58,11 +58,15 @@ def test_an_axis_added_later_leaves_older_runs_loading_comparing_and_resuming(sh
     spec = SweepSpec.from_dict(recorded)
     assert "config" not in recorded and "config" not in spec.to_dict()
     assert _recorded_form(shipped_full_run.path, spec) == recorded  # it resumes as stored
-    assert compare.compare_runs(shipped_full_run, shipped_full_run)["verdict"].eq("same").all()
+    table = compare.compare_runs(shipped_full_run, shipped_full_run)
+    flagged = table["note"].str.startswith(("noisier", "noisy"))  # a point too noisy for a verdict gets none
+    assert table.loc[~flagged, "verdict"].eq("same").all() and (~flagged).sum() > len(table) // 2
+    assert table.loc[flagged, "verdict"].eq("unsure").all()
 
 
 def test_complete_fills_only_what_is_missing() -> None:
     frame = pd.DataFrame({"backend": ["reference"], "config": ["dot_rows=64"]})
     assert axes.complete(frame)["config"].tolist() == ["dot_rows=64"]
     assert axes.complete(frame.drop(columns="config"))["config"].tolist() == ["rule"]
-    assert preset("ci").to_dict().keys() == {*axes.NAMES, *SweepSpec.__dataclass_fields__} - {"config"}
+    added_later = {a.name for a in axes.AXES if not a.stored_always}  # at their old-run value: not recorded
+    assert preset("ci").to_dict().keys() == {*axes.NAMES, *SweepSpec.__dataclass_fields__} - added_later - {"grids"}

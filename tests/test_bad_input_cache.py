@@ -87,6 +87,11 @@ CASES = {
     "gather bad id": (
         lambda: gather_request_keys(PagedCache(CACHE.data, CACHE.block_table + 100, 64, "fp8"), 0, 10), r"block_table\[0\]"),
     "dequantize float ids": (lambda: dequantize_blocks(CACHE, torch.tensor([0.7])), r"block_ids: dtype"),
+    "dequantize id -1": (lambda: dequantize_blocks(CACHE, torch.tensor([-1])), r"block_ids: must lie in \[0, \d+\].*\[-1\]"),
+    "dequantize id past the end": (lambda: dequantize_blocks(CACHE, torch.tensor([0, CACHE.num_blocks])), r"block_ids"),
+    "seed 2**70": (lambda: random_paged_cache((10,), 64, seed=2**70), r"seed=1180591620717411303424: allowed range"),
+    "seed -1": (lambda: random_paged_cache((10,), 64, seed=-1), r"seed=-1: allowed range is \[0, "),
+    "build seed 2**64": (lambda: build_paged_cache(KEYS, seed=2**64), r"seed=18446744073709551616"),
 }  # fmt: skip
 
 
@@ -118,3 +123,13 @@ def test_every_valid_cache_gives_each_request_its_own_blocks(spare: int, lens: l
 def test_non_positive_or_non_int_block_size_is_refused(block_size: object) -> None:
     with pytest.raises(ValueError, match=r"block_size="):
         build_paged_cache(KEYS, block_size=block_size)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    block=st.integers(min_value=-(1 << 62), max_value=-1) | st.integers(min_value=CACHE.num_blocks, max_value=1 << 40)
+)
+def test_dequantize_blocks_never_wraps_an_id_around(block: int) -> None:
+    """A negative id used to return a block from the end of the cache (Python indexing)."""
+    with pytest.raises(ValueError, match=r"block_ids: must lie in"):
+        dequantize_blocks(CACHE, torch.tensor([block], dtype=torch.int64))

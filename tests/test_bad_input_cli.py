@@ -58,6 +58,15 @@ CASES = {  # argv after the command, what stderr must name
     "profile tool": (PROFILE[:1] + ["--tool", "perf"] + PROFILE[3:], r"--tool='perf': allowed values are"),
     "profile run-id escapes": (PROFILE + ["--run-id", "../.."], r"--run-id: run_id='\.\./\.\.'"),
     "compare missing runs": (["compare", "no-run-a", "no-run-b"], r"no-run-a/provenance.json: no provenance file"),
+    "bench retry-errors without resume": (FAST_BENCH + ["--retry-errors"], r"--retry-errors: .*give --resume too"),
+    "bench empty --out": (FAST_BENCH + ["--out="], r"--out='': give a folder"),
+    "bench run-id with --out": (FAST_BENCH + ["--run-id", "x", "--out", "y"], r"--run-id='x' with --out='y'"),
+    "bench seed 2**70": (FAST_BENCH + ["--seed", str(2**70)], r"seed=1180591620717411303424: allowed range is \[0, "),
+    "bench seed negative": (FAST_BENCH + ["--seed", "-1"], r"seed=-1: allowed range"),
+    "profile seed 2**70": (PROFILE + ["--seed", str(2**70)], r"seed=1180591620717411303424"),
+    "profile empty --out": (PROFILE + ["--out="], r"--out='': give a folder"),
+    "model next-n 17": (["model", "--next-n", "17"], r"next_n=17: allowed range is \[1, 16\]"),
+    "model next-n 33": (["model", "--next-n", "33"], r"next_n=33: allowed range is \[1, 16\]"),
 }  # fmt: skip
 
 
@@ -92,7 +101,7 @@ def test_unknown_flags_and_choices_are_argparse_errors(capsys) -> None:
 def _run(root: Path, name: str) -> Path:
     provenance = build_provenance(name, "cpu", "cpu", "measured", 0, "wall_clock", {})
     run_dir = store.create_run(root / "cpu" / name, provenance)
-    store.append_point(run_dir, {"point_key": "k", "status": "ok", "source": "measured"})
+    store.append_point(run_dir, {"point_key": "k", "status": "skipped", "source": "measured"})
     store.write_results(run_dir)
     return run_dir
 
@@ -178,3 +187,24 @@ def test_lab_refuses_a_first_install_it_cannot_finish(tmp_path: Path, min_free: 
     assert done.returncode == status
     assert re.search(says, done.stderr), done.stderr
     assert not venv.exists()
+
+
+def test_an_empty_root_is_refused_not_the_working_directory(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`--root ''` used to put the run under the working directory."""
+    monkeypatch.chdir(tmp_path)
+    assert main([*FAST_BENCH, "--root="]) == 2
+    assert "--root='': give a folder" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_a_dry_run_of_any_size_plans_once_per_distinct_shape(monkeypatch, capsys) -> None:
+    """`bench --dry-run` over thousands of batch values used to take minutes: a plan per point, each O(batch)."""
+    from dsa_lab.bench.point import Point
+
+    planned = []
+    real = Point.plan
+    monkeypatch.setattr(Point, "plan", lambda self, *a: (planned.append(len(a[0])), real(self, *a))[1])
+    batches = ",".join(str(b) for b in range(1, 4097))
+    assert main(["bench", "--dry-run", "--device", "cpu", "--batch", batches, "--context", "mixed:1K-128K"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("36864 points (12288 skipped here on cpu); estimated H200 time ~")
+    assert len(planned) <= 64 * 9 + 9 and max(planned) <= 64  # per distinct (batch <= 64, next_n, strategy)

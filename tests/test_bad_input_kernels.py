@@ -177,3 +177,45 @@ def test_a_cache_width_that_contradicts_the_declared_dtype_is_refused(width: int
     else:
         with pytest.raises(ValueError, match=rf"kv_cache: cache_dtype='{dtype}' at head_dim={dim}"):
             check_logits_args(**{**GOOD, **change})
+
+
+# ---------------------------------------------------------------- the Triton kernel's ahead-of-time helpers
+
+AOT = {  # compile_for refuses every bad argument itself, before Triton sees it (no compile happens here)
+    "arch 0": (lambda: tn.compile_for(0, 1, 64, 128, tn.KernelConfig()), r"arch=0: allowed values are \(89, 90, 100"),
+    "arch '90'": (lambda: tn.compile_for("90", 1, 64, 128, tn.KernelConfig()), r"arch='90': allowed values"),
+    "arch 75": (lambda: tn.compile_for(75, 1, 64, 128, tn.KernelConfig()), r"arch=75: allowed values"),
+    "arch 80 (no e4m3 dot)": (lambda: tn.compile_for(80, 1, 64, 128, tn.KernelConfig()), r"arch=80"),
+    "arch 90.0": (lambda: tn.compile_for(90.0, 1, 64, 128, tn.KernelConfig()), r"arch=90\.0"),
+    "arch True": (lambda: tn.compile_for(True, 1, 64, 128, tn.KernelConfig()), r"arch=True"),
+    "next_n 17": (lambda: tn.compile_for(90, 17, 64, 128, tn.KernelConfig()), r"next_n=17: allowed range is \[1, 16\]"),
+    "heads 48": (lambda: tn.compile_for(90, 1, 48, 128, tn.KernelConfig()), r"heads=48"),
+    "head_dim 100": (lambda: tn.compile_for(90, 1, 64, 100, tn.KernelConfig()), r"head_dim=100"),
+    "config a string": (lambda: tn.compile_for(90, 1, 64, 128, "fast"), r"config='fast'"),
+    "dot_rows 96": (lambda: tn.KernelConfig(dot_rows=96), r"dot_rows=96: must be a power of two"),
+    "dot_rows 0": (lambda: tn.KernelConfig(dot_rows=0), r"dot_rows=0"),
+    "num_warps 3": (lambda: tn.KernelConfig(num_warps=3), r"num_warps=3: allowed values"),
+    "num_stages 0": (lambda: tn.KernelConfig(num_stages=0), r"num_stages=0"),
+    "resident_weights 'yes'": (lambda: tn.KernelConfig(resident_weights="yes"), r"resident_weights='yes'"),
+    "blocks_per_program -1": (lambda: tn.KernelConfig(blocks_per_program=-1), r"blocks_per_program=-1"),
+    "chunk_plan next_n 0": (lambda: tn.chunk_plan(0, 64, 256), r"next_n=0"),
+    "chunk_plan heads 0": (lambda: tn.chunk_plan(3, 0, 256), r"heads=0"),
+    "chunk_plan dot_rows 0": (lambda: tn.chunk_plan(3, 64, 0), r"dot_rows=0"),
+    "blocks_per_program no SMs": (lambda: tn.blocks_per_program(8, 8, 0), r"num_sms=0"),
+    "blocks_per_program batch 0": (lambda: tn.blocks_per_program(0, 8, 132), r"batch=0"),
+}
+
+
+@pytest.mark.parametrize("case", list(AOT))
+def test_triton_aot_helpers_refuse_bad_input_by_name(case: str) -> None:
+    """compile_for with arch 0, '90' or 75 used to raise Triton's own errors; no helper checked the arch."""
+    call, name = AOT[case]
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+@settings(max_examples=40, deadline=None)
+@given(arch=st.integers(-1000, 1000).filter(lambda a: a not in tn.AOT_ARCHS))
+def test_any_arch_outside_the_allowed_list_is_refused(arch: int) -> None:
+    with pytest.raises(ValueError, match=rf"arch={arch}: allowed values are"):
+        tn.compile_for(arch, 1, 64, 128, tn.KernelConfig())

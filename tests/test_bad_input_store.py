@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -11,14 +12,36 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsa_lab import store
+from dsa_lab import axes, store
+from dsa_lab.kernels import backend_names
 from dsa_lab.listing import list_runs
 from dsa_lab.profiling.runs import ignored_note, load_profile_run, scan_profile_runs, shipped_or_cpu_reference
 from dsa_lab.profiling.torch_profile import read_trace
 
-ROW = {"point_key": "k", "backend": "reference", "strategy": "native", "batch": 1, "context": "64", "next_n": 1,
-       "cache_dtype": "fp8", "heads": 32, "head_dim": 64, "status": "ok", "message": "", "source": "measured",
-       "median_ms": 1.0, "p25_ms": 0.9, "p75_ms": 1.1, "iqr_ms": 0.2}  # fmt: skip
+ROW = {
+    "point_key": "k",
+    "backend": "reference",
+    "strategy": "native",
+    "batch": 1,
+    "context": "64",
+    "next_n": 1,
+    "cache_dtype": "fp8",
+    "heads": 32,
+    "head_dim": 64,
+    "status": "ok",
+    "message": "",
+    "source": "measured",
+    "median_ms": 1.0,
+    "p25_ms": 0.9,
+    "p75_ms": 1.1,
+    "iqr_ms": 0.2,
+    "launches": 1,
+    "kernel_rows": 1,
+    "pieces": "1",
+    "unique_bytes": 1e3,
+    "strategy_bytes": 1e3,
+    "flops": 1e6,
+}  # the plan's columns: every timed row has them
 
 
 def provenance(run_id: str, created: str = "2026-01-01T00:00:00+00:00", **extra) -> dict:
@@ -223,3 +246,266 @@ def test_any_accepted_run_id_stays_under_its_root(run_id: str) -> None:
     except ValueError:
         return
     assert folder.parent.parent == root and folder.name == run_id and ".." not in folder.parts
+
+
+# ---------------------------------------------------------------- links: nothing is written through one
+
+VICTIM = b"a file outside the run folder\n"
+
+
+def _resumable(tmp_path: Path) -> Path:
+    """A CPU run of two points with one recorded, through the CLI (as a user makes one)."""
+    from dsa_lab.cli import main
+
+    out = tmp_path / "root" / "cpu" / "run"
+    assert main([*FAST_BENCH, "--next-n", "1,2", "--out", str(out), "--max-points", "1"]) == 0
+    return out
+
+
+FAST_BENCH = [
+    "bench",
+    "--preset",
+    "ci",
+    "--backend",
+    "reference",
+    "--batch",
+    "1",
+    "--context",
+    "64",
+    "--strategy",
+    "native",
+    "--no-progress",
+    "--device",
+    "cpu",
+    "--max-seconds-per-point",
+    "0.01",
+]
+
+
+@pytest.mark.parametrize("name", [store.LOCK_FILE, POINTS])
+def test_resume_never_writes_through_a_link_in_the_run_folder(tmp_path: Path, capsys, name: str) -> None:
+    """`bench --resume` used to write through a `.lock` or `points.jsonl` link (run_lock opened it 'a+' and
+    truncated it; append_point appended), outside the run folder: git stores links, so a run can carry one."""
+    from dsa_lab.cli import main
+
+    out = _resumable(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM)
+    (out / name).unlink(missing_ok=True)
+    (out / name).symlink_to(victim)
+    capsys.readouterr()
+    assert main([*FAST_BENCH, "--next-n", "1,2", "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / name}: a symbolic link (to {victim})" in err and len(err.strip().splitlines()) == 1
+    assert victim.read_bytes() == VICTIM
+
+
+def test_a_fresh_run_into_a_folder_with_a_lock_link_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "fresh"
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM)
+    (out / store.LOCK_FILE).symlink_to(victim)
+    with pytest.raises(store.RunFormatError, match=r"\.lock: a symbolic link"):
+        with store.run_lock(out):
+            pass
+    dangling = tmp_path / "dangling"
+    dangling.mkdir()
+    (dangling / store.LOCK_FILE).symlink_to(tmp_path / "would-be-created")
+    with pytest.raises(store.RunFormatError, match=r"\.lock: a symbolic link"):
+        with store.run_lock(dangling):
+            pass
+    assert victim.read_bytes() == VICTIM and not (tmp_path / "would-be-created").exists()
+
+
+def test_append_point_refuses_a_link_and_a_planted_temp_file_is_never_followed(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "a")
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM)
+    (run_dir / POINTS).unlink()
+    (run_dir / POINTS).symlink_to(victim)
+    with pytest.raises(store.RunFormatError, match=r"points\.jsonl: a symbolic link"):
+        store.append_point(run_dir, ROW)
+    (run_dir / POINTS).unlink()
+    store.append_point(run_dir, ROW)
+    planted = run_dir / f".{PROV}.tmp-{os.getpid()}"  # write_atomic's temp name: a link there is removed, not followed
+    planted.symlink_to(victim)
+    store.update_provenance(run_dir, note="x")
+    assert victim.read_bytes() == VICTIM and not planted.is_symlink()
+    assert json.loads((run_dir / PROV).read_text())["note"] == "x" and not (run_dir / PROV).is_symlink()
+
+
+def test_load_run_refuses_a_run_file_that_is_a_link(tmp_path: Path) -> None:
+    a, b = make_run(tmp_path, "a"), make_run(tmp_path, "b")
+    (a / PARQUET).unlink()
+    (a / PARQUET).symlink_to(b / PARQUET)
+    with pytest.raises(store.RunFormatError, match=r"results\.parquet: a symbolic link"):
+        store.load_run(a)
+    listing = list_runs(tmp_path).set_index("path")
+    assert "results.parquet: a symbolic link" in listing.loc[str(a), "problem"]
+
+
+# ---------------------------------------------------------------- a folder left by a kill inside create_run
+
+
+def _stuck(tmp_path: Path) -> Path:
+    out = tmp_path / "root" / "cpu" / "stuck"
+    out.mkdir(parents=True)
+    (out / store.LOCK_FILE).write_text("pid 99999\n")
+    (out / f".{PROV}.tmp-99999").write_text('{"schema_version": 1, "run_id": "st')  # cut off mid-write
+    return out
+
+
+def test_a_folder_left_by_a_kill_inside_create_run_is_completed_and_its_leftovers_cleared(tmp_path: Path) -> None:
+    """Such a folder (only `.lock` and a temp provenance) used to be neither creatable nor resumable."""
+    from dsa_lab.cli import main
+
+    out = _stuck(tmp_path)
+    assert main([*FAST_BENCH, "--next-n", "1", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [POINTS, PROV, PARQUET]
+    assert len(store.load_run(out).results) == 1
+
+
+def test_resuming_a_folder_left_by_a_kill_inside_create_run_says_what_it_is(tmp_path: Path, capsys) -> None:
+    from dsa_lab.cli import main
+
+    out = _stuck(tmp_path)
+    assert main([*FAST_BENCH, "--next-n", "1", "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "killed while it was being created" in err and f".{PROV}.tmp-99999" in err and "without --resume" in err
+    with pytest.raises(ValueError, match="killed while it was being created"):
+        store.require_run(out)
+
+
+def test_a_resumed_run_clears_the_temp_files_of_a_writer_killed_mid_write(tmp_path: Path) -> None:
+    from dsa_lab.cli import main
+
+    out = _resumable(tmp_path)
+    (out / f".{PARQUET}.tmp-99999").write_bytes(b"PAR1 half")
+    assert main([*FAST_BENCH, "--next-n", "1,2", "--out", str(out), "--resume"]) == 0
+    assert not [p.name for p in out.iterdir() if ".tmp-" in p.name] and len(store.load_run(out).results) == 2
+
+
+def test_a_resumed_log_must_hold_only_its_grid_and_sane_rows(tmp_path: Path, capsys) -> None:
+    from dsa_lab.cli import main
+
+    out = _resumable(tmp_path)
+    row = store.read_points(out)[0]
+    foreign = {**row, "point_key": row["point_key"].replace("batch=1", "batch=9")}
+    with open(out / POINTS, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(foreign) + "\n")
+    (out / PARQUET).unlink()
+    assert main([*FAST_BENCH, "--next-n", "1,2", "--out", str(out), "--resume"]) == 2
+    assert "1 logged point(s) not in the run's grid, e.g. " in capsys.readouterr().err
+    (out / POINTS).write_text(json.dumps({**row, "median_ms": "fast"}) + "\n")
+    with pytest.raises(store.RunFormatError, match=r"points\.jsonl: line 1 is timed but its median_ms is 'fast'"):
+        store.read_points(out)
+    (out / POINTS).write_text(json.dumps({**row, "status": "great"}) + "\n")
+    with pytest.raises(store.RunFormatError, match=r"points\.jsonl: line 1 has status 'great'"):
+        store.read_points(out)
+
+
+# ---------------------------------------------------------------- loads validate types and schemas
+
+TYPED = {
+    "times as numeric strings": (lambda f: f.assign(median_ms=f["median_ms"].map(str)), r"'median_ms' is not a number"),
+    "next_n NaN": (lambda f: f.assign(next_n=float("nan")), r"column 'next_n' must hold integers"),
+    "next_n 1.5": (lambda f: f.assign(next_n=1.5), r"column 'next_n' must hold integers"),
+    "next_n 17": (lambda f: f.assign(next_n=17), r"column 'next_n': next_n=17: allowed range is \[1, 16\]"),
+    "batch as strings": (lambda f: f.assign(batch="1"), r"column 'batch' must hold integers"),
+    "batch 0": (lambda f: f.assign(batch=0), r"column 'batch': batch=0: allowed range is \[1, "),
+    "context an int": (lambda f: f.assign(context=64), r"column 'context' holds non-text"),
+    "context not a label": (lambda f: f.assign(context="64K"), r"column 'context': context='64K': stored as '65536', its one spelling"),
+    "strategy unknown": (lambda f: f.assign(strategy="diagonal"), r"column 'strategy': strategy='diagonal': allowed values are"),
+    "cache_dtype unknown": (lambda f: f.assign(cache_dtype="int8"), r"column 'cache_dtype': cache_dtype='int8': allowed values are"),
+    "backend with markup": (lambda f: f.assign(backend="<img src=x onerror=alert(1)>"), r"column 'backend': backend='<img"),
+    "backend not registered": (lambda f: f.assign(backend="nobody"), r"backend='nobody': allowed values are \('deepgemm'"),
+    "heads no kernel has": (lambda f: f.assign(heads=48), r"column 'heads': heads=48: allowed values are"),
+    "only the minimal columns": (lambda f: f[list(store.RESULT_COLUMNS)],
+                                 r"timed rows without the plan's columns \['launches', 'kernel_rows', 'pieces'"),
+    "samples negative": (lambda f: f.assign(samples_ms=[[-1.0, -2.0]]), r"samples_ms are not a list of finite, positive"),
+    "samples NaN": (lambda f: f.assign(samples_ms=[[float("nan")]]), r"samples_ms are not a list"),
+    "samples strings": (lambda f: f.assign(samples_ms=[["1.0"]]), r"samples_ms are not a list"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(TYPED))
+def test_load_run_validates_every_column_naming_the_file_and_rows(tmp_path: Path, case: str) -> None:
+    """Times stored as strings, a NaN next_n or only the minimal columns used to load, then break a
+    notebook with a raw TypeError or KeyError; a backend name with markup used to load and go live
+    through the latency explorer's pandas Styler (a backend is now a plain name)."""
+    change, says = TYPED[case]
+    run_dir = make_run(tmp_path, "a")
+    change(pd.read_parquet(run_dir / PARQUET)).to_parquet(run_dir / PARQUET, index=False)
+    with pytest.raises(store.RunFormatError, match=says) as err:
+        store.load_run(run_dir)
+    assert PARQUET in str(err.value) and ("row 0 (k)" in str(err.value) or "columns" in case)
+
+
+@pytest.mark.parametrize("backend", backend_names())
+def test_every_registered_backend_and_a_run_from_before_the_config_axis_load(tmp_path: Path, backend: str) -> None:
+    """The vocabularies are the axis table's: every registered backend is a name a run may hold, and a run
+    stored before the `config` axis existed (no column) loads with the value it was measured at."""
+    run_dir = make_run(tmp_path, "a")
+    frame = pd.read_parquet(run_dir / PARQUET).assign(backend=backend)
+    frame.drop(columns=[c for c in ("config",) if c in frame]).to_parquet(run_dir / PARQUET, index=False)
+    results = store.load_run(run_dir).results
+    assert list(results["backend"]) == [backend] and list(results["config"]) == [axes.axis("config").old_value]
+
+
+PROVENANCE_TYPES = {
+    "git a string": ({"git": "abc"}, r"git must be dict"),
+    "environment a list": ({"environment": [1]}, r"environment must be dict"),
+    "created not a time": ({"created": "yesterday"}, r"created 'yesterday' is not an ISO 8601 time"),
+    "run_id with markup": ({"run_id": "<script>x</script>"}, r"run_id '<script>x</script>' is not a plain name"),
+    "seed a string": ({"seed": "zero"}, r"seed must be int"),
+    "seed a bool": ({"seed": True}, r"seed must be int"),
+    "device_name a number": ({"device_name": 7}, r"device_name must be str"),
+}
+
+
+@pytest.mark.parametrize("case", list(PROVENANCE_TYPES))
+def test_provenance_fields_have_their_types(tmp_path: Path, case: str) -> None:
+    change, says = PROVENANCE_TYPES[case]
+    run_dir = make_run(tmp_path, "a")
+    path = run_dir / PROV
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    with pytest.raises(store.RunFormatError, match=says) as err:
+        store.load_run(run_dir)
+    assert PROV in str(err.value)
+
+
+def test_a_run_with_no_rows_still_loads(tmp_path: Path) -> None:
+    run_dir = store.create_run(tmp_path / "cpu" / "empty", provenance("empty"))
+    store.write_results(run_dir)
+    assert store.load_run(run_dir).results.empty
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.one_of(st.text(max_size=6), st.floats(allow_nan=True), st.booleans(), st.none()))
+def test_any_non_integer_batch_is_refused_by_name(tmp_path: Path, value: object) -> None:
+    run_dir = tmp_path / "cpu" / "a"
+    if not run_dir.exists():
+        make_run(tmp_path, "a")
+    frame = pd.read_parquet(run_dir / PARQUET)
+    frame["batch"] = pd.Series([value], dtype=object)
+    try:
+        frame.to_parquet(run_dir / PARQUET, index=False)
+    except Exception:  # pyarrow cannot store this value at all: nothing to load
+        return
+    with pytest.raises(store.RunFormatError, match=r"column 'batch'"):
+        store.load_run(run_dir)
+    frame.assign(batch=1).to_parquet(run_dir / PARQUET, index=False)
+
+
+@pytest.mark.parametrize("drop", ["created", "kind"])
+def test_profile_discovery_reports_the_runs_it_skips(tmp_path: Path, drop: str) -> None:
+    """A profile run whose provenance lacks 'created' or 'kind' used to be skipped silently."""
+    folder = make_profile(tmp_path, "p", "2026-01-01T00:00:00+00:00")
+    path = folder / PROV
+    fields = json.loads(path.read_text())
+    fields.pop(drop)
+    path.write_text(json.dumps(fields))
+    scan = scan_profile_runs(tmp_path)
+    assert scan.runs == [] and [f for f, _ in scan.ignored] == [str(folder)]
+    assert PROV in scan.ignored[0][1] and (drop in scan.ignored[0][1] or "kind" in scan.ignored[0][1])

@@ -85,6 +85,10 @@ CASES = {
     "padding not a batch": (lambda: with_padding((70, 70), 1), r"batch"),
     "random_inputs not a batch": (lambda: random_inputs("batch"), r"batch"),
     "random_inputs seed float": (lambda: random_inputs(GOOD, seed=1.5), r"seed=1\.5"),
+    "random_inputs seed 2**70": (lambda: random_inputs(GOOD, seed=2**70), r"seed=1180591620717411303424: allowed range"),
+    "random_inputs seed negative": (lambda: random_inputs(GOOD, seed=-1), r"seed=-1: allowed range is \[0, "),
+    "mixed seed 2**64": (lambda: mixed_length_batch(2, 10, 100, 1, seed=2**64), r"seed=18446744073709551616"),
+    "ragged seed negative": (lambda: ragged_decode_batch(2, 10, 50, 2, seed=-5), r"seed=-5"),
     "random_inputs device name": (lambda: random_inputs(GOOD, device="gpu"), r"device='gpu'"),
     "random_inputs device tpu": (lambda: random_inputs(GOOD, device="xla"), r"device='xla'"),
     "inputs q dtype": (lambda: inputs(q=random_inputs(GOOD).q.float()), r"q: dtype"),
@@ -143,3 +147,17 @@ def test_any_non_int_or_negative_seq_len_is_refused_by_index(index: int, value: 
 def test_any_next_n_outside_1_to_16_is_refused(next_n: object) -> None:
     with pytest.raises(ValueError, match=r"next_n="):
         DecodeBatch((70,), (1,), next_n)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(min_value=1 << 63, max_value=1 << 80) | st.integers(max_value=-1))
+def test_a_seed_outside_0_to_2_63_is_refused_by_name_not_overflowed(seed: int) -> None:
+    """A seed of 2**70 used to end in torch's "Overflow when unpacking long long", naming nothing."""
+    with pytest.raises(ValueError, match=r"seed=-?\d+: allowed range is \[0, 9223372036854775807\]"):
+        mixed_length_batch(2, 10, 100, 1, seed=seed)
+
+
+def test_the_top_seed_is_accepted_everywhere() -> None:
+    top = (1 << 63) - 1
+    assert len(mixed_length_batch(2, 10, 100, 1, seed=top).seq_lens) == 2
+    assert random_inputs(GOOD, seed=top).cache.num_blocks > 0  # its cache's seed (seed + 1) wraps to 0

@@ -668,6 +668,24 @@ def test_max_minutes_holds_against_a_hung_point(tmp_path, injected):
     assert store.read_provenance(tmp_path / "run" / store.PROVENANCE_FILE)["progress"]["stop_reason"] == "max_minutes"
 
 
+def test_a_deadline_that_fires_at_once_never_leaves_its_watchdog_armed(monkeypatch):
+    """A timer that fired before the block was entered (a 1 ms deadline while the watchdog thread was
+    still starting) used to leave the watchdog armed: `grace_s` later it declared the point hung and ended
+    the process."""
+    import threading
+
+    from dsa_lab.bench.guard import PointTimeout, deadline
+
+    real_start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: (real_start(self), time.sleep(0.005))[0])
+    hung = []
+    for _ in range(10):
+        with contextlib.suppress(PointTimeout), deadline(1e-9, lambda: hung.append(1), grace_s=0.05):
+            pass
+    time.sleep(0.3)
+    assert not hung
+
+
 HUNG_SCRIPT = textwrap.dedent(
     """
     import signal, sys, time

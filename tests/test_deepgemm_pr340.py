@@ -32,9 +32,12 @@ def fake_build(root: Path, version: str = "2.5.0", origin: str | None = "deepsee
 
 @pytest.fixture
 def clean_module():
+    """This process as a fresh one for the PR #340 module, which imports one build a process."""
     sys.modules.pop(pr.MODULE_NAME, None)
+    pr._LOADED.clear()
     yield
     sys.modules.pop(pr.MODULE_NAME, None)
+    pr._LOADED.clear()
 
 
 def test_registered_beside_the_vendored_deepgemm():
@@ -60,7 +63,7 @@ def test_a_failing_import_is_reported_and_leaves_no_half_module(tmp_path, clean_
     package.mkdir()
     (package / "__init__.py").write_text("from . import _C\n")  # no extension built
     module, why = pr.import_pr340(str(tmp_path))
-    assert module is None and "importing deep_gemm failed" in why and "ImportError" in why
+    assert module is None and "importing deep_gemm ended its process" in why and "ImportError" in why
     assert pr.MODULE_NAME not in sys.modules
 
 
@@ -85,7 +88,9 @@ def test_environment_facts_record_the_build(tmp_path, monkeypatch, clean_module)
     monkeypatch.setenv(pr.ENV_VAR, str(fake_build(tmp_path, version="2.5.0+pr340")))
     env_info.environment_facts.cache_clear()
     try:
-        facts = env_info.environment_facts()
+        assert env_info.environment_facts(["reference"])["deepgemm_pr340_origin"] is None  # not asked: not run
+        assert pr.MODULE_NAME not in sys.modules
+        facts = env_info.environment_facts(["reference", "deepgemm-pr340"])
         assert facts["deepgemm_pr340"] == "2.5.0+pr340" and "57b90e0" in facts["deepgemm_pr340_origin"]
     finally:
         env_info.environment_facts.cache_clear()

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from dsa_lab.acceptance import AcceptanceSpec, accepted_batch
-from dsa_lab.bench.timed_unit import TIMED_UNITS, check_topk, timed_step
-from dsa_lab.bench.timing import TIMING_METHODS, TimingConfig, step_timing_method, time_step
+from dsa_lab.axes import TIMED_UNITS, TIMERS
+from dsa_lab.bench.timed_unit import check_topk, timed_step
+from dsa_lab.bench.timing import TimingConfig, step_timing_method, time_step
 from dsa_lab.decode import gather_selections, pack_launch, run_decode
 from dsa_lab.kernels import get_backend
 from dsa_lab.plan import LaunchPlan
@@ -100,7 +101,7 @@ def test_check_topk_fails_a_wrong_selection() -> None:
 
 
 def test_bad_timed_units_are_refused_by_name() -> None:
-    assert TIMED_UNITS == ("logits", "logits+topk") and TIMING_METHODS == ("events", "graph")
+    assert TIMED_UNITS == ("logits", "logits+topk") and TIMERS == ("events", "graph")
     with pytest.raises(ValueError, match="unit='topk'"):
         timed_step("topk", get_backend("reference"), [], None, 10, [], 10)
     with pytest.raises(ValueError, match=r"longest_context=11: allowed range is \[1, 10\]"):
@@ -110,10 +111,10 @@ def test_bad_timed_units_are_refused_by_name() -> None:
 def test_graph_timing_is_refused_by_name_off_cuda_and_events_time_a_whole_step() -> None:
     calls = []
     step = lambda: calls.append(1)
-    with pytest.raises(ValueError, match="timing='graph': CUDA-graph replay needs a CUDA device"):
+    with pytest.raises(ValueError, match="timer='graph': CUDA-graph replay needs a CUDA device"):
         time_step(step, "cpu", "graph", FAST)
     assert not calls  # refused before anything ran
-    with pytest.raises(ValueError, match="timing='replay'"):
+    with pytest.raises(ValueError, match="timer='replay'"):
         time_step(step, "cpu", "replay", FAST)
     measured = time_step(step, "cpu", "events", FAST)
     assert measured.timing_method == "wall_clock" and measured.samples >= FAST.min_samples

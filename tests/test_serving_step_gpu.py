@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from dsa_lab.acceptance import AcceptanceSpec, accepted_batch
-from dsa_lab.bench.timed_unit import TIMED_UNITS, check_topk, timed_step
+from dsa_lab.axes import TIMED_UNITS
+from dsa_lab.bench.timed_unit import check_topk, timed_step
 from dsa_lab.bench.timing import TimingConfig, time_step
 from dsa_lab.decode import check_launches, native_sizes_for, pack_launch
 from dsa_lab.kernels import get_backend
@@ -40,7 +41,7 @@ def test_a_graph_replayed_step_is_the_eager_step(name, unit) -> None:
     metadata = plan.build_metadata(batch, inputs.cache.block_table)
     check_launches(metadata, inputs)
     packed = [pack_launch(launch, inputs) for launch in metadata.launches]
-    schedules = [backend.schedule(p.context_lens, batch.block_size) for p in packed]
+    schedules = [backend.schedule(p.context_lens, batch.block_size, p.block_table) for p in packed]
     step = timed_step(unit, backend, packed, inputs.cache, plan.max_context_len, schedules, batch.max_seq_len)
     eager = step()
     torch.cuda.synchronize()

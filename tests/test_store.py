@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from dsa_lab import store
+from dsa_lab import file_writes, store
 from dsa_lab.listing import list_runs
 from dsa_lab.provenance import build_provenance
 
@@ -16,14 +16,28 @@ def provenance(run_id: str, source: str = "measured") -> dict:
     return build_provenance(run_id, "cpu", "cpu", source, seed=0, timing_method="wall_clock", spec={"axes": [1, 2]})
 
 
+PLAN = {"launches": 1, "kernel_rows": 1, "pieces": "1", "unique_bytes": 1e3, "strategy_bytes": 1e3, "flops": 1e6}
+
+
 def row(
     backend: str, next_n: int, median: float, p25: float, p75: float, source: str = "measured", status: str = "ok"
 ) -> dict:
     point = {"backend": backend, "strategy": "native", "batch": 1, "context": "64", "next_n": next_n,
              "cache_dtype": "fp8", "heads": 32, "head_dim": 64}  # fmt: skip
     key = "|".join(f"{k}={v}" for k, v in point.items())
-    return {"point_key": key, **point, "status": status, "message": "", "source": source,
-            "median_ms": median, "p25_ms": p25, "p75_ms": p75, "iqr_ms": p75 - p25, "samples_ms": [median]}  # fmt: skip
+    return {
+        "point_key": key,
+        **point,
+        "status": status,
+        "message": "",
+        "source": source,
+        "median_ms": median,
+        "p25_ms": p25,
+        "p75_ms": p75,
+        "iqr_ms": p75 - p25,
+        "samples_ms": [median],
+        **PLAN,
+    }
 
 
 def make_run(tmp_path, name: str, rows: list[dict], source: str = "measured"):
@@ -55,14 +69,14 @@ def test_a_run_is_never_overwritten(tmp_path):
 
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path):
     target = tmp_path / "provenance.json"
-    store.write_json(target, {"old": True})
+    file_writes.write_json(target, {"old": True})
 
-    def half_write(tmp):
-        tmp.write_text('{"new": tr')
+    def half_write(handle):
+        handle.write(b'{"new": tr')
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        store._atomic_write(target, half_write)
+        file_writes.write_atomic(target, half_write)
     assert json.loads(target.read_text()) == {"old": True}
     assert [p.name for p in tmp_path.iterdir()] == ["provenance.json"]
 

@@ -8,12 +8,20 @@ the central `CONFIDENCE` of those ratios kept. Verdicts:
 - `slower`: B's median is more than `threshold` above A's and the interval lies above 1
   (a regression: `dsa-lab compare` exits 1);
 - `faster`: B's median is more than `threshold` below A's and the interval lies below 1;
-- `unsure`: the change passes the threshold but the interval holds 1 (too few or too noisy samples);
+- `unsure`: no verdict: the change passes the threshold but the interval holds 1, or a run
+  has fewer than `VERDICT_SAMPLES` samples of the point, or its timings are noisier than the
+  threshold (the median's own bootstrap interval is wider than the threshold either side), or
+  it was flagged `noisy` when timed (`bench.timing`: its IQR above the run's `noisy_rel_iqr`), so that
+  two runs of the same code on a busy CPU never read as a regression;
 - `same`: within the threshold;
 - `nan`: no ratio (the point was not timed ok in both runs), with the reason.
 
 Rows without stored samples fall back to the interquartile ranges (no overlap counts as
-beyond the noise). Measured and modeled runs are never compared silently.
+beyond the noise). The gate cannot pass by accident: runs that share no point, or share
+points timed in neither, are an error; so are runs of different devices or GPUs unless
+`allow_cross_device` (then every summary says so). Measured and modeled runs are never
+compared silently. The stored samples were validated when the runs were loaded
+(`store.load_run`: finite and positive, like the medians).
 """
 
 from __future__ import annotations
@@ -28,21 +36,62 @@ import numpy as np
 import pandas as pd
 
 from dsa_lab import axes
-from dsa_lab.store import Run, load_run, writing
+from dsa_lab.file_writes import write_text_atomic
+from dsa_lab.paths import check_output_path
+from dsa_lab.store import Run, load_run
 
 VERDICTS = ("slower", "unsure", "nan", "faster", "same")  # the order a report lists them in
 DEFAULT_THRESHOLD = 0.05
 RESAMPLES = 1000
 CONFIDENCE = 0.95
-MIN_SAMPLES = 3
+VERDICT_SAMPLES = 10  # fewer samples of a point in either run: no verdict (a median of 3-5 says little)
+EXTRA_COLUMNS = ("samples_ms", "samples", "noisy")  # what a verdict reads beside the times, where stored
+DEVICE_FIELDS = ("device", "device_name")  # provenance fields that must agree unless allow_cross_device
+
+
+class NothingCompared(ValueError):
+    """The runs share no point timed in either: a comparison that says nothing must not pass a gate."""
 
 
 def _samples(value: object) -> np.ndarray | None:
+    """The stored samples (validated by `store.load_run`), or None when the row holds none."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
-    values = np.asarray(value, dtype=np.float64).ravel()
-    values = values[np.isfinite(values)]
-    return values if len(values) >= MIN_SAMPLES else None
+    return np.asarray(value, dtype=np.float64).ravel()
+
+
+def median_noise(values: np.ndarray, rng: np.random.Generator, resamples: int = RESAMPLES) -> float:
+    """Half the width of the bootstrap interval (central CONFIDENCE) of the samples' median, over the median."""
+    medians = np.median(values[rng.integers(0, len(values), size=(resamples, len(values)))], axis=1)
+    tail = (1 - CONFIDENCE) / 2 * 100
+    low, high = np.percentile(medians, [tail, 100 - tail])
+    return float((high - low) / 2 / np.median(values))
+
+
+def _no_verdict(
+    counts: tuple[int | None, int | None], noise: tuple[float, float], flagged: tuple[bool, bool], threshold: float
+) -> str:
+    """Why a point gets no verdict ('' when it gets one): too few samples, a median noisier than the
+    threshold, or a point its run flagged noisy when it was timed (`bench.timing`: an interquartile range
+    above `noisy_rel_iqr` of the median; on a busy CPU the spread of one run is the drift between two,
+    however many samples pin its median)."""
+    few = [f"{run} {n}" for run, n in zip("AB", counts) if n is not None and n < VERDICT_SAMPLES]
+    if few:
+        return f"too few samples ({', '.join(few)}; a verdict needs {VERDICT_SAMPLES})"
+    noisy = [f"{run} ±{value:.1%}" for run, value in zip("AB", noise) if value > threshold]
+    if noisy:
+        return f"noisier than the threshold (median uncertain by {', '.join(noisy)})"
+    if any(flagged):
+        runs = " and ".join(run for run, flag in zip("AB", flagged) if flag)
+        return f"noisy when timed (run {runs}: its IQR above that run's noisy_rel_iqr of the median)"
+    return ""
+
+
+def _count(row: dict, side: str, samples: np.ndarray | None) -> int | None:
+    if samples is not None:
+        return len(samples)
+    count = row.get(f"samples_{side}")
+    return int(count) if isinstance(count, (int, float, np.number)) and math.isfinite(count) else None
 
 
 def ratio_interval(
@@ -67,6 +116,60 @@ def _verdict(ratio: float, low: float, high: float, threshold: float) -> str:
     return "same"
 
 
+def _judge(row: dict, threshold: float, rng: np.random.Generator, resamples: int) -> dict[str, object]:
+    """ratio, ci_low, ci_high, verdict and note of one merged row."""
+    if not (row["status_a"] == "ok" and row["status_b"] == "ok"):
+        note = f"not timed in both: A {row['status_a']}, B {row['status_b']}"
+        return {"ratio": math.nan, "ci_low": math.nan, "ci_high": math.nan, "verdict": "nan", "note": note}
+    ratio = row["median_ms_b"] / row["median_ms_a"]
+    if not math.isfinite(ratio):
+        return {
+            "ratio": ratio,
+            "ci_low": math.nan,
+            "ci_high": math.nan,
+            "verdict": "nan",
+            "note": "a median is not finite",
+        }
+    sa, sb = _samples(row.get("samples_ms_a")), _samples(row.get("samples_ms_b"))
+    note, noise = "", (0.0, 0.0)
+    if sa is not None and sb is not None:
+        low, high = ratio_interval(sa, sb, rng, resamples)
+        noise = (median_noise(sa, rng, resamples), median_noise(sb, rng, resamples))
+    else:  # no samples stored: the interquartile ranges stand in for the interval
+        apart_up, apart_down = row["p25_ms_b"] > row["p75_ms_a"], row["p75_ms_b"] < row["p25_ms_a"]
+        low, high = (1.0 + 1e-9, ratio) if apart_up else ((ratio, 1.0 - 1e-9) if apart_down else (0.0, math.inf))
+        note = "no stored samples: interval from the interquartile ranges"
+    flagged = tuple(isinstance(row.get(f"noisy_{s}"), (bool, np.bool_)) and bool(row[f"noisy_{s}"]) for s in "ab")
+    why_not = _no_verdict((_count(row, "a", sa), _count(row, "b", sb)), noise, flagged, threshold)
+    verdict = "unsure" if why_not else _verdict(ratio, low, high, threshold)
+    return {"ratio": ratio, "ci_low": low, "ci_high": high, "verdict": verdict, "note": why_not or note}
+
+
+def device_difference(a: Run, b: Run) -> str | None:
+    """'device_name 'NVIDIA H200' -> 'cpu'' when the runs were measured on different devices or GPUs, else None."""
+    differ = [
+        f"{key} {a.provenance.get(key)!r} -> {b.provenance.get(key)!r}"
+        for key in DEVICE_FIELDS
+        if a.provenance.get(key) != b.provenance.get(key)
+    ]
+    return "; ".join(differ) or None
+
+
+def check_comparable(a: Run, b: Run, allow_mixed_sources: bool = False, allow_cross_device: bool = False) -> None:
+    """Refuse, by name, runs whose times must not be set against each other without saying so."""
+    if a.source != b.source and not allow_mixed_sources:
+        raise ValueError(
+            f"runs {a.path} ({a.source}) and {b.path} ({b.source}) differ in source; "
+            "measured and modeled times are not compared silently (allow_mixed_sources=True to do it anyway)"
+        )
+    difference = device_difference(a, b)
+    if difference and not allow_cross_device:
+        raise ValueError(
+            f"runs {a.path} and {b.path} were measured on different devices ({difference}): their ratios mix "
+            "the device with the code; --allow-cross-device (allow_cross_device=True) compares them anyway, labelled"
+        )
+
+
 def compare_runs(
     a: Run,
     b: Run,
@@ -74,27 +177,34 @@ def compare_runs(
     allow_mixed_sources: bool = False,
     seed: int = 0,
     resamples: int = RESAMPLES,
+    allow_cross_device: bool = False,
 ) -> pd.DataFrame:
     """One row per point present in both runs and timed in at least one: medians, `ratio` (B/A), its
     interval, `verdict`, `note`.
 
     Sorted as a report reads it: regressions first (largest ratio first), then unsure, nan,
-    faster and same points (largest change first).
+    faster and same points (largest change first). `NothingCompared` when no such point exists.
     """
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < 10:
-        raise ValueError(f"threshold={threshold!r}: a fraction, e.g. 0.05 for 5 %")
-    if a.source != b.source and not allow_mixed_sources:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 10:
         raise ValueError(
-            f"runs {a.path} ({a.source}) and {b.path} ({b.source}) differ in source; "
-            "measured and modeled times are not compared silently (allow_mixed_sources=True to do it anyway)"
+            f"threshold={threshold!r}: a fraction in (0, 10), e.g. 0.05 for 5 % (no change can be told from noise at 0)"
         )
+    check_comparable(a, b, allow_mixed_sources, allow_cross_device)
     keep = ["point_key", *[c for c in axes.NAMES if c in a.results], "status", "median_ms", "p25_ms", "p75_ms"]
-    left = a.results[keep + (["samples_ms"] if "samples_ms" in a.results else [])]
-    right = b.results[
-        ["point_key", "status", "median_ms", "p25_ms", "p75_ms"] + (["samples_ms"] if "samples_ms" in b.results else [])
-    ]
+    left = a.results.reindex(columns=[*keep, *EXTRA_COLUMNS])  # a column one run lacks: empty, on both sides
+    right = b.results.reindex(columns=["point_key", "status", "median_ms", "p25_ms", "p75_ms", *EXTRA_COLUMNS])
     merged = left.merge(right, on="point_key", suffixes=("_a", "_b"))
+    shared = len(merged)
     merged = merged[(merged["status_a"] == "ok") | (merged["status_b"] == "ok")]  # untimed in both: nothing to say
+    if merged.empty:
+        why = "share no point" if not shared else f"share {shared} point(s), none of them timed in either run"
+        raise NothingCompared(f"runs {a.path} and {b.path} {why}: nothing was compared, so there is no verdict")
+    if not ((merged["status_a"] == "ok") & (merged["status_b"] == "ok")).any():
+        untimed = "A" if not (merged["status_a"] == "ok").any() else "B"
+        raise NothingCompared(
+            f"runs {a.path} and {b.path}: no shared point is timed in both (none timed in "
+            f"{untimed}: {a.path if untimed == 'A' else b.path}), so there is no verdict"
+        )
     rng = np.random.default_rng(seed)
     rows = []
     for row in merged.to_dict("records"):
@@ -105,25 +215,7 @@ def compare_runs(
             median_ms_a=row["median_ms_a"],
             median_ms_b=row["median_ms_b"],
         )
-        timed = row["status_a"] == "ok" and row["status_b"] == "ok"
-        ratio = row["median_ms_b"] / row["median_ms_a"] if timed else float("nan")
-        low = high = float("nan")
-        note = ""
-        if not timed:
-            note = f"not timed in both: A {row['status_a']}, B {row['status_b']}"
-        elif not math.isfinite(ratio):
-            note = "a median is not finite"
-        else:
-            sa, sb = _samples(row.get("samples_ms_a")), _samples(row.get("samples_ms_b"))
-            if sa is not None and sb is not None:
-                low, high = ratio_interval(sa, sb, rng, resamples)
-            else:  # no samples stored: the interquartile ranges stand in for the interval
-                apart_up, apart_down = row["p25_ms_b"] > row["p75_ms_a"], row["p75_ms_b"] < row["p25_ms_a"]
-                low, high = (
-                    (1.0 + 1e-9, ratio) if apart_up else ((ratio, 1.0 - 1e-9) if apart_down else (0.0, math.inf))
-                )
-                note = "no stored samples: interval from the interquartile ranges"
-        out.update(ratio=ratio, ci_low=low, ci_high=high, verdict=_verdict(ratio, low, high, threshold), note=note)
+        out.update(_judge(row, threshold, rng, resamples))
         rows.append(out)
     columns = [
         "point_key",
@@ -161,6 +253,8 @@ class Summary:
     low: float
     high: float
     threshold: float
+    cross_device: str | None = None  # how the runs' devices differ, when compared anyway
+    no_verdict: int = 0  # unsure for too few samples or a median noisier than the threshold
 
     @property
     def regressions(self) -> int:
@@ -174,6 +268,13 @@ class Summary:
             f"verdicts: {verdicts}  (threshold {self.threshold:.1%}, {CONFIDENCE:.0%} bootstrap interval of "
             "the ratio of medians)",
         ]
+        if self.cross_device:
+            lines.insert(0, f"CROSS-DEVICE: {self.cross_device}: every ratio mixes the device with the code")
+        if self.no_verdict:
+            lines.append(
+                f"no verdict (unsure) for {self.no_verdict} point(s): fewer than {VERDICT_SAMPLES} samples, "
+                "a median noisier than the threshold, or flagged noisy when timed (see their note)"
+            )
         if math.isfinite(self.geomean):
             lines.append(
                 f"ratio B/A over points timed in both: geometric mean {self.geomean:.4f}, median "
@@ -194,6 +295,7 @@ def summarize(table: pd.DataFrame, a: Run, b: Run, threshold: float) -> Summary:
     ratios = table["ratio"][np.isfinite(table["ratio"])] if not table.empty else pd.Series(dtype=float)
     positive = ratios[ratios > 0]
     counts = table["verdict"].value_counts().to_dict() if not table.empty else {}
+    no_verdict = int(table["note"].str.startswith(("too few", "noisier", "noisy")).sum()) if not table.empty else 0
     return Summary(
         both=len(table),
         untimed=untimed,
@@ -205,6 +307,8 @@ def summarize(table: pd.DataFrame, a: Run, b: Run, threshold: float) -> Summary:
         low=float(ratios.min()) if len(ratios) else float("nan"),
         high=float(ratios.max()) if len(ratios) else float("nan"),
         threshold=threshold,
+        cross_device=device_difference(a, b),
+        no_verdict=no_verdict,
     )
 
 
@@ -231,11 +335,26 @@ def to_markdown(table: pd.DataFrame, summary_lines: list[str]) -> str:
     return "\n".join(f"{line}  " for line in summary_lines) + "\n\n" + header + body
 
 
+def _outputs(args: argparse.Namespace, a: Run, b: Run) -> list[tuple[str, Path]]:
+    """--csv and --markdown, each refused when it is or lies inside a run compared (or they coincide)."""
+    outputs = [
+        (flag, check_output_path(path, [a.path, b.path], flag))
+        for flag, path in (("--csv", args.csv), ("--markdown", args.markdown))
+        if path is not None
+    ]
+    if len(outputs) == 2 and outputs[0][1].resolve() == outputs[1][1].resolve():
+        raise ValueError(f"--csv and --markdown both name {outputs[0][1]}: give two files")
+    return outputs
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     a, b = load_run(args.run_a), load_run(args.run_b)
     if args.top < 0:
         raise ValueError(f"--top={args.top}: must be >= 0")
-    table = compare_runs(a, b, args.threshold, allow_mixed_sources=args.allow_mixed_sources)
+    outputs = _outputs(args, a, b)
+    table = compare_runs(
+        a, b, args.threshold, allow_mixed_sources=args.allow_mixed_sources, allow_cross_device=args.allow_cross_device
+    )
     summary = summarize(table, a, b, args.threshold)
     lines = summary.lines(str(a.path), str(b.path))
     print("\n".join(lines))
@@ -244,14 +363,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             top = _shown(table.head(args.top))
             print(f"\ntop {len(top)} of {len(table)} (regressions first, then by size of change):")
             print(top.to_string(index=False, float_format="{:.4f}".format))
-    for path, write in (
-        (args.csv, lambda p: table.to_csv(p, index=False)),
-        (args.markdown, lambda p: Path(p).write_text(to_markdown(table, lines), encoding="utf-8")),
-    ):
-        if path:
-            with writing(Path(path)):
-                write(path)
-            print(f"written {path}")
+    for flag, path in outputs:  # a temp file beside each, then moved over it
+        write_text_atomic(path, table.to_csv(index=False) if flag == "--csv" else to_markdown(table, lines))
+        print(f"written {path}")
     if summary.regressions or (args.strict and summary.counts.get("nan", 0)):
         print(
             f"dsa-lab compare: {summary.regressions} regression(s)"
@@ -268,7 +382,8 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         help="compare two runs point by point; exit 1 on a regression",
         description="Ratio of medians per matching point with a bootstrap interval from the stored samples; "
         "a summary first, then the largest changes. Exit status 1 when a point is slower by more than "
-        "--threshold beyond its noise.",
+        "--threshold beyond its noise; 2 when the runs cannot be compared (no point shared and timed, "
+        "different devices without --allow-cross-device, an output path inside a run).",
     )
     compare.add_argument("run_a", help="baseline run folder (or its results.parquet)")
     compare.add_argument("run_b", help="run folder compared with the baseline")
@@ -276,11 +391,16 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         "--threshold",
         type=float,
         default=DEFAULT_THRESHOLD,
-        help=f"relative change that counts (default {DEFAULT_THRESHOLD} = {DEFAULT_THRESHOLD:.0%})",
+        help=f"relative change that counts (default {DEFAULT_THRESHOLD} = {DEFAULT_THRESHOLD * 100:g} %%)",
     )
     compare.add_argument("--top", type=int, default=20, help="rows shown after the summary (default 20; 0: none)")
     compare.add_argument("--csv", default=None, help="write every row to this CSV file")
     compare.add_argument("--markdown", default=None, help="write the summary and every row to this Markdown file")
     compare.add_argument("--strict", action="store_true", help="also exit 1 when a point has no ratio (nan)")
     compare.add_argument("--allow-mixed-sources", action="store_true", help="compare a measured with a modeled run")
+    compare.add_argument(
+        "--allow-cross-device",
+        action="store_true",
+        help="compare runs of different devices or GPUs (labelled CROSS-DEVICE)",
+    )
     compare.set_defaults(func=_cmd_compare)

@@ -16,7 +16,7 @@ from dsa_lab.model.gpus import get_gpu
 from dsa_lab.model.indexer import BLOCK_TOKENS
 from dsa_lab.policy import Platform, PolicyQuery
 from dsa_lab.policy_steps import step_path
-from dsa_lab.workload import ContextSpec
+from dsa_lab.workload import CONTEXT_DISTRIBUTIONS, ContextSpec
 
 SM90_DEEPGEMM = Platform("sm90", True)
 POINT = list(axes.POINT_KEYS)  # what every answer here is computed per: the step and its shape
@@ -31,8 +31,22 @@ def vllm_family() -> tuple[str, ...]:
 
 
 def context_order(labels: Iterable[str]) -> list[str]:
-    """Uniform contexts by length, then mixed ones."""
-    return sorted(set(labels), key=lambda c: (c.startswith("mixed"), ContextSpec.parse(c).high, c))
+    """Uniform contexts by length, then mixed ones (log-uniform, then log-normal, each by its longest or its
+    median), a request order after the drawn one."""
+
+    def key(label: str) -> tuple:
+        spec = ContextSpec.parse(label)
+        typical = spec.median if spec.distribution == "lognormal" else spec.high
+        return (CONTEXT_DISTRIBUTIONS.index(spec.distribution), typical, spec.low, spec.order != "shuffled", label)
+
+    return sorted(set(labels), key=key)
+
+
+def uniform_twin(label: str) -> str:
+    """The uniform context a mixed one is set beside: its longest (mixed:MIN-MAX: MAX) or its median
+    (lognormal: the body of the batch; its clipped maximum is no length a batch holds)."""
+    spec = ContextSpec.parse(label)
+    return str(spec.median if spec.distribution == "lognormal" else spec.high)
 
 
 REQUIRED_COLUMNS = (*axes.NAMES, "status", "median_ms", "source")
@@ -134,15 +148,24 @@ def best_option(
     return by_point(best[[*POINT, *renamed]].rename(columns=renamed))
 
 
+ROUTE_STRATEGY = {"native": "native", "padded": "native", "flatten": "flatten", "varlen": "native"}
+
+
 def vllm_path(
     frame: pd.DataFrame, backend: str | None = None, platform: Platform = SM90_DEEPGEMM, source: str | None = "measured"
 ) -> pd.DataFrame:
-    """Per point: vLLM 0.33's strategy on `platform` (`vllm_choice`) and `backend`'s time for it (None: what
-    vLLM runs; NaN if untimed). A frame with no timed rows of `source` gives no rows."""
+    """Per point: vLLM 0.33's strategy on `platform` and `backend`'s time for it (None: what vLLM runs; NaN if
+    untimed). The strategy is the route the harness recorded for the point's step on this platform
+    (`vllm_route`, e.g. flatten for a ragged step on SM90 + DeepGEMM; 'padded' and 'varlen' are native launches
+    here), else that of a uniform step of next_n rows (`vllm_choice`). No timed rows of `source`: no rows."""
     backend = vllm_backend().name if backend is None else backend
     data = timed(frame, source)
     points = data[POINT].drop_duplicates()
     chosen = [vllm_choice(int(n), platform) for n in points["next_n"]]
+    if {"vllm_route", "vllm_platform"} <= set(data.columns):
+        here = data[data["vllm_platform"] == platform.label].drop_duplicates(POINT).set_index(POINT)["vllm_route"]
+        routes = [here.get(key) for key in points.itertuples(index=False, name=None)]
+        chosen = [ROUTE_STRATEGY.get(r, c) if isinstance(r, str) else c for r, c in zip(routes, chosen)]
     points = points.assign(vllm_strategy=pd.Series(chosen, index=points.index, dtype=object), vllm_backend=backend)
     times = data.loc[data["backend"] == backend, [*POINT, "strategy", "median_ms", "p25_ms", "p75_ms"]]
     renamed = {"strategy": "vllm_strategy", "median_ms": "vllm_ms", "p25_ms": "vllm_p25_ms", "p75_ms": "vllm_p75_ms"}
@@ -216,9 +239,9 @@ H200_SMS = int(get_gpu("H200").sms.value)  # streaming multiprocessors of an H20
 def mixed_context_gap(
     frame: pd.DataFrame, seed: int, candidate: tuple[str, str], baseline: str | None = None, num_sms: int = H200_SMS
 ) -> pd.DataFrame:
-    """Why a kernel falls behind on mixed-length batches: per batch with a mixed context
-    'mixed:LO-HI' and the uniform context HI both measured, how much of the uniform batch's
-    tokens the mixed one holds, and how each side's time scales from uniform to mixed.
+    """Why a kernel falls behind on mixed-length batches: per batch with a mixed context and its uniform
+    twin (`uniform_twin`: HI of 'mixed:LO-HI', a log-normal's median) both measured, how much of the uniform
+    batch's tokens the mixed one holds, and how each side's time scales from uniform to mixed.
 
     Columns: batch, mixed, uniform, token_share (mixed tokens / uniform tokens), longest and
     mean (the mixed lengths, drawn with the run's `seed`), candidate_scale / baseline_scale
@@ -234,30 +257,31 @@ def mixed_context_gap(
     best = best_option(frame, baseline).set_index(POINT)["best_ms"]
     at, step = POINT.index("context"), POINT.index("next_n")
 
-    def uniform_twin(key: tuple) -> tuple:
-        return (*key[:at], str(ContextSpec.parse(key[at]).high), *key[at + 1 :])
+    def twin(key: tuple) -> tuple:
+        return (*key[:at], uniform_twin(key[at]), *key[at + 1 :])
 
     mixed = [k for k in mine.index if ContextSpec.parse(k[at]).mixed]
     groups: dict[tuple, list[tuple]] = {}
     for key in mixed:  # every next_n of one (batch, mixed context, shape)
-        if uniform_twin(key) in mine.index and key in best.index and uniform_twin(key) in best.index:
+        if twin(key) in mine.index and key in best.index and twin(key) in best.index:
             groups.setdefault((*key[:step], *key[step + 1 :]), []).append(key)
     rows = []
     for _, keys in sorted(groups.items(), key=lambda item: (item[0][at], item[0])):
         spec = ContextSpec.parse(keys[0][at])
         batch = int(keys[0][POINT.index("batch")])
         lens = spec.seq_lens(batch, seed)
+        uniform = int(uniform_twin(spec.label))
         mixed_ms = pd.Series([mine[k] for k in keys])
         row = {
             **{name: keys[0][i] for i, name in enumerate(POINT) if name not in ("context", "next_n")},
             "batch": batch,
             "mixed": spec.label,
-            "uniform": str(spec.high),
-            "token_share": sum(lens) / (spec.high * batch),
+            "uniform": str(uniform),
+            "token_share": sum(lens) / (uniform * batch),
             "longest": max(lens),
             "mean": sum(lens) / len(lens),
-            "candidate_scale": _span(mixed_ms / [mine[uniform_twin(k)] for k in keys]),
-            "baseline_scale": _span(pd.Series([best[k] / best[uniform_twin(k)] for k in keys])),
+            "candidate_scale": _span(mixed_ms / [mine[twin(k)] for k in keys]),
+            "baseline_scale": _span(pd.Series([best[k] / best[twin(k)] for k in keys])),
             "vs_best": _span(pd.Series([best[k] for k in keys]) / mixed_ms),
             "programs": None,
             "busy_programs": None,

@@ -29,6 +29,7 @@ from dsa_lab.analysis.frames import POINT, SM90_DEEPGEMM, by_point, measured_ok,
 from dsa_lab.analysis.modeled import SM90_NATIVE_SIZES
 from dsa_lab.cache import bytes_per_token
 from dsa_lab.errors import check_choice, check_range
+from dsa_lab.markup import md_code, md_text
 from dsa_lab.metadata import STRATEGIES, DecodeMetadata, build_metadata, plan_atoms
 from dsa_lab.plan import LaunchPlan
 from dsa_lab.policy import Platform
@@ -280,11 +281,11 @@ def headline_table(
 def headline_reading(table: pd.DataFrame, device_label: str, run_id: str, batch: int, context: str) -> str:
     """Markdown: where vLLM's choice is the best option (within the spread), and where it is not, by how much."""
     if table.empty:
-        return f"No next_n at batch={batch}, context={context} has a timed decision in run `{run_id}`."
+        return f"No next_n at batch={batch}, context={context} has a timed decision in run {md_code(run_id)}."
     timed = table.dropna(subset=["vllm_us", "best_us"])
     same = timed[~timed["beyond_spread"]]
     worse = timed[timed["beyond_spread"]]
-    lines = [f"**Measured on {device_label}, run `{run_id}`, batch = {batch}, context = {context}.**"]
+    lines = [f"**Measured on {md_text(device_label)}, run {md_code(run_id)}, batch = {batch}, context = {context}.**"]
     if not same.empty:
         lines.append(
             f"- vLLM 0.33's choice is as fast as the best option (within the measured spread) at next_n = "
@@ -294,13 +295,13 @@ def headline_reading(table: pd.DataFrame, device_label: str, run_id: str, batch:
         pieces = f" {row.best_pieces}" if row.best_pieces else ""
         lines.append(
             f"- next_n = {row.next_n}: vLLM takes **{row.vllm_strategy}** ({row.vllm_us:.0f} µs); "
-            f"**{row.best_strategy}{pieces}** on {row.best_backend} takes {row.best_us:.0f} µs: "
+            f"**{row.best_strategy}{pieces}** on {md_text(row.best_backend)} takes {row.best_us:.0f} µs: "
             f"**{row.speedup:.2f}×** faster."
         )
     untimed = table[table["vllm_us"].isna()]
     if not untimed.empty:
         lines.append(
-            f"- vLLM's strategy was not timed on {table['vllm_backend'].iloc[0]} at next_n = "
+            f"- vLLM's strategy was not timed on {md_text(table['vllm_backend'].iloc[0])} at next_n = "
             f"{', '.join(map(str, untimed['next_n']))}."
         )
     return "\n".join(lines)

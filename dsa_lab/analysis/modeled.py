@@ -12,14 +12,18 @@ when one is under data/ (`runs.sm100_run`), else the calibrated model's (`calibr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
+from dsa_lab import axes
 from dsa_lab.analysis.frames import POINT, measured_ok, ok_rows
 from dsa_lab.analysis.runs import SM100_SWEEP_HOW, ChosenRun, sm100_evidence, sm100_run
+from dsa_lab.bench.point import Point
 from dsa_lab.kernels import modeled_backends, vllm_backend
+from dsa_lab.markup import md_code, md_text
 from dsa_lab.metadata import STRATEGIES
 from dsa_lab.model.gpus import ARCH_MAJORS
 from dsa_lab.model.roofline import GpuSpec, floor_ms, get_gpu, modeled_time
@@ -33,30 +37,23 @@ SM90_NATIVE_SIZES = vllm_backend().native_sizes_on(ARCH_MAJORS["sm90"])  # SM90 
 
 def _modeled_row(
     backend: str,
-    batch: int,
-    context: str,
-    seq_lens: Sequence[int],
-    next_n: int,
-    strategy: str,
+    values: Mapping[str, Any],
     gpu: GpuSpec,
-    heads: int,
-    head_dim: int,
-    cache_dtype: str,
+    seed: int,
     native_sizes: Sequence[int] = SM90_NATIVE_SIZES,
 ) -> dict[str, object]:
-    plan = LaunchPlan(tuple(seq_lens), next_n, strategy, heads, head_dim, cache_dtype, tuple(native_sizes))
-    point = modeled_time(plan, gpu)
+    """The modeled row of the step a point's axes describe (`values`: strategy and the point's axes; those
+    it does not give at their defaults): its plan (`Point.plan`: the acceptance's rows, the logits width)
+    at `gpu`'s ceilings. `seed` must be the run's, so drawn lengths and rows are the run's."""
+    point = Point(
+        backend=backend, **{name: values[name] for name in axes.NAMES if name in values and name != "backend"}
+    )
+    plan = point.plan(point.seq_lens(seed), native_sizes, seed)
+    modeled = modeled_time(plan, gpu)
     floor, _ = floor_ms(plan.cost, gpu)
-    ms = point.time_ms
+    ms = modeled.time_ms
     return {
-        "backend": backend,
-        "strategy": strategy,
-        "batch": batch,
-        "context": context,
-        "next_n": next_n,
-        "cache_dtype": cache_dtype,
-        "heads": heads,
-        "head_dim": head_dim,
+        **point.axes(),
         "status": "ok",
         "source": "modeled",
         "median_ms": ms,
@@ -64,36 +61,22 @@ def _modeled_row(
         "p75_ms": ms,
         "iqr_ms": 0.0,
         "roofline_gpu": gpu.name,
-        "unique_bytes": point.cost.unique_bytes,
-        "strategy_bytes": point.cost.strategy_bytes,
-        "flops": point.cost.flops,
+        "unique_bytes": modeled.cost.unique_bytes,
+        "strategy_bytes": modeled.cost.strategy_bytes,
+        "flops": modeled.cost.flops,
         "floor_ms": floor,
-        "achieved_tbps": point.cost.strategy_bytes / (ms * 1e9),
-        "achieved_tflops": point.cost.flops / (ms * 1e9),
+        "achieved_tbps": modeled.cost.strategy_bytes / (ms * 1e9),
+        "achieved_tflops": modeled.cost.flops / (ms * 1e9),
         "fraction_of_floor": floor / ms,
     }
 
 
 def modeled_rows_like(results: pd.DataFrame, gpu: GpuSpec, seed: int) -> pd.DataFrame:
-    """One modeled row per measured (batch, context, next_n, strategy, shape): the strategy's
-    bytes and FLOPs at `gpu`'s ceilings (atom pieces as SM90 DeepGEMM plans them), backend
-    'model (<gpu>)'. `seed` must be the run's, so mixed contexts get the same lengths."""
-    rows = [
-        _modeled_row(
-            f"model ({gpu.name})",
-            k.batch,
-            k.context,
-            ContextSpec.parse(k.context).seq_lens(k.batch, seed),
-            k.next_n,
-            k.strategy,
-            gpu,
-            k.heads,
-            k.head_dim,
-            k.cache_dtype,
-        )
-        for k in ok_rows(results)[["strategy", *POINT]].drop_duplicates().itertuples()
-    ]
-    return pd.DataFrame(rows)
+    """One modeled row per measured point and strategy (every point axis, the serving step's included): the
+    strategy's bytes and FLOPs at `gpu`'s ceilings (atom pieces as SM90 DeepGEMM plans them), backend
+    'model (<gpu>)'. `seed` must be the run's, so mixed contexts and acceptance draws are the run's."""
+    points = ok_rows(results)[["strategy", *POINT]].drop_duplicates().to_dict("records")
+    return pd.DataFrame([_modeled_row(f"model ({gpu.name})", values, gpu, seed) for values in points])
 
 
 def modeled_grid(
@@ -110,27 +93,13 @@ def modeled_grid(
     """Modeled rows for a grid, as `modeled_rows_like`, for what a kernel native for
     `native_sizes` (SM90 DeepGEMM's by default) can run: flatten always, native where
     next_n is native, atom where it is not."""
-    rows = []
+    rows, shape = [], {"heads": heads, "head_dim": head_dim, "cache_dtype": cache_dtype}
     for batch in batches:
         for context in map(ContextSpec.parse, contexts):
-            seq_lens = context.seq_lens(batch, seed)
             for n in next_ns:
                 for strategy in ("native", "flatten") if n in native_sizes else ("atom", "flatten"):
-                    rows.append(
-                        _modeled_row(
-                            f"model ({gpu.name})",
-                            batch,
-                            context.label,
-                            seq_lens,
-                            n,
-                            strategy,
-                            gpu,
-                            heads,
-                            head_dim,
-                            cache_dtype,
-                            native_sizes,
-                        )
-                    )
+                    values = {"strategy": strategy, "batch": batch, "context": context.label, "next_n": n, **shape}
+                    rows.append(_modeled_row(f"model ({gpu.name})", values, gpu, seed, native_sizes))
     return pd.DataFrame(rows)
 
 
@@ -168,6 +137,7 @@ def modeled_reread(
 SM100_PLATFORM = Platform("sm100", True)  # vLLM 0.33 on SM100 with DeepGEMM: the varlen call, i.e. our 'native'
 SM100_GPUS = ("B200", "GB200")
 SM100_STRATEGIES = ("native", "flatten")  # atom on SM100 is the native launch (any next_n is native there)
+SERVING_AXES = tuple(a for a in axes.AXES if a.role == "point" and not a.stored_always)  # the step's later axes
 
 
 def _points(points: pd.DataFrame | None) -> pd.DataFrame:
@@ -191,12 +161,17 @@ def calibrated_rows(
     (the charts' label for a modeled series; `modeled_backend` and `gpu` name them apart), `bound`,
     and the plan's bytes and FLOPs (a kernel native for any next_n). Points: the timed (batch,
     context, next_n) of `points` (e.g. the H200 run, so bars line up), else the sm100 preset's
-    grid; `seed` must be that run's, so mixed contexts get the same lengths."""
+    grid; `seed` must be that run's, so mixed contexts get the same lengths. Only points whose serving
+    axes are at their old-run values: the model predicts a uniform step's logits, at the batch's width,
+    timed eagerly."""
     from dsa_lab.model.indexer import CALIBRATION, predict
 
     backends = modeled_backends() if backends is None else backends
     rows = []
     for k in _points(points).itertuples():
+        serving = {a.name: getattr(k, a.name, a.old_value) for a in SERVING_AXES}
+        if any(value != axis.old_value for axis, value in zip(SERVING_AXES, serving.values())):
+            continue  # outside the calibrated model's domain
         seq_lens = ContextSpec.parse(k.context).seq_lens(int(k.batch), seed)
         for strategy in strategies:
             cost = LaunchPlan(
@@ -230,6 +205,7 @@ def calibrated_rows(
                             "heads": int(k.heads),
                             "head_dim": int(k.head_dim),
                             "cache_dtype": k.cache_dtype,
+                            **serving,
                             "status": "ok",
                             "source": "modeled",
                             "median_ms": ms,
@@ -294,9 +270,9 @@ def sm100_frame(
             frame = pd.concat([frame, calibrated_rows(ok, [gpu], run.provenance["seed"])], ignore_index=True)
         where = f"{run.path.parent.name}/{run.path.name}"  # data/<device>/<run_id>, as the run folders lie
         note = (
-            f"Measured on {chosen.device_label} ({sm100_evidence(run.provenance)}): run "
-            f"`{run.provenance['run_id']}` ({where}), created {run.provenance['created']}, "
-            f"{len(ok)} points timed."
+            f"Measured on {md_text(chosen.device_label)} ({sm100_evidence(run.provenance)}): run "
+            f"{md_code(run.provenance['run_id'])} ({md_code(where)}), "
+            f"created {md_text(run.provenance['created'])}, {len(ok)} points timed."
         )
         return Sm100Frame(frame, True, chosen.device_label, note, chosen, ignored)
     passed = f" ({len(ignored)} run(s) passed over, listed below)" if ignored else ""

@@ -2,7 +2,8 @@
 
 Every number comes from the frame it reads (`frames.recommend` / `frames.decisions`,
 `versus.kernel_comparison`, `frames.mixed_context_gap`); nothing is computed here that a frame
-does not hold, and nothing is drawn.
+does not hold, and nothing is drawn. Names from a run (device, backend) are Markdown text
+(`markup.md_text`), never live markup.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import pandas as pd
 
 from dsa_lab.analysis.frames import measured_ok
 from dsa_lab.kernels import vllm_backend
+from dsa_lab.markup import md_text
 from dsa_lab.model.indexer import BLOCK_TOKENS
 from dsa_lab.model.roofline import GpuSpec
 from dsa_lab.policy import FAMILY_LABELS, POLICIES, RELEASES, Platform, PolicyQuery
@@ -30,13 +32,13 @@ def decisions_reading(table: pd.DataFrame, device: str, backend: str) -> str:
     """A short markdown reading of `frames.decisions`: where vLLM's choice is kept (the fastest, or within
     the measured spread of it) and where a strategy beats it beyond the spread, by how much."""
     if table.empty:
-        return f"No point on {device} has a timed decision for backend {backend}."
+        return f"No point on {md_text(device)} has a timed decision for backend {md_text(backend)}."
     known = table.dropna(subset=["vllm_ms"])
     beaten = known[known["beyond_spread"]].sort_values("speedup", ascending=False)
     tied = known[~known["beyond_spread"] & (known["best_strategy"] != known["vllm_strategy"])]
     sources = " + ".join(sorted(table["source"].unique()))
     lines = [
-        f"**{backend} on {device} ({sources})**: {_points(len(table))} (next_n x batch x context). "
+        f"**{md_text(backend)} on {md_text(device)} ({sources})**: {_points(len(table))} (next_n x batch x context). "
         f"vLLM 0.33's choice was timed in {len(known)}; it is kept in {len(known) - len(beaten)} of them "
         f"({len(tied)} where another strategy is faster only within the measured spread, a tie that keeps "
         f"vLLM's choice) and beaten beyond the spread in {len(beaten)}."
@@ -50,7 +52,7 @@ def decisions_reading(table: pd.DataFrame, device: str, backend: str) -> str:
         )
     for row in beaten.head(5).itertuples():
         lines.append(
-            f"- next_n={row.next_n}, batch={row.batch}, context={row.context}: vLLM takes **{row.vllm_strategy}** "
+            f"- next_n={row.next_n}, batch={row.batch}, context {_short(row.context)}: vLLM takes **{row.vllm_strategy}** "
             f"({row.vllm_ms * 1e3:.1f} µs); **{row.best_strategy}** takes {row.best_ms * 1e3:.1f} µs, "
             f"{row.speedup:.2f}x faster."
         )
@@ -76,7 +78,7 @@ def comparison_reading(
     baseline = vllm_backend().name if baseline is None else baseline
     name = f"{candidate[0]} {candidate[1]}"
     here = comparison[(comparison["batch"] == batch) & (comparison["context"] == context)]
-    lines = [f"**{name} on {device}, batch={batch}, context={context} (measured):**", ""]
+    lines = [f"**{name} on {md_text(device)}, batch={batch}, context {_short(context)} (measured):**", ""]
     for row in here.itertuples():
         parts = [f"- next_n={row.next_n}: {row.candidate_ms * 1e3:.1f} µs"]
         if pd.notna(row.vllm_ms):
@@ -123,7 +125,7 @@ def mixed_context_reading(
     k = lambda n: f"{n / 1024:.1f}K"  # noqa: E731
     text = (
         f"**Why {name} falls behind at B = {worst.batch} with {_short(worst.mixed)} contexts "
-        f"({_range(worst.vs_best)}× the best {baseline} option, measured on {device}).** The batch's requests hold "
+        f"({_range(worst.vs_best)}× the best {baseline} option, measured on {md_text(device)}).** The batch's requests hold "
         f"{k(worst['mean'])} tokens on average and {k(worst.longest)} at most: {100 * worst.token_share:.0f} % of "
         f"the tokens of a uniform {_short(worst.uniform)} batch. The best {baseline} option's time falls "
         f"with the tokens ({_range(worst.baseline_scale)}× its uniform-{_short(worst.uniform)} time over "

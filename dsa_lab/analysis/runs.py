@@ -4,7 +4,8 @@ Notebooks call one function here (`latency_run`, `kernel_run`, `profile_run`, `s
 instead of carrying their own discovery cells. The answer says whether it is a measurement of the
 GPU asked for; when it is not, `missing` says what was absent and which command makes it,
 and the notebook shows that as a banner (`dsa_lab.notebook.announce`) that the report index
-flags. Runs that were skipped because they are broken are listed with the reason.
+flags. Runs that were skipped because they are broken are listed with the reason
+(`dsa_lab.notebook.show_ignored`, which shows everything a run says as text, never live markup).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ SM100_FOLDERS = ("b200", "gb200", "b300", "gb300")  # data/<device>/ names of SM
 SM100_MAJOR = "10"  # compute capability 10.x: SM100 (B200, GB200) and SM103 (B300, GB300)
 SM100_SWEEP_HOW = (
     "Make one on a B200 or GB200 with `scripts/sm100_sweep.sh` (or `dsa-lab bench --preset sm100 --device cuda "
-    "--measure-ceilings --root data`), which writes it under data/<gpu>/."
+    "--measure-ceilings --root data`), which writes it under `data/<gpu>/`."
 )
 
 

@@ -73,6 +73,24 @@ def run_launches(
     return [launch_logits(backend, p, cache, max_len, s) for p, s in zip(packed, schedules, strict=True)]
 
 
+def poisoned_run(
+    backend: LogitsBackend,
+    packed: Sequence[LaunchInputs],
+    cache: PagedCache,
+    max_len: int,
+    schedules: Sequence[Any],
+    device: torch.device,
+) -> tuple[list[torch.Tensor], bool]:
+    """Every launch of the step run into NaN-poisoned memory on CUDA (a first run, which JIT-compiles,
+    tells each output's byte size), and whether every output really landed there (False off CUDA)."""
+    if device.type != "cuda":
+        return run_launches(backend, packed, cache, max_len, schedules), False
+    sizes = [out.untyped_storage().nbytes() for out in run_launches(backend, packed, cache, max_len, schedules)]
+    addresses = _poison(sizes, device)
+    outputs = run_launches(backend, packed, cache, max_len, schedules)
+    return outputs, all(out.untyped_storage().data_ptr() in addresses for out in outputs)
+
+
 def check_point(
     inputs: DecodeInputs,
     metadata: DecodeMetadata,
@@ -91,15 +109,7 @@ def check_point(
     device = inputs.q.device
     tolerance, tolerance_reason = backend_numerics(backend, device).check_tolerance(tolerance)
     batch, max_len = inputs.batch, metadata.max_context_len
-    poisoned = False
-    if device.type == "cuda":  # a first run (JIT compiles) tells the byte size of each output's allocation
-        sizes = [
-            out.untyped_storage().nbytes() for out in run_launches(backend, packed, inputs.cache, max_len, schedules)
-        ]
-        addresses = _poison(sizes, device)
-    outputs = run_launches(backend, packed, inputs.cache, max_len, schedules)
-    if device.type == "cuda":
-        poisoned = all(out.untyped_storage().data_ptr() in addresses for out in outputs)
+    outputs, poisoned = poisoned_run(backend, packed, inputs.cache, max_len, schedules, device)
     requests = checked_requests(batch, full_check_limit, sample_requests)
     owners, wanted = batch.token_requests(), set(requests)
     tokens = [t for t, b in enumerate(owners) if b in wanted]

@@ -84,7 +84,7 @@ def run_dir_from_args(args: argparse.Namespace, device: Any, prefix: str, sub: s
     from dsa_lab.env_info import device_name
     from dsa_lab.paths import scratch_dir
 
-    if args.out:
+    if args.out is not None:
         return Path(args.out)
     run_id = store.new_run_id(prefix) if args.run_id is None else args.run_id
     try:
@@ -104,9 +104,25 @@ def scratch_run(args: argparse.Namespace, device: Any) -> bool:
 # ---------------------------------------------------------------- bench
 
 
+def check_folder_flags(args: argparse.Namespace) -> None:
+    """--out and --root name folders (an empty one would silently mean the working directory); --run-id
+    goes with --root, not with --out (which names the folder itself)."""
+    for flag, value in (("--out", args.out), ("--root", args.root)):
+        if value is not None and not str(value).strip():
+            raise ValueError(f"{flag}={value!r}: give a folder")
+    if args.out is not None and args.run_id is not None:
+        raise ValueError(
+            f"--run-id={args.run_id!r} with --out={args.out!r}: --out names the run folder itself; "
+            "give --out, or --root and --run-id"
+        )
+
+
 def _check_limits(args: argparse.Namespace) -> None:
     from dsa_lab.errors import check_positive, check_range
 
+    check_folder_flags(args)
+    if args.retry_errors and not args.resume:
+        raise ValueError("--retry-errors: re-runs the error rows of a run being resumed; give --resume too")
     for flag, value, check in (
         ("--max-points", args.max_points, lambda name, v: check_range(name, v, 1, 1 << 31)),
         ("--max-minutes", args.max_minutes, lambda name, v: check_positive(name, v, allow_zero=True)),
@@ -125,9 +141,14 @@ def bench_spec(args: argparse.Namespace, run_dir: Path | None) -> Any:
     from dsa_lab.bench.point import SweepSpec
 
     if args.resume and not _grid_given(args) and run_dir is not None:
-        if not (run_dir / store.PROVENANCE_FILE).exists():
-            raise ValueError(f"--resume: {run_dir} holds no run to resume (no {store.PROVENANCE_FILE})")
-        spec = SweepSpec.from_dict(store.read_provenance(run_dir / store.PROVENANCE_FILE).get("spec"))
+        store.require_run(run_dir)
+        path = run_dir / store.PROVENANCE_FILE
+        try:
+            spec = SweepSpec.from_dict(store.read_provenance(path).get("spec"))
+        except store.RunFormatError:
+            raise
+        except ValueError as err:
+            raise store.RunFormatError(f"{path}: its spec cannot be read back ({err})") from None
     else:
         spec = spec_from_args(args)
     timing = spec.timing
@@ -180,11 +201,12 @@ def numerics_notes(spec: Any, device: Any) -> list[str]:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from dsa_lab import store
-    from dsa_lab.bench.sweep import DEFAULT_POINT_TIMEOUT_S, estimate_seconds, resume_command, run_sweep, skip_reason
+    from dsa_lab.bench.estimate import START_S, estimate_seconds, estimate_table
+    from dsa_lab.bench.sweep import DEFAULT_POINT_TIMEOUT_S, resume_command, run_sweep, skip_reason
 
     _check_limits(args)
     device = resolve_device(args.device)
-    run_dir = Path(args.out) if args.out else None
+    run_dir = Path(args.out) if args.out is not None else None
     if args.resume and run_dir is None and args.run_id is None:
         raise ValueError("--resume: name the run to continue with --out PATH (or --root and --run-id)")
     if run_dir is None and not args.dry_run:
@@ -192,11 +214,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     spec = bench_spec(args, run_dir)
     points = spec.points()
     if args.dry_run:
-        skipped = sum(skip_reason(p, device) is not None for p in points)
+        skipped = sum(skip_reason(p, device, seed=spec.seed) is not None for p in points)
         print(
-            f"{len(points)} points ({skipped} skipped here on {device.type}); "
-            f"estimated H200 time ~{estimate_seconds(spec) / 60:.1f} min"
+            f"{len(points)} points ({skipped} skipped here on {device.type}); estimated H200 time "
+            f"~{estimate_seconds(spec) / 60:.1f} min (the sweep; start-up ~{START_S / 60:.1f} min more)"
         )
+        print(estimate_table(spec))
         for line in numerics_notes(spec, device):
             print(line)
         return 0
@@ -272,7 +295,11 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--dry-run", action="store_true", help="count the points and estimate the H200 time; run nothing")
     timing = bench.add_argument_group("timing")
-    timing.add_argument("--graph", action="store_true", help="time CUDA-graph replays (warm L2)")
+    timing.add_argument(
+        "--graph",
+        action="store_true",
+        help="the events timer replays CUDA graphs of 10 calls (warm L2); --timer graph replays one whole step",
+    )
     timing.add_argument("--warm-l2", action="store_true", help="do not flush L2 between timed calls")
     timing.add_argument("--max-seconds-per-point", type=float, default=None, help="timing budget of one point")
     timing.add_argument(

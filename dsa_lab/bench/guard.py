@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 HANG_GRACE_S = 30.0
+MAX_DEADLINE_S = 1e8  # ~3 years: a longer deadline is held as this one (timers overflow far beyond)
 
 
 class PointTimeout(Exception):
@@ -32,7 +33,7 @@ def deadline(seconds: float | None, on_hang: Callable[[], None], grace_s: float 
         yield
         return
     grace_s = HANG_GRACE_S if grace_s is None else grace_s
-    seconds = max(seconds, 1e-3)
+    seconds = min(max(seconds, 1e-3), MAX_DEADLINE_S)
     use_alarm = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
     armed = [True]
 
@@ -48,15 +49,17 @@ def deadline(seconds: float | None, on_hang: Callable[[], None], grace_s: float 
             on_hang()
 
     previous = signal.signal(signal.SIGALRM, alarm) if use_alarm else None
-    if use_alarm:
-        signal.setitimer(signal.ITIMER_REAL, seconds)
     watchdog = threading.Thread(target=watch, name="dsa-lab-point-watchdog", daemon=True)
-    watchdog.start()
-    try:
+    try:  # the watchdog starts, then the timer: whatever fires (even before the block) ends in `finally`
+        watchdog.start()
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, seconds)
         yield
     finally:
-        armed[0] = False
-        done.set()
-        if use_alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
+        try:
+            armed[0] = False  # a SIGALRM landing here raises nothing more...
+        finally:
+            done.set()  # ...and the watchdog stands down whatever this block raised
+            if use_alarm:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)

@@ -10,6 +10,13 @@ A checked row records the bound it was checked against and why (`check_tolerance
 `tolerance_reason`) and its cache's K scale format (`k_scales`); the provenance records
 both per backend for the run's device (`numerics`, from `bench.numerics`).
 
+A point times its `timed` unit (`bench.timed_unit`: the logits launches, or the launches and the
+top-k after them, whose picks are first held to `topk_per_row` on poisoned outputs: `topk_*`
+columns) by its `timer` (`bench.timing`: CUDA events, or one CUDA-graph replay of the whole step).
+Every row says what vLLM 0.33 runs for its step (`vllm_route`, `vllm_decodes`, `vllm_prefills`,
+on `vllm_platform`: `Point.vllm_route`), and its roofline columns count the bytes the backend's
+launches move (`moved_bytes`: the logits it writes, past each context too where it cleans the tail).
+
 The run folder cannot be corrupted by the sweep: it is locked for the whole sweep (a
 second writer is refused); a resume is refused when the folder's rows disagree with its
 log or when the device or environment differ from its provenance (`store.check_resume`);
@@ -34,18 +41,21 @@ import torch
 
 from dsa_lab import store
 from dsa_lab.bench import guard
-from dsa_lab.bench.check import check_point, run_launches
+from dsa_lab.bench.check import check_point
 from dsa_lab.bench.guard import PointTimeout, deadline
 from dsa_lab.bench.numerics import numerics_record
 from dsa_lab.bench.point import PRESETS, Point, SweepPoint, SweepSpec, expand, preset
-from dsa_lab.bench.timing import Measurement, TimingConfig, measure_ceilings, time_callable, timing_method
-from dsa_lab.bench.walk import Visit, prepare, release, skip_reason, walk
+from dsa_lab.bench.timed_unit import check_step_topk, timed_step
+from dsa_lab.bench.timing import Measurement, TimingConfig, measure_ceilings, time_callable, time_step, timing_method
+from dsa_lab.bench.walk import Prepared, Visit, prepare, release, skip_reason, walk
+from dsa_lab.cache import PagedCache
 from dsa_lab.env_info import device_name
-from dsa_lab.errors import as_device, check_positive, check_range
-from dsa_lab.kernels import LogitsBackend, vllm_backend
-from dsa_lab.model.gpus import ARCH_MAJORS
-from dsa_lab.model.roofline import GpuSpec, floor_ms, get_gpu, gpu_for_device, roofline_columns
+from dsa_lab.errors import NonFiniteLogits, as_device, check_positive, check_range
+from dsa_lab.kernels import LogitsBackend
+from dsa_lab.model.roofline import GpuSpec, gpu_for_device, roofline_columns
+from dsa_lab.policy import CAPABILITY_FAMILIES, Platform
 from dsa_lab.provenance import build_provenance
+from dsa_lab.topk import DEFAULT_TOPK
 from dsa_lab.workload import ContextSpec
 
 __all__ = [
@@ -63,7 +73,7 @@ __all__ = [
 ]
 
 RESULTS_EVERY_S = 30.0  # results.parquet is refreshed this often during a sweep
-SM90_MAJOR = ARCH_MAJORS["sm90"]
+STUDY_PLATFORM = Platform("sm90", True)  # vLLM with DeepGEMM on Hopper: whose route a run off CUDA records
 DEFAULT_POINT_TIMEOUT_S = 300.0  # a point (JIT compile, check, timing) still running after this is an error
 STOP_REASONS = ("complete", "max_points", "max_minutes", "device_lost", "interrupted", "point_hung")
 HUNG_EXIT_CODE = 3
@@ -74,9 +84,10 @@ HUNG_EXIT_CODE = 3
 
 def evaluate_point(visit: Visit, spec: SweepSpec, device: torch.device, gpu: GpuSpec | None) -> dict[str, Any]:
     """Check then time one ready point; returns the result columns (status ok or failed)."""
-    plan, backend, inputs = visit.plan, visit.backend, visit.inputs
+    plan, backend, inputs, point = visit.plan, visit.backend, visit.inputs, visit.point
     prepared = prepare(visit, device)
     row: dict[str, Any] = {**plan.columns(), "metadata_host_ms": prepared.metadata_ms}
+    cleans = backend.cleans_tail
     check = check_point(
         inputs,
         prepared.metadata,
@@ -97,16 +108,47 @@ def evaluate_point(visit: Visit, spec: SweepSpec, device: torch.device, gpu: Gpu
         k_scales=visit.k_scales,
     )
     if not check.ok:
-        return {**row, "status": "failed", "message": check.message, **roofline_columns(plan.cost, None, gpu)}
-    cache, max_len = inputs.cache, prepared.metadata.max_context_len
-
-    def step() -> None:
-        run_launches(backend, prepared.packed, cache, max_len, prepared.schedules)
-
-    measurement = time_callable(step, device, spec.timing)
+        return {**row, "status": "failed", "message": check.message, **roofline_columns(plan.cost, None, gpu, cleans)}
+    cache, max_len, longest = inputs.cache, prepared.metadata.max_context_len, inputs.batch.max_seq_len
+    if point.timed == "logits+topk":
+        message = _check_topk(row, backend, prepared, cache, longest)
+        if message:
+            return {**row, "status": "failed", "message": message, **roofline_columns(plan.cost, None, gpu, cleans)}
+    step = timed_step(point.timed, backend, prepared.packed, cache, max_len, prepared.schedules, longest)
+    if point.timer == "events":  # honours the timing config's own graph mode (`bench --graph`), as before the axis
+        measurement = time_callable(step, device, spec.timing)
+    else:
+        measurement = time_step(step, device, point.timer, spec.timing)
     row.update(measurement.as_row())
     row["schedule_ms"] = _schedule_ms(backend, prepared.packed, device)
-    return {**row, "status": "ok", "message": "", **roofline_columns(plan.cost, measurement.median_ms, gpu)}
+    timed = roofline_columns(plan.cost, measurement.median_ms, gpu, cleans)
+    return {**row, "status": "ok", "message": "", **timed}
+
+
+def _check_topk(
+    row: dict[str, Any], backend: LogitsBackend, prepared: Prepared, cache: PagedCache, longest: int
+) -> str:
+    """The top-k check of a 'logits+topk' point (`timed_unit.check_step_topk`) into `row`; '' when it passes."""
+    metadata = prepared.metadata
+    try:
+        agreement, poisoned = check_step_topk(
+            backend, prepared.packed, cache, metadata.max_context_len, prepared.schedules, metadata, longest
+        )
+    except NonFiniteLogits as err:  # a NaN left inside a row's context: unwritten output
+        return f"top-k check: {err}"
+    row.update(
+        topk=DEFAULT_TOPK,
+        topk_rows=agreement.rows,
+        topk_rows_equal=agreement.rows_equal,
+        topk_max_score_gap=agreement.max_score_gap,
+        topk_poisoned=poisoned,
+    )
+    if agreement.equal:
+        return ""
+    return (
+        f"top-k check: {agreement.rows - agreement.rows_equal} of {agreement.rows} rows pick other scores than "
+        f"topk_per_row (largest gap {agreement.max_score_gap:.3g})"
+    )
 
 
 def _schedule_ms(backend: LogitsBackend, packed, device: torch.device) -> float | None:
@@ -121,13 +163,38 @@ def _schedule_ms(backend: LogitsBackend, packed, device: torch.device) -> float 
     return result.median_ms
 
 
-def _base_row(point: Point, device: torch.device) -> dict[str, Any]:
+def route_platform(device: torch.device) -> Platform:
+    """The platform whose vLLM 0.33 route every row records: vLLM with DeepGEMM (how it serves DeepSeek) on this
+    GPU's family; off CUDA the study's GPU, SM90 (`STUDY_PLATFORM`; each row names it in `vllm_platform`)."""
+    if device.type != "cuda":
+        return STUDY_PLATFORM
+    return Platform(CAPABILITY_FAMILIES.get(torch.cuda.get_device_capability(device)[0], "other"), True)
+
+
+def route_columns(point: Point, seed: int, platform: Platform) -> dict[str, Any]:
+    """What vLLM 0.33 runs for the point's step on `platform` (`Point.vllm_route`): its path ('native',
+    'padded', 'flatten', 'varlen', or 'rejected' where vLLM refuses the configuration at startup), how many
+    requests stay decodes and how many go to the prefill path."""
+    try:
+        route = point.vllm_route(seed, platform)
+    except ValueError:  # rejected at startup (e.g. an MXFP4 cache vLLM 0.33 does not read here)
+        return {"vllm_route": "rejected", "vllm_decodes": 0, "vllm_prefills": 0, "vllm_platform": platform.label}
+    return {
+        "vllm_route": route.path,
+        "vllm_decodes": route.decodes,
+        "vllm_prefills": route.prefills,
+        "vllm_platform": platform.label,
+    }
+
+
+def _base_row(point: Point, device: torch.device, seed: int, platform: Platform) -> dict[str, Any]:
     return {
         "point_key": point.key,
         **point.axes(),
         "source": "measured",
         "device": device.type,
         "device_name": device_name(device),
+        **route_columns(point, seed, platform),
         "median_ms": None,
         "p25_ms": None,
         "p75_ms": None,
@@ -167,10 +234,10 @@ def open_run(
     numerics = numerics_record(spec.backend, spec.cache_dtype, spec.check_tolerance, device)
     extra.setdefault("scratch", store.scratch_device(device.type))
     if resume:
-        if not (run_dir / store.PROVENANCE_FILE).exists():
-            raise ValueError(f"--resume: {run_dir} holds no run to resume (no {store.PROVENANCE_FILE})")
-        provenance = store.check_resume(run_dir, _recorded_form(run_dir, spec), device.type, device_name(device),
-                                        environment_facts())  # fmt: skip
+        provenance = store.check_resume(
+            run_dir, _recorded_form(run_dir, spec), device.type, device_name(device), environment_facts(spec.backend)
+        )
+        _check_logged_points(run_dir, spec)
         stamp = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": extra.get("command")}
         fields: dict[str, Any] = {"resumed": provenance.get("resumed", []) + [stamp]}
         if "numerics" not in provenance:  # a run from before the numerics were recorded
@@ -204,6 +271,17 @@ def _recorded_form(run_dir: Path, spec: SweepSpec) -> dict[str, Any]:
     return recorded if same else spec.to_dict()
 
 
+def _check_logged_points(run_dir: Path, spec: SweepSpec) -> None:
+    """Every point the log holds belongs to the run's grid (a foreign point would join its results)."""
+    keys = {point.key for point in spec.points()}
+    foreign = [key for key in store.latest_rows(run_dir) if key not in keys]
+    if foreign:
+        raise store.RunFormatError(
+            f"{run_dir / store.POINTS_FILE}: {len(foreign)} logged point(s) not in the run's grid, e.g. {foreign[0]}: "
+            "the log is not this run's; refusing to resume"
+        )
+
+
 def run_sweep(
     spec: SweepSpec,
     run_dir: str | Path,
@@ -232,10 +310,10 @@ def run_sweep(
     if point_timeout_s is not None:
         check_positive("point_timeout_s", point_timeout_s)
     device, run_dir = as_device("device", device), Path(run_dir)
-    if resume and not (run_dir / store.PROVENANCE_FILE).exists():
-        raise ValueError(f"--resume: {run_dir} holds no run to resume (no {store.PROVENANCE_FILE})")
-    if not resume:
-        store._check_new_folder(run_dir)  # before taking the lock, which creates the folder
+    if resume:
+        store.require_run(run_dir)
+    else:
+        store.check_new_folder(run_dir)  # before taking the lock, which creates the folder
     created = not run_dir.exists()
     try:
         with store.run_lock(run_dir):
@@ -276,6 +354,7 @@ def _sweep(
         provenance["ceilings"] = measure_ceilings(device)
         store.update_provenance(run_dir, ceilings=provenance["ceilings"])
     gpu = gpu_for_device(device_name(device), provenance.get("ceilings")) if device.type == "cuda" else None
+    platform = route_platform(device)
     points = spec.points()
     logged = store.latest_rows(run_dir)
     redo = {key for key, row in logged.items() if retry_errors and row.get("status") == "error"}
@@ -309,7 +388,7 @@ def _sweep(
             if left_s is not None and left_s <= 0:
                 stop = "max_minutes"
                 break
-            row = _base_row(visit.point, device)
+            row = _base_row(visit.point, device, spec.seed, platform)
             bounds = [x for x in (point_timeout_s, left_s) if x is not None]
             limit = min(bounds) if bounds else None
             budget_binds = left_s is not None and (point_timeout_s is None or left_s < point_timeout_s)
@@ -319,7 +398,8 @@ def _sweep(
                     message = (
                         f"hung: still running {limit:g} s + {guard.HANG_GRACE_S:g} s after it started (point timeout)"
                     )
-                    store.append_point(run_dir, {**_base_row(point, device), "status": "error", "message": message})
+                    base = _base_row(point, device, spec.seed, platform)
+                    store.append_point(run_dir, {**base, "status": "error", "message": message})
                 finish("point_hung")
                 print(
                     f"dsa-lab bench: point {point.key} hung past its deadline (a kernel that never returns?); "
@@ -388,19 +468,3 @@ def _device_alive(device: torch.device) -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def estimate_seconds(
-    spec: SweepSpec, gpu_name: str = "H200-measured", per_point_s: float = 0.08, compile_s: float = 5.0
-) -> float:
-    """A rough wall-clock estimate: a compile per (backend, next_n), and per point a fixed overhead
-    plus its samples at twice the roofline time of the strategy's bytes (+ the L2 flush); atom
-    pieces as SM90 DeepGEMM plans them (what vLLM runs, `kernels.vllm_backend`)."""
-    gpu = get_gpu(gpu_name)
-    total = compile_s * len(spec.backend) * len(spec.next_n)
-    for point in spec.points():
-        plan = point.plan(point.seq_lens(spec.seed), vllm_backend().native_sizes_on(SM90_MAJOR))
-        kernel_ms = 2 * floor_ms(plan.cost, gpu, strategy_bytes=True)[0] + 0.06
-        samples = min(spec.timing.max_samples, max(spec.timing.min_samples, spec.timing.max_seconds * 1e3 / kernel_ms))
-        total += per_point_s + (samples + spec.timing.warmup + 2) * kernel_ms / 1e3
-    return total

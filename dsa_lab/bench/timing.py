@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import torch
 
+from dsa_lab.axes import TIMERS
 from dsa_lab.errors import check_choice, check_positive, check_range
 
 FLUSH_L2_MULTIPLE = 2
@@ -337,17 +338,15 @@ def _time_graph(fn: Callable[[], object], device: torch.device, config: TimingCo
     return summarize(rule.samples, host, "cuda", timing_method(device, config), stop, config, lead_us)
 
 
-TIMING_METHODS = ("events", "graph")  # a whole decode step, as `time_step` measures it
-
-
 def step_timing_method(device: torch.device, method: str, config: TimingConfig) -> str:
-    """What `time_step` measures on `device`, as rows and provenance name it ('graph' on a CPU is an error)."""
-    check_choice("timing", method, TIMING_METHODS)
+    """What `time_step` measures on `device` with timer `method` (`axes.TIMERS`), as rows and provenance
+    name it ('graph' off CUDA is an error)."""
+    check_choice("timer", method, TIMERS)
     if method == "events":
         return timing_method(device, replace(config, use_graph=False))
     if device.type != "cuda":
         raise ValueError(
-            f"timing='graph': CUDA-graph replay needs a CUDA device, this step runs on {device}; "
+            f"timer='graph': CUDA-graph replay needs a CUDA device, this step runs on {device}; "
             "allowed here: 'events' (wall clock off CUDA)"
         )
     return "cuda_graph_step_cold_l2" if config.cold_l2 else "cuda_graph_step_warm_l2"

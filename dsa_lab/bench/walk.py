@@ -25,6 +25,7 @@ from dsa_lab.bench.check import checked_requests
 from dsa_lab.bench.inputs import MEMORY_HEADROOM, Workload, free_device_bytes, point_bytes, workload_bytes
 from dsa_lab.bench.numerics import cache_k_scales
 from dsa_lab.bench.point import BLOCK_SIZE, Point, SweepSpec
+from dsa_lab.bench.timing import TimingConfig, step_timing_method
 from dsa_lab.decode import LaunchInputs, check_launches, native_sizes_for, pack_launch
 from dsa_lab.errors import BackendUnavailable, UnsupportedShape
 from dsa_lab.kernels import LogitsBackend, get_backend
@@ -67,7 +68,7 @@ def point_backend(point: Point) -> LogitsBackend:
     return get_backend(point.backend).configured(point.config)
 
 
-def skip_reason(point: Point, device: torch.device, plan: LaunchPlan | None = None) -> str | None:
+def skip_reason(point: Point, device: torch.device, plan: LaunchPlan | None = None, seed: int = 0) -> str | None:
     """Why the backend cannot (or need not) run this point here; None if it can."""
     try:
         backend = point_backend(point)
@@ -76,8 +77,12 @@ def skip_reason(point: Point, device: torch.device, plan: LaunchPlan | None = No
     state = backend.availability(device)
     if not state.ok:
         return f"backend {point.backend!r} unavailable on {device.type}: {state.reason}"
+    try:
+        step_timing_method(device, point.timer, TimingConfig())
+    except ValueError as err:  # a CUDA-graph replay off CUDA
+        return str(err)
     if plan is None:
-        plan = point.plan(point.seq_lens(0), native_sizes_for(backend, device))
+        plan = point.plan(point.seq_lens(seed), native_sizes_for(backend, device), seed)
     if plan.same_as_native:
         return f"atom plan is one native piece of {point.next_n}: the same launch as native"
     for width in plan.widths:
@@ -113,14 +118,14 @@ def walk(points: Sequence[Point], spec: SweepSpec, device: torch.device, memory_
             try:
                 visit.backend = point_backend(point)
                 seq_lens = point.seq_lens(spec.seed)
-                visit.plan = point.plan(seq_lens, native_sizes_for(visit.backend, device))
-                visit.skip = skip_reason(point, device, visit.plan)
+                visit.plan = point.plan(seq_lens, native_sizes_for(visit.backend, device), spec.seed)
+                visit.skip = skip_reason(point, device, visit.plan, spec.seed)
                 if visit.skip is None and workload_error:
                     visit.error = f"workload not built: {workload_error}"
                 if visit.skip is None and visit.error is None:
-                    probe = point.decode_batch(seq_lens)
+                    probe = point.decode_batch(seq_lens, spec.seed)
                     checked = point.next_n * len(checked_requests(probe, spec.full_check_limit, spec.check_requests))
-                    need = point_bytes(point, seq_lens, visit.plan.kernel_rows, checked, device)
+                    need = point_bytes(point, visit.plan, checked, device)
                     need += workload_bytes(seq_lens, point, max_n) if workload is None else 0
                     visit.estimated_bytes = need
                     free = free_device_bytes(device) if memory_check else None

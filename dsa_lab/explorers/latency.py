@@ -78,7 +78,9 @@ def latency_explorer(
         )
         display(
             table.style.format(
-                {"recommended µs": "{:.1f}", "vLLM µs": "{:.1f}", "speedup over vLLM": "{:.2f}×"}, na_rep="—"
+                {"recommended µs": "{:.1f}", "vLLM µs": "{:.1f}", "speedup over vLLM": "{:.2f}×"},
+                na_rep="—",
+                escape="html",
             )
         )
 

@@ -214,7 +214,8 @@ class DeepGemmBackend(LogitsBackend):
     def library_imports(self) -> bool:
         return self._import()[0] is not None
 
-    def environment(self) -> dict[str, Any]:
+    def environment(self, requested: bool = True) -> dict[str, Any]:
+        del requested  # the vendored deep_gemm is ours to import: recorded for every run
         module, origin = import_deep_gemm()
         found = module is not None
         return {

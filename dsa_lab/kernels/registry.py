@@ -14,7 +14,8 @@ model): everything the layers above need to know about it is declared on its cla
 Declared per backend: whether it can run here (and why not); the next_n it takes natively per
 compute capability (`native_sizes`); the shapes it accepts; its numerics per capability (the K
 scale format and check tolerance the harness holds it to, `numerics`); whether it is batch
-invariant; the facts its provenance records (`environment`, `resume_fields`); how the
+invariant; the facts its provenance records (`environment`, `resume_fields`) and any foreign code
+it imports for them, only when a run names it (`foreign_code`); how the
 performance model counts its work per architecture (`model_traits`); its tuning knobs
 (`config_space`, the `config` axis); whether it is what vLLM runs (`in_vllm`). Callers never
 get a silent fallback.
@@ -163,7 +164,7 @@ class LogitsBackend:
     color: ClassVar[str] = "#7f7f7f"  # its colour where a chart tells backends apart by colour
     baseline: ClassVar[bool] = False  # the correctness baseline every other backend is checked against
     in_vllm: ClassVar[bool] = False  # what vLLM runs: its times stand for vLLM's choice
-    presets: ClassVar[tuple[str, ...]] = ()  # the sweep presets (`bench.point.PRESETS`) it joins
+    presets: ClassVar[tuple[str, ...]] = ()  # the sweep presets (`bench.point.PRESETS`) it joins; PRESET:PART one part
     batch_invariant: ClassVar[bool] = False  # a row's logits never depend on the launch it shares (tolerance 0)
     cleans_tail: ClassVar[bool] = True
     heads: ClassVar[tuple[int, ...]] = (32, 64)
@@ -192,9 +193,16 @@ class LogitsBackend:
         """next_n values taken natively on compute capability `major` (None: any)."""
         return self.native_sizes.get(major)
 
-    def environment(self) -> dict[str, Any]:
-        """What a run's provenance records of this backend's libraries (`env_info.environment_facts`)."""
+    def environment(self, requested: bool = True) -> dict[str, Any]:
+        """What a run's provenance records of this backend's libraries (`env_info.environment_facts`).
+        `requested`: whether the run names this backend; a backend running foreign code (`foreign_code`)
+        imports it only then, and records its facts as None otherwise."""
         return {}
+
+    def foreign_code(self) -> str | None:
+        """A line for `dsa-lab env` naming the foreign code (a user's build) this backend would import
+        here and when it does; None: it runs none."""
+        return None
 
     def library_imports(self) -> bool:
         """Whether the library its kernel comes from imports here (no GPU needed; what vLLM's `has_deep_gemm`

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from dsa_lab.errors import check_choice, check_range
 from dsa_lab.kernels.registry import (
     Availability,
     ConfigSpace,
@@ -50,6 +51,10 @@ LOG = logging.getLogger(__name__)
 BLOCK_SIZE = 64
 MAX_NEXT_N = 16
 MIN_CUDA_CAPABILITY = (8, 9)  # tl.dot on float8e4nv needs Ada or Hopper
+# Targets `compile_for` takes: each compiles with Triton 3.8 on the CPU (sm_80 has no e4m3 dot); sm_90 and
+# sm_100 are also checked by tests/test_triton_aot.py.
+AOT_ARCHS = (89, 90, 100, 103, 120)
+NUM_WARPS = (1, 2, 4, 8, 16)
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,15 @@ class KernelConfig:
     num_stages: int = 5
     resident_weights: bool = True
     blocks_per_program: int = 0
+
+    def __post_init__(self) -> None:
+        rows = check_range("dot_rows", self.dot_rows, 16, 2048)
+        if rows & (rows - 1):
+            raise ValueError(f"dot_rows={rows}: must be a power of two (tl.dot shapes are)")
+        check_choice("num_warps", self.num_warps, NUM_WARPS)
+        check_range("num_stages", self.num_stages, 1, 16)
+        check_choice("resident_weights", self.resident_weights, (True, False))
+        check_range("blocks_per_program", self.blocks_per_program, 0, 1 << 16)
 
     def describe(self) -> str:
         bpp = self.blocks_per_program or "auto"
@@ -114,6 +128,9 @@ def chunk_plan(next_n: int, heads: int, dot_rows: int) -> tuple[tuple[int, int],
     Each chunk holds a power-of-two number of query rows (tl.dot shapes are powers of
     two), at most `dot_rows // heads`, and the chunks tile 0..next_n-1 exactly.
     """
+    next_n = check_range("next_n", next_n, 1, MAX_NEXT_N)
+    heads = check_range("heads", heads, 1, 1 << 10)
+    dot_rows = check_range("dot_rows", dot_rows, 1, 1 << 12)
     per_dot = max(1, dot_rows // heads)
     if per_dot & (per_dot - 1):
         raise ValueError(f"dot_rows={dot_rows}: dot_rows/heads must be a power of two (heads={heads})")
@@ -137,6 +154,9 @@ def blocks_per_program(batch: int, col_blocks: int, num_sms: int) -> int:
     at B=128, L=64K 16, 32 and 64 blocks were within 5% (n=1 slowest at 64). Fewer
     blocks per program repeat the Q load and the pipeline fill more often.
     """
+    batch = check_range("batch", batch, 1, 1 << 20)
+    col_blocks = check_range("col_blocks", col_blocks, 0, 1 << 24)
+    num_sms = check_range("num_sms", num_sms, 1, 1 << 12)
     return max(4, min(32, -(-batch * col_blocks // (2 * num_sms))))
 
 
@@ -263,9 +283,18 @@ def compile_for(arch: int, next_n: int, heads: int, head_dim: int, config: Kerne
     """Compile the kernel ahead of time for `sm_<arch>` (no GPU needed); Triton's CompiledKernel.
 
     Call it where TRITON_INTERPRET is unset: triton.jit picks the interpreter otherwise.
+    Every argument is checked first (`arch` among `AOT_ARCHS`), so Triton never sees one it would
+    fail on with an error of its own.
     """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    check_choice("arch", arch, AOT_ARCHS)
+    check_range("next_n", next_n, 1, MAX_NEXT_N)
+    check_choice("heads", heads, TritonNativeBackend.heads)
+    check_choice("head_dim", head_dim, TritonNativeBackend.head_dims)
+    if not isinstance(config, KernelConfig):
+        raise ValueError(f"config={config!r:.60}: expected a KernelConfig")
 
     fn = triton.jit(_paged_mqa_logits_kernel)
     constexprs = kernel_constexprs(next_n, heads, head_dim, config)
@@ -407,7 +436,7 @@ class TritonNativeBackend(LogitsBackend):
     label = "Triton (ours)"
     marker = "s"
     color = "#9467bd"
-    presets = ("smoke", "h200-full", "sm100")
+    presets = ("smoke", "h200-full", "sm100", "h200-serving:spot-check")  # the serving study: a few points
     packages: ClassVar[tuple[str, ...]] = ("triton",)
     resume_fields: ClassVar[tuple[str, ...]] = ("triton",)
     cleans_tail: ClassVar[bool] = True

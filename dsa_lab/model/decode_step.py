@@ -26,8 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsa_lab.acceptance import PUBLISHED
-from dsa_lab.errors import check_range
+from dsa_lab.errors import check_positive, check_range
 from dsa_lab.model.gpus import GpuCeilings, get_gpu
+from dsa_lab.workload import MAX_NEXT_N, MAX_SEQ_LEN
 
 STREAM_EFFICIENCY = 4.35 / 4.8  # the H200's measured read rate over its spec (model.gpus)
 GEMM_EFFICIENCY = 1254.0 / 1979.0  # the H200's measured 8192^3 FP8 GEMM rate over its dense spec
@@ -173,7 +174,11 @@ def decode_step(
     next_n); `draft_indexer_us` the same at next_n = 1 (needed when next_n > 1)."""
     spec = get_gpu(gpu) if isinstance(gpu, str) else gpu
     batch = check_range("batch", batch, 1, 1 << 16)
-    next_n = check_range("next_n", next_n, 1, 32)
+    context = check_range("context", context, 1, MAX_SEQ_LEN)
+    next_n = check_range("next_n", next_n, 1, MAX_NEXT_N)
+    check_positive("indexer_us", indexer_us, allow_zero=True)
+    if draft_indexer_us is not None:
+        check_positive("draft_indexer_us", draft_indexer_us, allow_zero=True)
     if next_n > 1 and draft_indexer_us is None:
         raise ValueError(f"draft_indexer_us: needed for next_n={next_n} (the MTP drafts run the indexer at next_n = 1)")
     logit_bytes = 2 if spec.arch == "sm100" else 4  # DeepGEMM's SM100 kernel writes bf16 logits

@@ -31,14 +31,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dsa_lab.cache import CACHE_DTYPES, bytes_per_token
+from dsa_lab.cache import CACHE_DTYPES, bytes_per_token, check_head_dim
 from dsa_lab.errors import check_choice, check_int_sequence, check_range
 from dsa_lab.kernels import get_backend, modeled_backends, vllm_backend
 from dsa_lab.kernels.registry import ModelTraits
 from dsa_lab.metadata import STRATEGIES, AtomPiece
 from dsa_lab.model.gpus import ARCH_MAJORS, GpuCeilings, get_gpu
 from dsa_lab.plan import LaunchPlan
-from dsa_lab.workload import SUPPORTED_BLOCK_SIZES
+from dsa_lab.workload import MAX_NEXT_N, SUPPORTED_BLOCK_SIZES
 
 BLOCK_TOKENS = SUPPORTED_BLOCK_SIZES[0]  # tokens a KV block holds (a Triton program's unit)
 
@@ -282,6 +282,16 @@ class Prediction:
         return out
 
 
+def shape_extrapolations(backend: str, heads: int, head_dim: int) -> list[str]:
+    """A note per shape the backend's kernel does not have (its registered heads and head dims)."""
+    kernel = get_backend(backend)
+    return [
+        f"{name}={value}: {backend}'s kernel has {name} in {allowed}; modeled as an extrapolation, never measured"
+        for name, value, allowed in (("heads", heads, kernel.heads), ("head_dim", head_dim, kernel.head_dims))
+        if value not in allowed
+    ]
+
+
 def predict(
     gpu: str | GpuCeilings,
     backend: str,
@@ -293,16 +303,22 @@ def predict(
     cache_dtype: str = "fp8",
 ) -> Prediction:
     """Modeled time of one uniform decode step (every request decodes next_n rows). An
-    MXFP4 cache (68 B a token, FP4 MMAs) is DeepGEMM's on SM100 only, as in vLLM."""
+    MXFP4 cache (68 B a token, FP4 MMAs) is DeepGEMM's on SM100 only, as in vLLM.
+
+    next_n has the range of every other module (`workload.MAX_NEXT_N`). Judgement: heads
+    and head dims the backend's kernel does not have (`shape_extrapolations`) are modeled,
+    not refused (the model scales in them), and labelled as an extrapolation in `assumptions`.
+    """
     spec = get_gpu(gpu) if isinstance(gpu, str) else gpu
     kernel = traits(backend, spec.arch)
     check_choice("strategy", strategy, STRATEGIES)
-    next_n = check_range("next_n", next_n, 1, 32)
+    next_n = check_range("next_n", next_n, 1, MAX_NEXT_N)
     seq_lens = check_int_sequence("seq_lens", seq_lens, next_n, 1 << 24)
     if not seq_lens:
         raise ValueError("seq_lens: need one cached length >= next_n per request, got none")
     heads = check_range("heads", heads, 1, 1024)
     check_choice("cache_dtype", cache_dtype, CACHE_DTYPES)
+    head_dim = check_head_dim(head_dim, cache_dtype)
     if cache_dtype not in kernel.cache_dtypes:
         raise ValueError(f"cache_dtype={cache_dtype!r}: {backend} on {spec.name} is modeled for {kernel.cache_dtypes}")
     key = fit_key(backend, strategy, next_n, spec.arch)
@@ -328,7 +344,7 @@ def predict(
         name = max(candidates, key=candidates.get)
         if fit.launch_us + body > dominant[0]:
             dominant = (fit.launch_us + body, name)
-    assumptions = []
+    assumptions = shape_extrapolations(backend, heads, head_dim)
     if spec.arch == "sm100":
         assumptions.append("no SM100 measurement here: H200-fitted efficiencies applied to SM100's ceilings and kernel")
     if kernel.assumption:

@@ -94,19 +94,27 @@ def gpu_for_device(device_name: str, ceilings: dict[str, float] | None = None) -
 
 
 def roofline_columns(
-    cost: StepCost, median_ms: float | None, gpu: GpuSpec | None
+    cost: StepCost, median_ms: float | None, gpu: GpuSpec | None, cleans_tail: bool = False
 ) -> dict[str, float | int | str | None]:
-    """The per-row roofline columns of a point: rates None when untimed, floor None without a GPU row."""
+    """The per-row roofline columns of a point: rates None when untimed, floor None without a GPU row.
+
+    `moved_bytes` is what the launches of a backend that does (or does not) clean the tail move
+    (`StepCost.moved_bytes`: re-reads, filler rows and, for a kernel that cleans, every column up to the
+    logits' width), and `achieved_tbps` is that over the time; `strategy_bytes` counts each real row's
+    logits only, whatever the kernel writes (the modeled rows' bytes)."""
     floor, bound = floor_ms(cost, gpu) if gpu is not None else (None, None)
     timed = median_ms is not None and median_ms > 0
+    moved = cost.moved_bytes(cleans_tail)
     return {
         "unique_bytes": cost.unique_bytes,
         "strategy_bytes": cost.strategy_bytes,
+        "moved_bytes": moved,
+        "logit_bytes": cost.logit_bytes(cleans_tail),
         "flops": cost.flops,
         "roofline_gpu": gpu.name if gpu is not None else None,
         "floor_ms": floor,
         "floor_bound": bound,
-        "achieved_tbps": cost.strategy_bytes / (median_ms * 1e9) if timed else None,
+        "achieved_tbps": moved / (median_ms * 1e9) if timed else None,
         "effective_tbps": cost.unique_bytes / (median_ms * 1e9) if timed else None,
         "achieved_tflops": cost.flops / (median_ms * 1e9) if timed else None,
         "fraction_of_floor": floor / median_ms if timed and floor is not None else None,

@@ -34,6 +34,7 @@ from dsa_lab.plots.style import (
     VLLM_RELEASE,
     add_footer,
     backend_marker,
+    chart_text,
     context_title,
     legend_outside,
     point_columns,
@@ -135,9 +136,7 @@ def plot_backend_latency(
     ax.set(xlabel="next_n (query rows per request)", ylabel="kernel time per decode step (µs, median)", ylim=(0, None))
     legend_outside(ax)
     backends = " vs ".join(dict.fromkeys(data.loc[data["source"] == "measured", "backend"])) or "modeled"
-    title = (
-        f"Kernel time, {backends}, on {device} ({sources_label(data)}): batch={batch}, context={context_title(context)}"
-    )
+    title = f"Kernel time, {backends}, on {chart_text(device)} ({sources_label(data)}): batch={batch}, context={context_title(context)}"
     return _finish(fig, title, provenance_line)
 
 
@@ -173,7 +172,7 @@ def plot_speedup_heatmaps(
         )
         ax.set(title=title, xlabel="next_n", ylabel="batch, context")
     fig.colorbar(axes[0].collections[0], ax=axes, label="speedup (×): other time / candidate time", shrink=0.8)
-    title = f"{candidate[0]} {candidate[1]} speedup on {device} (measured); empty cell: the other side was not timed"
+    title = f"{candidate[0]} {candidate[1]} speedup on {chart_text(device)} (measured); empty cell: the other side was not timed"
     return _finish(fig, title, provenance_line)
 
 
@@ -270,7 +269,9 @@ def plot_roofline_intensity(
         labels.append(f"native on {gpus}: {MODELED_LABEL}")
     legend_outside(ax, handles, labels, fontsize=7.5)
     ceilings = "measured" if gpu.measured else "datasheet"
-    title = f"Roofline on {device} ({sources_label(data)} points); ceilings: {gpu.name} ({ceilings} ceilings)"
+    title = (
+        f"Roofline on {chart_text(device)} ({sources_label(data)} points); ceilings: {gpu.name} ({ceilings} ceilings)"
+    )
     return _finish(fig, title, provenance_line)
 
 
@@ -339,9 +340,7 @@ def plot_modeled_sm100(
     labels += modeled
     legend_outside(ax, handles, labels)
     kind = "measured vs SM100 " if measured else ""
-    title = (
-        f"{device} {kind}{MODELED_LABEL if modeled else 'measured'}: batch={batch}, context={context_title(context)}"
-    )
+    title = f"{chart_text(device)} {kind}{MODELED_LABEL if modeled else 'measured'}: batch={batch}, context={context_title(context)}"
     return _finish(fig, title, provenance_line)
 
 
@@ -374,6 +373,7 @@ def style_comparison(table: pd.DataFrame) -> Any:
                 "speedup_vs_best": "{:.2f}x",
             },
             na_rep="—",
+            escape="html",
         )
         .background_gradient(subset=speedups, cmap="RdBu", vmin=0.5, vmax=1.5)
         .hide(axis="index")

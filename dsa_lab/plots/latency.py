@@ -31,6 +31,7 @@ from dsa_lab.plots.style import (
     VLLM_MARKER,
     VLLM_RELEASE,
     add_footer,
+    chart_text,
     context_title,
     legend_outside,
     point_columns,
@@ -117,7 +118,7 @@ def plot_vs_vllm(
     labels = [*entries, f"{VLLM_RELEASE}'s choice ({backend}), = 1"]
     legend_outside(fig, handles, labels, title="strategy (backend)")
     fig.suptitle(
-        f"Speedup over what {VLLM_RELEASE} runs, measured on {device}\n"
+        f"Speedup over what {VLLM_RELEASE} runs, measured on {chart_text(device)}\n"
         "one y scale for every panel; above the black line: faster"
     )
     return add_footer(fig, provenance_line)
@@ -174,7 +175,7 @@ def plot_speedup(
     what = f"{source} speedup over {baseline} (×)" + (" — roofline model, not measured" if source == MODELED else "")
     fig.colorbar(axes.flat[0].collections[0], ax=axes, label=what, shrink=0.8)
     title = (
-        f"Speedup over {baseline} on {device}, {source}"
+        f"Speedup over {baseline} on {chart_text(device)}, {source}"
         + (" (roofline at the run's ceilings; its own colour scale)" if source == MODELED else "")
         + "; empty cells: not run or skipped"
     )
@@ -223,7 +224,7 @@ def plot_modeled_speedup(frame: pd.DataFrame, device: str, baseline: str = "flat
     gpus = ", ".join(dict.fromkeys(name.split(",")[0] for name in names))
     ax.set_title(
         f"Speedup over {baseline}, {MODELED} at {gpus} ceilings, not measured\n"
-        f"median over the {points} batch × context points of {device} (they differ by ≤ {spread:.2f})",
+        f"median over the {points} batch × context points of {chart_text(device)} (they differ by ≤ {spread:.2f})",
         fontsize=10,
     )
     return fig
@@ -246,7 +247,9 @@ def style_decisions(table: pd.DataFrame) -> Styler:
         }
     )
     return (
-        shown.style.format({"vLLM µs": "{:.1f}", "fastest µs": "{:.1f}", "speedup": "{:.2f}x"}, na_rep="—")
+        shown.style.format(
+            {"vLLM µs": "{:.1f}", "fastest µs": "{:.1f}", "speedup": "{:.2f}x"}, na_rep="—", escape="html"
+        )
         .background_gradient(subset=["speedup"], cmap="Reds", vmin=1.0)
         .hide(axis="index")
     )
@@ -310,7 +313,7 @@ def plot_run_to_run(
     legend_outside(ax, handles, backends, title="backend (stacked)")
     spread = data["change_pct"].abs()
     ax.set_title(
-        f"{device}, measured: run-to-run spread over {len(data)} points "
+        f"{chart_text(device)}, measured: run-to-run spread over {len(data)} points "
         f"(median |change| {spread.median():.2f} %, max {spread.max():.2f} %)"
     )
     return add_footer(fig, provenance_line)

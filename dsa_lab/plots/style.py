@@ -139,6 +139,12 @@ def legend_outside(
     target.legend(handles, labels, frameon=False, **{"fontsize": 8, **place, **kwargs})
 
 
+def chart_text(value: Any) -> str:
+    """Text from a run as matplotlib shows it literally: a '$' would start mathtext (and a stray one fails the
+    figure), so each is escaped."""
+    return str(value).replace("$", r"\$")
+
+
 def provenance_line(provenance: Mapping[str, Any]) -> str:
     """'measured on NVIDIA H200 | run h200-full-… | 2026-11-29 | git 1a2b3c4 | torch 2.11.0, triton 3.6.0, …'."""
     git = provenance.get("git") or {}
@@ -151,7 +157,7 @@ def provenance_line(provenance: Mapping[str, Any]) -> str:
         f"git {sha}{'+dirty' if git.get('dirty') else ''}" if sha else "",
         versions,
     ]
-    return " | ".join(p for p in parts if p)
+    return chart_text(" | ".join(p for p in parts if p))
 
 
 def add_footer(fig: Figure, line: str | None) -> Figure:

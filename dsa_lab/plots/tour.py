@@ -20,6 +20,7 @@ from pandas.io.formats.style import Styler
 
 from dsa_lab.analysis.frames import measured_ok
 from dsa_lab.analysis.headline import TileReads
+from dsa_lab.markup import html_text
 from dsa_lab.plots.latency import context_title
 from dsa_lab.plots.style import (
     MODELED,
@@ -31,6 +32,7 @@ from dsa_lab.plots.style import (
     VLLM_MARKER,
     VLLM_RELEASE,
     add_footer,
+    chart_text,
     legend_outside,
     series_label,
     series_style,
@@ -277,7 +279,7 @@ def plot_headline(
     legend_outside(ax, fontsize=8.5)
     native = sorted(int(n) for n in table.loc[table["vllm_strategy"] == "native", "next_n"])
     ax.set_title(
-        f"Paged MQA-logits kernel time, measured on {device_label}: batch = {batch}, "
+        f"Paged MQA-logits kernel time, measured on {chart_text(device_label)}: batch = {batch}, "
         f"context = {context_title(context)}"
         f"\n{VLLM_RELEASE} on SM90 runs next_n in {native} natively and flattens the rest",
         fontsize=11,
@@ -318,8 +320,8 @@ def style_headline(table: pd.DataFrame, device_label: str) -> Styler:
     }
     top = max(2.0, float(np.nanmax(table["speedup"]))) if table["speedup"].notna().any() else 2.0
     return (
-        shown.style.format({k: v for k, v in formats.items() if k in shown}, na_rep="—")
+        shown.style.format({k: v for k, v in formats.items() if k in shown}, na_rep="—", escape="html")
         .background_gradient(subset=["speedup"], cmap="Reds", vmin=1.0, vmax=top)
-        .set_caption(f"Measured on {device_label}: vLLM 0.33's choice against the fastest option timed")
+        .set_caption(f"Measured on {html_text(device_label)}: vLLM 0.33's choice against the fastest option timed")
         .hide(axis="index")
     )

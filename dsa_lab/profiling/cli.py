@@ -18,7 +18,14 @@ from typing import Any
 import pandas as pd
 
 from dsa_lab import axes, store
-from dsa_lab.bench.cli import add_grid_flags, resolve_device, run_dir_from_args, scratch_run, spec_from_args
+from dsa_lab.bench.cli import (
+    add_grid_flags,
+    check_folder_flags,
+    resolve_device,
+    run_dir_from_args,
+    scratch_run,
+    spec_from_args,
+)
 from dsa_lab.errors import check_choice, check_positive, check_range
 from dsa_lab.profiling.ncu import NcuUnavailable, detect_ncu
 from dsa_lab.profiling.runs import profile_provenance, write_tables
@@ -51,12 +58,20 @@ def _tools(text: str) -> tuple[str, ...]:
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     tools = _tools(args.tool)
+    check_folder_flags(args)
     for flag, value in (("--torch-budget", args.torch_budget), ("--ncu-timeout", args.ncu_timeout)):
         if value is not None:
             check_positive(flag, value)
     check_range("--nsight-runs", args.nsight_runs, 2, 10_000)
     device = resolve_device(args.device)
     spec = spec_from_args(args)
+    for name in ("timed", "timer"):  # what bench times; a profile traces the step's phases (logits, top-k) eagerly
+        other = [v for v in getattr(spec, name) if axes.axis(name).in_key(v)]
+        if other:
+            allowed = axes.axis(name).old_value
+            raise ValueError(
+                f"{name}={other[0]!r}: dsa-lab profile traces every phase of an eager step; allowed {allowed!r}"
+            )
     settings = ProfileSettings(args.topk, args.repeats, not args.no_trace)
     status = detect_ncu() if "ncu" in tools else None
     ncu_skipped = None
@@ -72,7 +87,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         )
     nsight = _nsight_for(tools, device)
     out = run_dir_from_args(args, device, "profile", sub="profiles")
-    store._check_new_folder(out)
+    store.check_new_folder(out)
     with store.run_lock(out):
         provenance = profile_provenance(out.name, device, spec, settings, status)
         provenance.update(ncu_skipped=ncu_skipped, scratch=scratch_run(args, device))

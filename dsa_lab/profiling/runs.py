@@ -36,6 +36,7 @@ import torch
 from dsa_lab import axes, store
 from dsa_lab.bench.point import SweepSpec, preset
 from dsa_lab.env_info import device_name
+from dsa_lab.file_writes import write_atomic
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.model.gpus import ARCH_MAJORS
 from dsa_lab.profiling.ncu import NcuStatus
@@ -118,14 +119,10 @@ def write_tables(run: ProfileRun, folder: Path) -> None:
     """Write the run's tables next to its provenance (atomically, one file each)."""
     tables = [("torch_kernels", run.kernels), ("torch_phases", run.phases), ("ncu_kernels", run.ncu)]
     for name, frame in [*tables, *([("nsight_times", run.nsight)] if not run.nsight.empty else [])]:
-        path = folder / f"{name}.parquet"
-        tmp = path.with_name(f".{path.name}.tmp")
-        with store.writing(path):
-            frame.to_parquet(tmp, index=False)
-            os.replace(tmp, path)
+        write_atomic(folder / f"{name}.parquet", lambda handle, frame=frame: frame.to_parquet(handle, index=False))
     if run.raw_ncu:
-        with store.writing(folder / RAW_NCU), gzip.open(folder / RAW_NCU, "wt", encoding="utf-8") as handle:
-            handle.write(run.raw_ncu)
+        raw = gzip.compress(run.raw_ncu.encode("utf-8"))
+        write_atomic(folder / RAW_NCU, lambda handle: handle.write(raw))
     store.update_provenance(folder, configs=run.configs)
 
 
@@ -140,7 +137,8 @@ class ProfileRunScan:
 def scan_profile_runs(root: str | Path) -> ProfileRunScan:
     """Every folder under `root` (any depth) with a provenance.json: profile runs are kept;
     timing runs are not profile runs and are left out; a damaged provenance is *ignored*
-    with its problem (it might have been a profile run, and a reader must be told)."""
+    with its problem (it might have been a profile run, and a reader must be told), and so is
+    a folder holding profile tables whose provenance is not of kind 'profile'."""
     runs: list[tuple[str, Path]] = []
     ignored: list[tuple[str, str]] = []
     for path in sorted(Path(root).rglob(store.PROVENANCE_FILE)):
@@ -151,6 +149,13 @@ def scan_profile_runs(root: str | Path) -> ProfileRunScan:
             continue
         if provenance.get("kind") == KIND:
             runs.append((provenance["created"], path.parent))
+        elif any((path.parent / f"{name}.parquet").is_file() for name in TABLES):
+            ignored.append(
+                (
+                    str(path.parent),
+                    f"{path}: holds profile tables, but its kind is {provenance.get('kind')!r}, not {KIND!r}",
+                )
+            )
     return ProfileRunScan([folder for _, folder in sorted(runs, key=lambda item: item[0], reverse=True)], ignored)
 
 

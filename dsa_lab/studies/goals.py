@@ -35,9 +35,10 @@ from dsa_lab.analysis.modeled import modeled_native_rows
 from dsa_lab.analysis.profiles import TENSOR_METRICS
 from dsa_lab.analysis.runs import ChosenRun, stored_run, timed_backends
 from dsa_lab.kernels import family_of
+from dsa_lab.markup import html_text
 from dsa_lab.model.roofline import gpu_for_device
 from dsa_lab.paths import resolve_data_path, shown_path
-from dsa_lab.plots.style import add_footer, context_title
+from dsa_lab.plots.style import add_footer, chart_text, context_title
 from dsa_lab.profiling.ncu_tables import METRICS
 from dsa_lab.profiling.runs import load_profile_run
 from dsa_lab.workload import ContextSpec, format_tokens
@@ -386,7 +387,7 @@ def plot_goal_ratio_heatmap(points: pd.DataFrame, device: str, provenance_line: 
     ax.set(xlabel="next_n", ylabel="batch, context")
     ax.tick_params(axis="y", rotation=0)
     title = (
-        f"{candidate} native / the best DeepGEMM option on {device} (measured; the fastest strategy over "
+        f"{candidate} native / the best DeepGEMM option on {chart_text(device)} (measured; the fastest strategy over "
         f"every DeepGEMM backend timed)\nbelow 1 (blue): {candidate} faster. Each cell: the ratio and the "
         "option it is held to; empty: a side was not timed"
     )
@@ -427,6 +428,7 @@ def style_goal_points(points: pd.DataFrame) -> Any:
                 **dict.fromkeys(GOAL_COLUMNS, verdict),
             },
             na_rep="—",
+            escape="html",
         )
         .background_gradient(subset=["ratio", "flatten_atom_ratio"], cmap="RdBu_r", vmin=0.8, vmax=1.2)
         .map(colour, subset=list(GOAL_COLUMNS))
@@ -437,7 +439,7 @@ def style_goal_points(points: pd.DataFrame) -> Any:
 def style_goal_summary(summary: pd.DataFrame) -> Any:
     """`goal_summary` for display: the min and max ratio per next_n shaded around 1."""
     return (
-        summary.style.format({"ratio_min": "{:.3f}", "ratio_max": "{:.3f}"}, na_rep="—")
+        summary.style.format({"ratio_min": "{:.3f}", "ratio_max": "{:.3f}"}, na_rep="—", escape="html")
         .background_gradient(subset=["ratio_min", "ratio_max"], cmap="RdBu_r", vmin=0.8, vmax=1.2)
         .hide(axis="index")
     )
@@ -457,7 +459,10 @@ def style_ncu_comparison(table: pd.DataFrame) -> Any:
                 "useful_tflops": "{:.0f}",
             },
             na_rep="—",
+            escape="html",
         )
-        .set_caption(f"Nsight Compute (kernel replay, caches flushed); tensor pipe busy: ncu counter {counter}")
+        .set_caption(
+            f"Nsight Compute (kernel replay, caches flushed); tensor pipe busy: ncu counter {html_text(counter)}"
+        )
         .hide(axis="index")
     )

@@ -20,7 +20,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from dsa_lab.paths import resolve_data_path, shown_path
-from dsa_lab.plots.style import add_footer, legend_outside
+from dsa_lab.plots.style import add_footer, chart_text, legend_outside
 from dsa_lab.store import PROVENANCE_FILE
 from dsa_lab.workload import format_tokens
 
@@ -98,7 +98,7 @@ def plot_cta_phases(phases: pd.DataFrame, device: str, provenance_line: str | No
     ax.set(xlabel="ns after the CTA's loader starts (median over CTAs and launches)", ylabel="")
     legend_outside(ax)
     title = (
-        f"Inside one CTA of the gluon kernel at B = 1 on {device} (measured, instrumented copy): "
+        f"Inside one CTA of the gluon kernel at B = 1 on {chart_text(device)} (measured, instrumented copy): "
         "what the first tiles wait for"
     )
     fig.suptitle(title)

@@ -1,0 +1,132 @@
+"""How long a grid takes on an H200 before it runs (`dsa-lab bench --dry-run`), per grid of a union.
+
+The estimate walks the points as the sweep would, on the H200's terms (each backend's SM90 native
+sizes; a point its backend skips there costs nothing) and adds, in seconds:
+
+- a JIT compile the first time a backend launches a kernel shape (its rows a request, heads, head
+  dim, cache dtype, config): `COMPILE_S`, the mean extra time of the 69 first launches in the five
+  harness runs shipped under data/h200/ (the full study, its repeat, the harness re-run and the two
+  Gluon studies; DeepGEMM 3.2 s, Gluon 1.5 s, Triton 0.5 s);
+- a workload build each time the workload changes between two points that run (`WORKLOAD_S` and
+  the KV cache drawn at `BUILD_BYTES_PER_S`; the issue-13 run's 8 builds took about 2 s);
+- per point `POINT_S` (check, prepare, schedule timing: the mean over 1,675 warm points of those runs,
+  the time of their samples taken out), plus the step itself: the check's two runs, the warm-up and the
+  samples (`TimingConfig`: `min_samples` rounded up to whole `sync_every` batches, as those runs show)
+  at the modeled step time: `KERNEL_OVER_FLOOR` x the roofline floor of the bytes the backend's launches
+  move, `LAUNCH_MS` a launch, `SAMPLE_MS` of L2 flush and spin a sample;
+- for 'logits+topk': the top-k after every launch, `TOPK_PASSES` passes over the rows' longest-context
+  columns at the measured read rate (modeled: torch.topk's radix select and the masked copy before it),
+  and its check (the whole step's logits scattered, `topk_per_row`, the comparison: `TOPK_CHECK_PASSES`);
+- for the 'graph' timer: the capture (warm-up steps off the stream, one captured step, one upload replay)
+  and `GRAPH_S` for the capture itself.
+
+`START_S` (imports, CUDA start, the ceilings' measurement) is outside a sweep's `--max-minutes` and is
+reported beside it. A resumed run pays the compiles of what is left again (a new process).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dsa_lab.bench.point import SweepSpec
+from dsa_lab.cache import bytes_per_token
+from dsa_lab.errors import UnsupportedShape
+from dsa_lab.kernels import get_backend
+from dsa_lab.model.gpus import ARCH_MAJORS
+from dsa_lab.model.roofline import floor_ms, get_gpu
+from dsa_lab.plan import ANY_NEXT_N
+
+SM90_MAJOR = ARCH_MAJORS["sm90"]
+START_S = 20.0
+COMPILE_S = 1.5
+WORKLOAD_S = 0.3
+BUILD_BYTES_PER_S = 10e9
+POINT_S = 0.14
+KERNEL_OVER_FLOOR = 1.2  # B = 128, 64K: 286 us against a 254 us floor (native n = 1), 2178 / 2032 (flatten n = 8)
+LAUNCH_MS = 0.008  # B = 1, 64K: 9.4 us a native step whose floor is 2 us
+SAMPLE_MS = 0.1  # the L2 flush (2 x 60 MB zeroed) and the spin kernel before each sample
+TOPK_PASSES = 6
+TOPK_CHECK_PASSES = 12
+GRAPH_S = 0.05
+
+
+@dataclass(frozen=True)
+class GridEstimate:
+    """One grid's share of a run: its points, those an H200 would run, compiles, workload builds, seconds."""
+
+    name: str
+    points: int
+    run: int
+    compiles: int
+    workloads: int
+    seconds: float
+
+
+def estimate(spec: SweepSpec, gpu_name: str = "H200-measured") -> list[GridEstimate]:
+    """The H200 time of `spec`, per grid (one entry for a spec of one grid), in the order they run."""
+    gpu = get_gpu(gpu_name)
+    timing = spec.timing
+    samples = max(timing.min_samples, 1)
+    samples = math.ceil(samples / timing.sync_every) * timing.sync_every
+    compiled: set[tuple] = set()
+    workload = None
+    out = []
+    for name, points in spec.grid_points():
+        run = compiles = workloads = 0
+        seconds = 0.0
+        for point in points:
+            backend = get_backend(point.backend)
+            try:
+                backend = backend.configured(point.config)
+            except UnsupportedShape:
+                continue
+            seq_lens, native = point.seq_lens(spec.seed), backend.native_sizes_on(SM90_MAJOR)
+            plan = point.plan(seq_lens, native or ANY_NEXT_N, spec.seed)
+            if plan.same_as_native or (native is not None and not set(plan.widths) <= set(native)):
+                continue  # skipped on the H200: costs nothing
+            run += 1
+            if point.workload_key != workload:
+                workload = point.workload_key
+                workloads += 1
+                kv = (sum(seq_lens) + 64 * len(seq_lens)) * bytes_per_token(point.head_dim, point.cache_dtype)
+                seconds += WORKLOAD_S + kv / BUILD_BYTES_PER_S
+            for width in plan.widths:
+                shape = (point.backend, point.config, width, point.heads, point.head_dim, point.cache_dtype)
+                if shape not in compiled:
+                    compiled.add(shape)
+                    compiles += 1
+                    seconds += COMPILE_S
+            moved = plan.cost.moved_bytes(backend.cleans_tail)
+            memory_ms = moved / (gpu.hbm_tbps * 1e12) * 1e3
+            floor = max(memory_ms, floor_ms(plan.cost, gpu, strategy_bytes=True)[0])
+            step_ms = KERNEL_OVER_FLOOR * floor + LAUNCH_MS * plan.launches
+            topk_pass_ms = plan.kernel_rows * max(seq_lens) * 4 / (gpu.hbm_tbps * 1e12) * 1e3
+            check_s = 0.0
+            if point.timed == "logits+topk":
+                step_ms += TOPK_PASSES * topk_pass_ms + LAUNCH_MS * 4 * plan.launches
+                check_s = TOPK_CHECK_PASSES * topk_pass_ms / 1e3 + POINT_S / 2
+            replays = samples + timing.warmup + 2  # the check's two runs, the warm-up, the samples
+            if point.timer == "graph":
+                replays += timing.warmup + 2
+                check_s += GRAPH_S
+            seconds += POINT_S + check_s + replays * (step_ms + SAMPLE_MS) / 1e3
+        out.append(GridEstimate(name, len(points), run, compiles, workloads, seconds))
+    return out
+
+
+def estimate_seconds(spec: SweepSpec, gpu_name: str = "H200-measured") -> float:
+    """The whole sweep's H200 time (start-up aside: `START_S`)."""
+    return sum(part.seconds for part in estimate(spec, gpu_name))
+
+
+def estimate_table(spec: SweepSpec) -> str:
+    """The dry run's lines per grid: points, those an H200 runs, compiles, workload builds, seconds."""
+    parts = estimate(spec)
+    width = max(len("grid"), *(len(p.name) for p in parts))
+    lines = [f"  {'grid':<{width}}  points  on H200  compiles  workloads  est. s"]
+    for p in parts:
+        lines.append(
+            f"  {p.name:<{width}}  {p.points:>6}  {p.run:>7}  {p.compiles:>8}  {p.workloads:>9}  {p.seconds:>6.1f}"
+        )
+    return "\n".join(lines)

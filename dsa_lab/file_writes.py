@@ -1,0 +1,101 @@
+"""How dsa_lab writes a file: whole or not at all, never through a symbolic link, an OS refusal one line.
+
+A run folder is data a contributor may send (git stores links), and a report or a comparison
+writes beside files a user keeps, so every write here opens with O_NOFOLLOW (a link where a
+file belongs is refused by name, `refuse_link`, and a folder holding one by `check_no_links`),
+and everything rewritten goes to a temp file created exclusively beside it (`.<name>.tmp-<pid>`,
+`TEMP_PATTERN`), then `os.replace` (`write_atomic`): a reader sees the old file or the new one,
+never half of one. A write the OS refuses (no space, read-only, permission) is one
+`RunWriteError` naming the path (`writing`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from dsa_lab.run_format import RunFormatError
+
+TEMP_PATTERN = re.compile(r"\.(?P<name>.+)\.tmp-\d+")  # `write_atomic`'s temp files: .<name>.tmp-<pid>
+NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class RunWriteError(OSError):
+    """The OS refused a write (no space, read-only, permission...); one line naming the path."""
+
+
+@contextlib.contextmanager
+def writing(path: Path, action: str = "write") -> Iterator[None]:
+    """Turn an OSError while writing `path` into one `RunWriteError` line that names the path."""
+    try:
+        yield
+    except RunWriteError:
+        raise
+    except OSError as err:
+        reason = err.strerror or str(err) or type(err).__name__
+        failure = RunWriteError(f"cannot {action} {path}: {reason}")
+        failure.errno = err.errno or errno.EIO
+        raise failure from None
+
+
+def refuse_link(path: Path) -> None:
+    """A symbolic link where a run file belongs: refused by name (a contributed run folder can carry one)."""
+    raise RunFormatError(
+        f"{path}: a symbolic link (to {os.readlink(path)}); a run folder holds plain files only and dsa_lab never "
+        "reads or writes through a link: remove it (or give the folder it points to)"
+    )
+
+
+def check_no_links(run_dir: str | Path) -> None:
+    """Refuse a run folder that is, or holds, a symbolic link, naming it (a link above the run folder, say a
+    data root on another disk, is fine)."""
+    run_dir = Path(run_dir)
+    if run_dir.is_symlink():
+        refuse_link(run_dir)
+    if run_dir.is_dir():
+        for entry in sorted(run_dir.iterdir()):
+            if entry.is_symlink():
+                refuse_link(entry)
+
+
+def open_no_follow(path: Path, flags: int, action: str) -> int:
+    """os.open with O_NOFOLLOW: a link at `path` is refused by name, an OS error is one line naming it."""
+    try:
+        return os.open(path, flags | NO_FOLLOW, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP or path.is_symlink():
+            refuse_link(path)
+        with writing(path, action):
+            raise
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write `path` whole or not at all: `write(handle)` fills a temp file created exclusively beside it
+    (never through a link planted at its name), then `os.replace` moves it over `path` (a link there is
+    replaced, not followed)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with writing(path):
+            if tmp.is_symlink() or tmp.exists():
+                tmp.unlink()  # a stale temp file, or a link planted at its name: removed, never followed
+            with os.fdopen(open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "write"), "wb") as handle:
+                write(handle)
+            os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_atomic(path, lambda handle: handle.write(text.encode("utf-8")))
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")

@@ -1,0 +1,189 @@
+"""What a stored run's files must hold, checked on every read; each failure names the file (and rows).
+
+`store` reads the files; this module says whether what it read is a run: the provenance's
+fields have their types (a run id is one folder name, `created` an ISO 8601 time, `git`
+and `environment` objects, the seed an int), and `results.parquet` has every column it
+needs with its dtype: the axes as ints within range or names from the project's
+vocabulary, timed rows with their plan columns and with times and samples that are
+finite and positive. A notebook that reads a run therefore never meets a string where a
+time belongs, a NaN next_n, or a missing column: the load fails first, naming them.
+
+The vocabularies are the axis table's (`axes.AXES`: each axis's kind, choices or range and
+canonical spelling; a backend is one registered, `kernels.backend_names`), so an axis added
+later is checked as soon as it is a row of that table, and a run stored before it existed
+loads with the value it was measured at (`axes.complete`, before these checks).
+
+Judgement calls: names that end up in pages (backend, run id) must be plain names
+(letters, digits, '.', '_', '-'), so they can carry no markup, rather than being
+accepted and escaped at every use (a backend name is one the registry holds, a run id
+one folder name); free text (device names, messages) is accepted and escaped where it
+becomes HTML.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dsa_lab import axes
+
+TIME_COLUMNS = ("p25_ms", "median_ms", "p75_ms")  # in this order for every timed (status ok) row
+TIMED_COLUMNS = ("launches", "kernel_rows", "pieces", "unique_bytes", "strategy_bytes", "flops")  # the plan's
+TEXT_COLUMNS = ("point_key", "status", "message", "source")  # besides the text axes (`axes.AXES`)
+NUMBER_COLUMNS = (*TIME_COLUMNS, "iqr_ms", "samples", *(c for c in TIMED_COLUMNS if c != "pieces"))
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # one folder name: a run id
+PROVENANCE_TYPES: dict[str, tuple[type, ...]] = {
+    "run_id": (str,),
+    "created": (str,),
+    "device": (str,),
+    "device_name": (str,),
+    "timing_method": (str,),
+    "environment": (dict,),
+    "git": (dict,),
+    "spec": (dict,),
+    "seed": (int,),
+}
+SHOWN_ROWS = 3
+
+
+class RunFormatError(ValueError):
+    """A run file is missing, corrupt or not one of ours; the message names the file."""
+
+
+def check_provenance_fields(provenance: dict[str, Any], path: Path) -> None:
+    """Each field a reader uses has its type; the run id is a plain name and `created` an ISO 8601 time."""
+    for key, types in PROVENANCE_TYPES.items():
+        if key not in provenance or (key == "device_name" and provenance[key] is None):
+            continue
+        value = provenance[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise RunFormatError(f"{path}: {key} must be {' or '.join(t.__name__ for t in types)}, got {value!r:.80}")
+    if not PLAIN_NAME.fullmatch(provenance["run_id"]):
+        raise RunFormatError(
+            f"{path}: run_id {provenance['run_id']!r:.80} is not a plain name (letters, digits, "
+            "'.', '_', '-'; a run id is one folder name)"
+        )
+    try:
+        dt.datetime.fromisoformat(provenance["created"])
+    except ValueError:
+        raise RunFormatError(f"{path}: created {provenance['created']!r:.80} is not an ISO 8601 time") from None
+
+
+def _rows(frame: pd.DataFrame, mask: Any) -> str:
+    picked = frame.index[np.asarray(mask, dtype=bool)]
+    keys = frame["point_key"] if "point_key" in frame else pd.Series("?", index=frame.index)
+    shown = ", ".join(f"row {i} ({keys.at[i]})" for i in picked[:SHOWN_ROWS])
+    more = f" and {len(picked) - SHOWN_ROWS} more" if len(picked) > SHOWN_ROWS else ""
+    return f"{len(picked)} row(s): {shown}{more}"
+
+
+def _fail(path: Path, frame: pd.DataFrame, mask: Any, what: str) -> None:
+    if np.asarray(mask, dtype=bool).any():
+        raise RunFormatError(f"{path}: {what}; {_rows(frame, mask)}")
+
+
+def _not_in_vocabulary(axis: Any, values: pd.Series) -> tuple[Any, str] | None:
+    """The first value of `values` the axis refuses (or does not spell canonically) and the axis's reason."""
+    for value in values.unique():
+        try:
+            canonical = axis.check(value.item() if isinstance(value, np.generic) else value)[0]
+        except ValueError as err:
+            return value, str(err)
+        if canonical != value:
+            return value, f"{axis.name}={value!r}: stored as {canonical!r}, its one spelling"
+    return None
+
+
+def check_axes(results: pd.DataFrame, path: Path) -> None:
+    """Every axis column of the axis table (`axes.AXES`) its kind, each value one the axis allows (a backend
+    registered, `kernels.backend_names`), in its one spelling; an axis a run stored before it existed lacks
+    is `axes.complete`'s to fill in, with the value those runs were measured at."""
+    for axis in axes.AXES:
+        if axis.column not in results:
+            continue
+        values = results[axis.column]
+        if axis.kind is int:
+            if not pd.api.types.is_integer_dtype(values.dtype):
+                not_int = values.map(lambda v: isinstance(v, bool) or not isinstance(v, (int, np.integer)))
+                _fail(path, results, not_int, f"column {axis.column!r} must hold integers")
+        else:
+            _fail(path, results, ~values.map(lambda v: isinstance(v, str)), f"column {axis.column!r} holds non-text")
+        refused = _not_in_vocabulary(axis, values)
+        if refused is not None:
+            value, reason = refused
+            _fail(path, results, values == value, f"column {axis.column!r}: {reason}")
+
+
+def check_results(results: pd.DataFrame, path: Path) -> None:
+    """Every column its dtype, the axes within their vocabulary and range, timed rows complete and sane."""
+    for column in TEXT_COLUMNS:
+        if column in results:
+            _fail(
+                path, results, ~results[column].map(lambda v: isinstance(v, str)), f"column {column!r} holds non-text"
+            )
+    check_axes(results, path)
+    timed = results[results["status"] == "ok"]
+    if timed.empty:
+        return
+    missing = [column for column in TIMED_COLUMNS if column not in results]
+    if missing:
+        raise RunFormatError(
+            f"{path}: timed rows without the plan's columns {missing} (required: {list(TIMED_COLUMNS)})"
+        )
+    for column in NUMBER_COLUMNS:
+        if column in timed:
+            values = timed[column]
+            _fail(
+                path,
+                timed,
+                ~values.map(lambda v: isinstance(v, (int, float, np.number)) and not isinstance(v, bool)),
+                f"timed rows whose {column!r} is not a number",
+            )
+    _check_times(timed, path)
+    if "samples_ms" in timed:
+        _fail(
+            path,
+            timed,
+            ~timed["samples_ms"].map(_valid_samples),
+            "timed rows whose samples_ms are not a list of finite, positive times",
+        )
+
+
+def _valid_samples(value: Any) -> bool:
+    """None (not stored), or a non-empty list of finite, positive numbers."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return True
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) == 0:
+        return False
+    try:
+        values = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        return False
+    if any(isinstance(v, (str, bytes, bool)) for v in value):
+        return False
+    return bool(values.ndim == 1 and np.isfinite(values).all() and (values > 0).all())
+
+
+def _check_times(timed: pd.DataFrame, path: Path) -> None:
+    """Every timed row: finite, positive times, p25 <= median <= p75; else name the file and the rows."""
+    values = timed[list(TIME_COLUMNS)].astype(float).to_numpy()
+    bad_value = ~(np.isfinite(values) & (values > 0)).all(axis=1)
+    ordered = (values[:, 0] <= values[:, 1]) & (values[:, 1] <= values[:, 2])
+    _fail(
+        path,
+        timed,
+        bad_value,
+        f"{len(timed.index[bad_value])} timed row(s) with non-finite or non-positive times (p25_ms, median_ms, p75_ms)",
+    )
+    _fail(
+        path,
+        timed,
+        ~ordered,
+        f"{len(timed.index[~ordered])} timed row(s) with quartiles out of order (need p25_ms <= median_ms <= p75_ms)",
+    )
