@@ -8,6 +8,7 @@ import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +59,11 @@ def build_provenance(
     timing_method: str,
     spec: dict[str, Any],
     extra: dict[str, Any] | None = None,
+    backends: Sequence[str] = (),
 ) -> dict[str, Any]:
     """A new run's provenance: what `store.read_provenance` requires (`store.PROVENANCE_KEYS`), the machine's
-    environment (`env_info.environment_facts`), the checkout's git state, and `extra`."""
+    environment (`env_info.environment_facts`: the libraries of `backends`, the ones the run names, foreign
+    code among them imported only then), the checkout's git state, and `extra`."""
     if source not in SOURCES:
         raise ValueError(f"source={source!r}: allowed values are {SOURCES}")
     return {
@@ -74,7 +77,7 @@ def build_provenance(
         "timing_method": timing_method,
         "seed": seed,
         "spec": spec,
-        "environment": environment_facts(spec.get("backend", ()) if isinstance(spec, dict) else ()),
+        "environment": environment_facts(backends),
         "git": git_state(),
         **(extra or {}),
     }

@@ -253,6 +253,7 @@ def open_run(
         timing_method=timing_method(device, spec.timing),
         spec=spec.to_dict(),
         extra={**{key: value for key, value in extra.items() if key != "command"}, "numerics": numerics},
+        backends=spec.backend,  # a union of grids records its grids, the backend axis their union
     )
     store.create_run(run_dir, provenance)
     return provenance

@@ -87,6 +87,7 @@ def profile_provenance(
             "ncu": status.as_dict() if status else None,
             "tables": TABLES,
         },
+        backends=spec.backend,
     )
 
 
