@@ -91,7 +91,10 @@ def test_a_stored_value_an_axis_refuses_is_a_named_error_on_load(tmp_path) -> No
     with pytest.raises(store.RunFormatError, match=r"column 'acceptance': acceptance='sometimes': allowed values"):
         store.load_run(run)
     frame.assign(logits_width="Model:512").to_parquet(run / store.RESULTS_FILE, index=False)
-    with pytest.raises(store.RunFormatError, match=r"column 'logits_width': logits_width='Model:512': stored as 'model:512', its one spelling"):
+    with pytest.raises(
+        store.RunFormatError,
+        match=r"column 'logits_width': logits_width='Model:512': stored as 'model:512', its one spelling",
+    ):
         store.load_run(run)
 
 
