@@ -201,8 +201,8 @@ def numerics_notes(spec: Any, device: Any) -> list[str]:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from dsa_lab import store
-    from dsa_lab.bench.estimate import START_S, estimate_seconds, estimate_table
-    from dsa_lab.bench.sweep import DEFAULT_POINT_TIMEOUT_S, resume_command, run_sweep, skip_reason
+    from dsa_lab.bench.estimate import START_S, estimate_seconds, estimate_table, skipped_on
+    from dsa_lab.bench.sweep import DEFAULT_POINT_TIMEOUT_S, resume_command, run_sweep
 
     _check_limits(args)
     device = resolve_device(args.device)
@@ -214,7 +214,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     spec = bench_spec(args, run_dir)
     points = spec.points()
     if args.dry_run:
-        skipped = sum(skip_reason(p, device, seed=spec.seed) is not None for p in points)
+        skipped = skipped_on(spec, device)
         print(
             f"{len(points)} points ({skipped} skipped here on {device.type}); estimated H200 time "
             f"~{estimate_seconds(spec) / 60:.1f} min (the sweep; start-up ~{START_S / 60:.1f} min more)"

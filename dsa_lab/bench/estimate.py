@@ -20,22 +20,31 @@ sizes; a point its backend skips there costs nothing) and adds, in seconds:
 - for the 'graph' timer: the capture (warm-up steps off the stream, one captured step, one upload replay)
   and `GRAPH_S` for the capture itself.
 
+A point's plan is drawn for at most `ESTIMATE_REQUESTS` of its requests and scaled to its batch (bytes,
+FLOPs and rows add up over requests: exact for a uniform context, a seeded sample's mean for a mixed
+one), once per distinct sample, so a dry run over thousands of batch sizes answers in seconds.
+
 `START_S` (imports, CUDA start, the ceilings' measurement) is outside a sweep's `--max-minutes` and is
 reported beside it. A resumed run pays the compiles of what is left again (a new process).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
-from dsa_lab.bench.point import SweepSpec
+import torch
+
+from dsa_lab.bench.point import Point, SweepSpec
+from dsa_lab.bench.walk import point_backend, skip_reason
 from dsa_lab.cache import bytes_per_token
+from dsa_lab.decode import native_sizes_for
 from dsa_lab.errors import UnsupportedShape
 from dsa_lab.kernels import get_backend
 from dsa_lab.model.gpus import ARCH_MAJORS
 from dsa_lab.model.roofline import floor_ms, get_gpu
-from dsa_lab.plan import ANY_NEXT_N
+from dsa_lab.plan import ANY_NEXT_N, LaunchPlan
 
 SM90_MAJOR = ARCH_MAJORS["sm90"]
 START_S = 20.0
@@ -49,6 +58,46 @@ SAMPLE_MS = 0.1  # the L2 flush (2 x 60 MB zeroed) and the spin kernel before ea
 TOPK_PASSES = 6
 TOPK_CHECK_PASSES = 12
 GRAPH_S = 0.05
+ESTIMATE_REQUESTS = 64
+
+
+def sample_point(point: Point) -> Point:
+    """The point with at most `ESTIMATE_REQUESTS` requests: the plan a dry run draws and scales to the batch."""
+    return dataclasses.replace(point, batch=min(point.batch, ESTIMATE_REQUESTS))
+
+
+class SamplePlans:
+    """Each sampled point's cached lengths and launch plan, drawn once per shape: a plan depends on the
+    point's axes but not on which backend runs it (only on the native sizes it has)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._plans: dict[tuple, tuple[tuple[int, ...], LaunchPlan]] = {}
+
+    def get(self, point: Point, native: tuple[int, ...]) -> tuple[tuple[int, ...], LaunchPlan, float]:
+        """(cached lengths, plan) of `sample_point(point)`, and the factor that scales it to the point's batch."""
+        sample = sample_point(point)
+        key = (*(v for name, v in sample.axes().items() if name not in ("backend", "config")), native)
+        if key not in self._plans:
+            seq_lens = sample.seq_lens(self.seed)
+            self._plans[key] = seq_lens, sample.plan(seq_lens, native, self.seed)
+        return (*self._plans[key], point.batch / sample.batch)
+
+
+def skipped_on(spec: SweepSpec, device: torch.device) -> int:
+    """How many of the spec's points `walk.skip_reason` skips on `device`, asked of each sampled plan: whether
+    a point runs depends on its launches' widths, not on how many requests share them."""
+    plans, count = SamplePlans(spec.seed), 0
+    for point in spec.points():
+        try:
+            backend = point_backend(point)
+        except UnsupportedShape:
+            plan = None  # skip_reason names the refused config
+        else:
+            ok = backend.availability(device).ok
+            plan = plans.get(point, native_sizes_for(backend, device))[1] if ok else None
+        count += skip_reason(sample_point(point), device, plan, spec.seed) is not None
+    return count
 
 
 @dataclass(frozen=True)
@@ -70,6 +119,7 @@ def estimate(spec: SweepSpec, gpu_name: str = "H200-measured") -> list[GridEstim
     samples = max(timing.min_samples, 1)
     samples = math.ceil(samples / timing.sync_every) * timing.sync_every
     compiled: set[tuple] = set()
+    plans = SamplePlans(spec.seed)
     workload = None
     out = []
     for name, points in spec.grid_points():
@@ -81,15 +131,15 @@ def estimate(spec: SweepSpec, gpu_name: str = "H200-measured") -> list[GridEstim
                 backend = backend.configured(point.config)
             except UnsupportedShape:
                 continue
-            seq_lens, native = point.seq_lens(spec.seed), backend.native_sizes_on(SM90_MAJOR)
-            plan = point.plan(seq_lens, native or ANY_NEXT_N, spec.seed)
+            native = backend.native_sizes_on(SM90_MAJOR)
+            seq_lens, plan, scale = plans.get(point, native or ANY_NEXT_N)
             if plan.same_as_native or (native is not None and not set(plan.widths) <= set(native)):
                 continue  # skipped on the H200: costs nothing
             run += 1
             if point.workload_key != workload:
                 workload = point.workload_key
                 workloads += 1
-                kv = (sum(seq_lens) + 64 * len(seq_lens)) * bytes_per_token(point.head_dim, point.cache_dtype)
+                kv = scale * (sum(seq_lens) + 64 * len(seq_lens)) * bytes_per_token(point.head_dim, point.cache_dtype)
                 seconds += WORKLOAD_S + kv / BUILD_BYTES_PER_S
             for width in plan.widths:
                 shape = (point.backend, point.config, width, point.heads, point.head_dim, point.cache_dtype)
@@ -99,9 +149,9 @@ def estimate(spec: SweepSpec, gpu_name: str = "H200-measured") -> list[GridEstim
                     seconds += COMPILE_S
             moved = plan.cost.moved_bytes(backend.cleans_tail)
             memory_ms = moved / (gpu.hbm_tbps * 1e12) * 1e3
-            floor = max(memory_ms, floor_ms(plan.cost, gpu, strategy_bytes=True)[0])
+            floor = scale * max(memory_ms, floor_ms(plan.cost, gpu, strategy_bytes=True)[0])
             step_ms = KERNEL_OVER_FLOOR * floor + LAUNCH_MS * plan.launches
-            topk_pass_ms = plan.kernel_rows * max(seq_lens) * 4 / (gpu.hbm_tbps * 1e12) * 1e3
+            topk_pass_ms = scale * plan.kernel_rows * max(seq_lens) * 4 / (gpu.hbm_tbps * 1e12) * 1e3
             check_s = 0.0
             if point.timed == "logits+topk":
                 step_ms += TOPK_PASSES * topk_pass_ms + LAUNCH_MS * 4 * plan.launches
