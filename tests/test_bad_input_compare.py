@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def key(batch: int, next_n: int) -> str:
-    values = {**AXES, "batch": batch, "next_n": next_n, "config": "rule"}
+    later = {a.name: a.old_value for a in axes.AXES if a.name not in AXES and a.old_value is not axes.ALWAYS_STORED}
+    values = {**later, **AXES, "batch": batch, "next_n": next_n}  # axes added since: their old-run value
     return axes.point_key(values)
 
 
