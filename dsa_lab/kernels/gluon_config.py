@@ -215,7 +215,8 @@ def choose_gluon_config(next_n: int, heads: int, head_dim: int) -> GluonConfig:
     (round 9). Two Q buffers up to n * H = 256 (round 11: a CTA of the balanced schedule spans
     requests, and one buffer drains the ring at each boundary: n = 3 3 % and mixed n = 2 3 % faster);
     one above, where the second buffer's 67 KB cost 3-6 % (n = 5, 8; less shared memory leaves L1 the
-    room the reloaded weights need, presumably).
+    room the reloaded weights need, presumably). The same reading gave round 12's six ring slots above
+    n * H = 256 (nine before): n = 8 3 % faster, n = 5-7 0-1 %; three slots starve the ring (+1-15 %).
     """
     check_shape(next_n, heads, head_dim)
     columns = next_n * heads
@@ -225,7 +226,7 @@ def choose_gluon_config(next_n: int, heads: int, head_dim: int) -> GluonConfig:
         return GluonConfig(consumers=2, stages=12, plan="pair", mma_columns=128, group_columns=128, query_slots=2)
     if columns <= 256:
         return GluonConfig(consumers=2, stages=12, plan="pair", mma_columns=128, group_columns=256, query_slots=2)
-    return GluonConfig(consumers=3, stages=9, plan="pair", mma_columns=128, group_columns=128, resident_weights=False)
+    return GluonConfig(consumers=3, stages=6, plan="pair", mma_columns=128, group_columns=128, resident_weights=False)
 
 
 def check_config_fits(config: GluonConfig, next_n: int, heads: int, head_dim: int) -> None:
