@@ -38,6 +38,7 @@ import pandas as pd
 from dsa_lab.acceptance import AcceptanceSpec, parse_acceptance_list
 from dsa_lab.errors import as_int, check_choice, check_range
 from dsa_lab.kernels import backend_names, baseline_backend
+from dsa_lab.kernels.registry import ask_backend
 from dsa_lab.metadata import STRATEGIES
 from dsa_lab.plan import LogitsWidth
 from dsa_lab.workload import CACHE_DTYPES, MAX_NEXT_N, SUPPORTED_HEAD_DIMS, SUPPORTED_HEADS, ContextSpec
@@ -76,6 +77,7 @@ class Axis:
     split: Callable[[str], tuple[str, ...]] | None = None  # the command line's list, where commas sit inside values
     workload: bool = False  # the inputs (KV cache, queries) depend on it: built once per value
     old_value: Any = ALWAYS_STORED
+    stored_any_name: bool = False  # a stored run may name a value this process lacks (a plain name is checked)
 
     def __post_init__(self) -> None:
         check_choice("role", self.role, ROLES)
@@ -169,7 +171,16 @@ def _width_label(value: str) -> str:
 
 
 AXES: tuple[Axis, ...] = (
-    Axis("backend", str, "series", _baseline, "kernel backends (`dsa-lab env` lists them)", choices=backend_names),
+    Axis(
+        "backend",
+        str,
+        "series",
+        _baseline,
+        "kernel backends (`dsa-lab env` lists them; --backend-module FILE adds yours)",
+        choices=backend_names,
+        canonical=ask_backend,  # a name asked for may be an installed entry point's (`kernels.external`)
+        stored_any_name=True,  # a run of a backend from a module not loaded here still loads
+    ),
     Axis("strategy", str, "series", STRATEGIES, "how rows reach the kernel, or 'all'", STRATEGIES, every=STRATEGIES),
     Axis("batch", int, "point", (2,), "requests a decode step", bounds=(1, MAX_BATCH), workload=True),
     Axis(

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from dsa_lab.kernels import backend_names, get_backend, vllm_backend
+from dsa_lab.kernels import backend_names, external, get_backend, vllm_backend
 from dsa_lab.policy import CAPABILITY_FAMILIES, CDNA_BY_GFX, Platform
 
 
@@ -35,9 +35,19 @@ def _declared(field: str) -> tuple[str, ...]:
 PACKAGES = (*_declared("packages"), "vllm")  # Python packages a run's provenance names by installed version
 LIBRARY_KEYS = ("torch", *PACKAGES, *_declared("versions"))  # the libraries a notebook's provenance record names
 VERSION_KEYS = (*LIBRARY_KEYS, "cuda")  # what a chart's footer names
-# The facts a resumed run must keep (`store.check_resume`): the GPU, driver, CUDA, torch, python, and
-# what every backend declares (`LogitsBackend.resume_fields`).
-RESUME_FIELDS = ("gpu_name", "gpu_capability", "driver", "cuda", "torch", *_declared("resume_fields"), "python")
+EXTERNAL = "external_backends"  # {backend: {path, sha256, via}} of the run's backends from outside the package
+# The facts a resumed run must keep (`store.check_resume`): the GPU, driver, CUDA, torch, python, what
+# every backend declares (`LogitsBackend.resume_fields`) and the files of external backends.
+RESUME_FIELDS = (
+    "gpu_name",
+    "gpu_capability",
+    "driver",
+    "cuda",
+    "torch",
+    *_declared("resume_fields"),
+    "python",
+    EXTERNAL,
+)
 
 
 def _package_version(name: str) -> str | None:
@@ -100,7 +110,8 @@ def detect_platform() -> Platform:
 def environment_facts(backends: Iterable[str] = ()) -> dict[str, Any]:
     """GPU, driver, CUDA/HIP, library versions (every backend's own, `LogitsBackend.environment`),
     python and OS. A backend's foreign code is imported only when `backends` (the run's) names it:
-    importing a user's build is what a run asks for, not what a variable allows."""
+    importing a user's build is what a run asks for, not what a variable allows. The external backends
+    among `backends` are recorded with their module's file and sha256 (`EXTERNAL`)."""
     return _facts(frozenset(backends))
 
 
@@ -118,8 +129,9 @@ def _facts(requested: frozenset[str]) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "hip": torch.version.hip,
         "torch": torch.__version__,
-        **{package: _package_version(package) for package in PACKAGES},
+        **{package: _package_version(package) for package in (*_declared("packages"), "vllm")},  # external's too
         **backends,
+        EXTERNAL: external.origins(requested),
         "python": host_platform.python_version(),
         "os": host_platform.platform(),
         "policy_platform": detect_platform().family,
@@ -142,10 +154,16 @@ def _print_env(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    facts = environment_facts(backend_names())
     console = Console(highlight=False)
-    for note in filter(None, (get_backend(name).foreign_code() for name in backend_names())):
+    entry_notes, entry_errors = external.load_entry_points()  # env lists every backend: entry points' too
+    for error in [*external.environment_failures(), *entry_errors]:
+        console.print(f"[red]external backend not loaded[/]: {escape(error)}")
+    facts = environment_facts(backend_names())
+    for note in [*filter(None, (get_backend(name).foreign_code() for name in backend_names())), *entry_notes]:
         console.print(escape(note))
+    for name, origin in facts[EXTERNAL].items():
+        console.print(f"external backend {escape(name)}: {escape(origin['path'])} (sha256 {origin['sha256'][:12]}, "
+                      f"{escape(origin['via'])})")  # fmt: skip
     plat = Platform(facts["policy_platform"], facts["deep_gemm"] is not None)
     console.print(f"[bold]policy platform[/]: family={plat.family} has_deep_gemm={plat.has_deep_gemm}")
     if facts["gpu_name"] is None:

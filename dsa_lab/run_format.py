@@ -9,15 +9,15 @@ finite and positive. A notebook that reads a run therefore never meets a string 
 time belongs, a NaN next_n, or a missing column: the load fails first, naming them.
 
 The vocabularies are the axis table's (`axes.AXES`: each axis's kind, choices or range and
-canonical spelling; a backend is one registered, `kernels.backend_names`), so an axis added
+canonical spelling; a backend is a plain name, registered here or not: a run of a backend from a
+module this process has not loaded still loads, and nothing is imported for it), so an axis added
 later is checked as soon as it is a row of that table, and a run stored before it existed
 loads with the value it was measured at (`axes.complete`, before these checks).
 
 Judgement calls: names that end up in pages (backend, run id) must be plain names
 (letters, digits, '.', '_', '-'), so they can carry no markup, rather than being
-accepted and escaped at every use (a backend name is one the registry holds, a run id
-one folder name); free text (device names, messages) is accepted and escaped where it
-becomes HTML.
+accepted and escaped at every use (a run id is one folder name); free text (device names,
+messages) is accepted and escaped where it becomes HTML.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def _not_in_vocabulary(axis: Any, values: pd.Series) -> tuple[Any, str] | None:
 
 def check_axes(results: pd.DataFrame, path: Path) -> None:
     """Every axis column of the axis table (`axes.AXES`) its kind, each value one the axis allows (a backend
-    registered, `kernels.backend_names`), in its one spelling; an axis a run stored before it existed lacks
+    any plain name, `Axis.stored_any_name`), in its one spelling; an axis a run stored before it existed lacks
     is `axes.complete`'s to fill in, with the value those runs were measured at."""
     for axis in axes.AXES:
         if axis.column not in results:
@@ -114,6 +114,15 @@ def check_axes(results: pd.DataFrame, path: Path) -> None:
                 _fail(path, results, not_int, f"column {axis.column!r} must hold integers")
         else:
             _fail(path, results, ~values.map(lambda v: isinstance(v, str)), f"column {axis.column!r} holds non-text")
+        if axis.stored_any_name:  # e.g. a backend of a module this process has not loaded: never imported here
+            plain = values.map(lambda v: isinstance(v, str) and PLAIN_NAME.fullmatch(v) is not None)
+            _fail(
+                path,
+                results,
+                ~plain,
+                f"column {axis.column!r} holds a value that is not a plain name (letters, digits, '.', '_', '-')",
+            )
+            continue
         refused = _not_in_vocabulary(axis, values)
         if refused is not None:
             value, reason = refused

@@ -149,7 +149,7 @@ def _spellings(path: Path) -> list[str]:
     }  # fmt: skip
     names = set(backend_names())
     quoted = re.compile("['\"`](" + "|".join(map(re.escape, names)) + ")['\"`]")
-    modules = {p.stem for p in (PACKAGE / "kernels").glob("*.py")} - {"__init__", "registry", "cubin"}
+    modules = {p.stem for p in (PACKAGE / "kernels").glob("*.py")} - {"__init__", "registry", "external", "cubin"}
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:

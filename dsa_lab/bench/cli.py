@@ -40,12 +40,23 @@ def add_grid_flags(parser: argparse.ArgumentParser) -> None:
     for axis in axes.AXES:
         grid.add_argument(axis.flag, dest=axis.name, default=None, metavar="LIST", help=axis.help)
     grid.add_argument("--seed", type=int, default=None)
+    grid.add_argument("--backend-module", action="append", default=[], metavar="FILE",
+                      help="a Python file registering backends of your own (repeatable; docs/add_a_kernel.md)")  # fmt: skip
     where = parser.add_argument_group("device and run folder")
     where.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda or cuda:N (default: auto)")
     where.add_argument("--out", default=None, help="run folder (default: ROOT/<device>/<run-id>)")
     where.add_argument("--root", default=None,
                        help="where run folders live, e.g. data for study data (default: scratch/, ignored by git)")  # fmt: skip
     where.add_argument("--run-id", default=None, help="one folder name (default: <preset or mode>-<UTC time>)")
+
+
+def load_backend_modules(args: argparse.Namespace) -> None:
+    """Register the backends of every --backend-module file (`kernels.external`), after checking that the
+    files of DSA_LAB_BACKEND_MODULES loaded; ExternalBackendError names the file and what is wrong."""
+    from dsa_lab.kernels import external
+
+    external.check_environment()
+    external.load_backend_files(args.backend_module)
 
 
 def resolve_device(text: str) -> Any:
@@ -205,6 +216,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from dsa_lab.bench.sweep import DEFAULT_POINT_TIMEOUT_S, resume_command, run_sweep
 
     _check_limits(args)
+    load_backend_modules(args)
     device = resolve_device(args.device)
     run_dir = Path(args.out) if args.out is not None else None
     if args.resume and run_dir is None and args.run_id is None:

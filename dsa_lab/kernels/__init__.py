@@ -1,4 +1,5 @@
-"""Paged-MQA-logits backends. Importing this package registers every backend."""
+"""Paged-MQA-logits backends. Importing this package registers every built-in backend, then those of the
+files `DSA_LAB_BACKEND_MODULES` names (`kernels.external`; an entry point's only when its name is asked for)."""
 
 from dsa_lab.kernels import (
     deepgemm,  # noqa: F401  (registers "deepgemm"; imports deep_gemm lazily, so never fails here)
@@ -7,6 +8,7 @@ from dsa_lab.kernels import (
     reference,  # noqa: F401  (registers "reference")
     triton_native,  # noqa: F401  (registers "triton"; without triton it reports itself unavailable)
 )
+from dsa_lab.kernels.external import ExternalBackendError, load_backend_files, load_environment
 from dsa_lab.kernels.registry import (
     Availability,
     LogitsBackend,
@@ -20,13 +22,17 @@ from dsa_lab.kernels.registry import (
     vllm_backend,
 )
 
+load_environment()
+
 __all__ = [
     "Availability",
+    "ExternalBackendError",
     "LogitsBackend",
     "backend_names",
     "baseline_backend",
     "family_of",
     "get_backend",
+    "load_backend_files",
     "modeled_backends",
     "preset_backends",
     "register_backend",

@@ -285,11 +285,20 @@ class LogitsBackend:
 
 
 _BACKENDS: dict[str, LogitsBackend] = {}
+_LOOKUPS: list[Callable[[str], None]] = []  # ways to find a backend asked for by a name not registered yet
+
+
+class BackendClash(ValueError):
+    """A backend registered under a name another backend already has."""
+
+    def __init__(self, name: str, holder: type[LogitsBackend]) -> None:
+        super().__init__(f"backend {name!r} registered twice (first by {holder.__module__}.{holder.__qualname__})")
+        self.name, self.holder = name, holder
 
 
 def register_backend(cls: type[LogitsBackend]) -> type[LogitsBackend]:
     if cls.name in _BACKENDS:
-        raise ValueError(f"backend {cls.name!r} registered twice")
+        raise BackendClash(cls.name, type(_BACKENDS[cls.name]))
     for field in ("family", "label"):
         if not isinstance(getattr(cls, field, None), str):
             raise ValueError(f"backend {cls.name!r}: declares no {field} (a string)")
@@ -297,8 +306,28 @@ def register_backend(cls: type[LogitsBackend]) -> type[LogitsBackend]:
     return cls
 
 
+def forget_backends(names: tuple[str, ...]) -> None:
+    """Unregister what a backend module that failed to load left behind (`kernels.external`)."""
+    for name in names:
+        _BACKENDS.pop(name, None)
+
+
+def add_lookup(find: Callable[[str], None]) -> None:
+    """A way to register a backend asked for by a name not registered yet (`kernels.external`: an
+    installed entry point of that name); it registers it, raises naming what is wrong, or does nothing."""
+    _LOOKUPS.append(find)
+
+
+def ask_backend(name: str) -> str:
+    """`name`, once every lookup had its chance to register it (a backend of `--backend`, `get_backend`)."""
+    if isinstance(name, str) and name not in _BACKENDS:
+        for find in _LOOKUPS:
+            find(name)
+    return name
+
+
 def get_backend(name: str) -> LogitsBackend:
-    check_choice("backend", name, tuple(_BACKENDS))
+    check_choice("backend", ask_backend(name), tuple(_BACKENDS))
     return _BACKENDS[name]
 
 

@@ -21,6 +21,7 @@ from dsa_lab import axes, store
 from dsa_lab.bench.cli import (
     add_grid_flags,
     check_folder_flags,
+    load_backend_modules,
     resolve_device,
     run_dir_from_args,
     scratch_run,
@@ -63,6 +64,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         if value is not None:
             check_positive(flag, value)
     check_range("--nsight-runs", args.nsight_runs, 2, 10_000)
+    load_backend_modules(args)
     device = resolve_device(args.device)
     spec = spec_from_args(args)
     for name in ("timed", "timer"):  # what bench times; a profile traces the step's phases (logits, top-k) eagerly
