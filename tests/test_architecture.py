@@ -88,8 +88,9 @@ GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
 def layer(name: str) -> int:
-    matches = [(len(p), i) for i, (_, prefixes) in enumerate(LAYERS) for p in prefixes
-               if name == p or name.startswith(p + ".")]  # fmt: skip
+    matches = [
+        (len(p), i) for i, (_, prefixes) in enumerate(LAYERS) for p in prefixes if name == p or name.startswith(p + ".")
+    ]
     if name == "dsa_lab":
         return 0
     assert matches, f"{name}: in no layer of LAYERS (declare it)"
@@ -145,8 +146,10 @@ def _spellings(path: Path) -> list[str]:
         id(node.body[0].value)
         for node in ast.walk(tree)
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
-    }  # fmt: skip
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
     names = set(backend_names())
     quoted = re.compile("['\"`](" + "|".join(map(re.escape, names)) + ")['\"`]")
     modules = {p.stem for p in (PACKAGE / "kernels").glob("*.py")} - {"__init__", "registry", "cubin"}
