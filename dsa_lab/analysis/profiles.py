@@ -32,7 +32,6 @@ CONFIG_COLUMNS = (
     "reason",
 )
 NCU_COLUMNS = ("dram_read_per_unique", "l2_absorbed", "l2_hit_pct", "effective_tbps", "useful_tflops")
-NCU_KEYS = ["backend", "batch", "next_n", "strategy"]
 
 
 def tensor_column(summary: pd.DataFrame) -> str:
@@ -90,7 +89,8 @@ def ncu_table(summary: pd.DataFrame) -> pd.DataFrame:
     """Nsight Compute per step: duration and DRAM bytes against native, and the re-read, L2 and
     throughput columns (`NCU_COLUMNS`)."""
     table = versus_native(summary, ["duration_ns", "dram_read_bytes"])
-    return table.merge(summary[[*NCU_KEYS, *NCU_COLUMNS]], on=NCU_KEYS).round(3)
+    keys = [k for k in axes.NAMES if k in summary]  # a row per point
+    return table.merge(summary[[*keys, *NCU_COLUMNS]], on=keys).round(3)
 
 
 def modeled_reread_stand_in(
