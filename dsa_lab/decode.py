@@ -168,9 +168,12 @@ def gather_selections(metadata: DecodeMetadata, selections: Sequence[torch.Tenso
     out = torch.full((metadata.num_tokens, first.shape[1]), -1, dtype=torch.int32, device=first.device)
     for i, (launch, picked) in enumerate(zip(metadata.launches, selections)):
         check_tensor(
-            f"selections[{i}]", picked, dtype=torch.int32, shape=(launch.token_rows.numel(), first.shape[1]),
+            f"selections[{i}]",
+            picked,
+            dtype=torch.int32,
+            shape=(launch.token_rows.numel(), first.shape[1]),
             device=first.device,
-        )  # fmt: skip
+        )
         rows = launch.token_rows.reshape(-1)
         real = rows >= 0
         out[rows[real]] = picked[real]

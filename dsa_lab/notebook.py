@@ -2,24 +2,62 @@
 the measured data. `dsa-lab report` collects both from the executed notebooks (`PROVENANCE_MIME`,
 `FALLBACK_MIME`) and lists them on the index; nothing here decides which run to show
 (`dsa_lab.analysis.runs` does). Everything a run says (ids, device names, paths, problems) is shown as
-text: escaped for Markdown or HTML (`dsa_lab.markup`), never live markup."""
+text: escaped for Markdown or HTML (`dsa_lab.markup`), never live markup. Beside them, what each
+notebook would otherwise write again: its setup (`setup_notebook`), a cell's note (`note`), and the
+words of an SM100 section (`show_sm100`)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import time
+import warnings
+from collections.abc import Callable, Mapping
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 from IPython.display import Markdown, display
 
 from dsa_lab.analysis.runs import ChosenProfile, ChosenRun, relative_to_data
 from dsa_lab.env_info import LIBRARY_KEYS
 from dsa_lab.markup import md_code, md_text
 
+if TYPE_CHECKING:
+    from dsa_lab.analysis.modeled import Sm100Frame
+
 PROVENANCE_MIME = "application/vnd.dsa-lab.provenance+json"
 FALLBACK_MIME = "application/vnd.dsa-lab.fallback+json"
+
+
+def setup_notebook(
+    style: str = "whitegrid", ignore: tuple[type[Warning], ...] = (), display_width: int | None = None
+) -> Callable[[], float]:
+    """The first lines every notebook would write: inline charts, seaborn's theme (`style`), no widget
+    progress bars in executed notebooks (tqdm's warning), the warnings in `ignore` silenced, pandas'
+    `display_width` when given. Returns the seconds since this call, for a notebook's closing time."""
+    import seaborn as sns
+    from IPython import get_ipython
+    from tqdm import TqdmWarning
+
+    shell = get_ipython()
+    if shell is not None:
+        shell.run_line_magic("matplotlib", "inline")
+    for category in (TqdmWarning, *ignore):
+        warnings.filterwarnings("ignore", category=category)
+    sns.set_theme(style=style, context="notebook")
+    if display_width is not None:
+        pd.set_option("display.width", display_width, "display.max_columns", 20)
+    started = time.perf_counter()
+    return lambda: time.perf_counter() - started
+
+
+def note(*texts: str | None) -> None:
+    """The "note" of a cell: each text given (Markdown the library wrote, outside words already escaped),
+    empty ones left out."""
+    for text in texts:
+        if text:
+            display(Markdown(text))
 
 
 def _is_plain(value: Any) -> bool:
@@ -103,3 +141,12 @@ def announce_profile(chosen: ChosenProfile) -> None:
         **_libraries(provenance.get("environment") or {}),
     }
     show_provenance(record, "kernel profiles")
+
+
+def show_sm100(sm100: Sm100Frame, label: str) -> None:
+    """The words of every SM100 section, written once: whether its rows are measured or modeled (and how
+    to make a run), the SM100 runs passed over, and the measured run's banner and provenance."""
+    note(sm100.note)
+    show_ignored(sm100.ignored)
+    if sm100.measured and sm100.chosen is not None:
+        announce(sm100.chosen, label)

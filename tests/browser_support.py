@@ -131,9 +131,14 @@ class LabServer:
 
     def start(self, timeout: float = 120.0) -> LabServer:
         env = dict(os.environ)
-        for var, sub in [("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
-                         ("JUPYTER_RUNTIME_DIR", "runtime"), ("JUPYTERLAB_SETTINGS_DIR", "settings"),
-                         ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"), ("IPYTHONDIR", "ipython")]:  # fmt: skip
+        for var, sub in [
+            ("JUPYTER_CONFIG_DIR", "config"),
+            ("JUPYTER_DATA_DIR", "data"),
+            ("JUPYTER_RUNTIME_DIR", "runtime"),
+            ("JUPYTERLAB_SETTINGS_DIR", "settings"),
+            ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"),
+            ("IPYTHONDIR", "ipython"),
+        ]:
             (self.state / sub).mkdir(parents=True, exist_ok=True)
             env[var] = str(self.state / sub)
         for plugin, values in LAB_SETTINGS.items():
@@ -141,20 +146,30 @@ class LabServer:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(values))
         cmd = [
-            sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root",
-            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}",
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--allow-root",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={self.port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={self.root}",
             "--LabApp.expose_app_in_browser=True",
             f"--FileCheckpoints.checkpoint_dir={self.state / 'checkpoints'}",  # not notebooks/.ipynb_checkpoints
-        ]  # fmt: skip
+        ]
         with self.log_path.open("w") as log:
-            self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+            self.proc = subprocess.Popen(
+                cmd, cwd=self.root, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"JupyterLab exited with {self.proc.returncode} before answering; "
-                                   f"its log ends:\n{self.log_tail()}")  # fmt: skip
+                raise RuntimeError(
+                    f"JupyterLab exited with {self.proc.returncode} before answering; its log ends:\n{self.log_tail()}"
+                )
             try:
                 if self.api("GET", "api/status") is not None:
                     return self
@@ -162,8 +177,10 @@ class LabServer:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"JupyterLab did not answer on 127.0.0.1:{self.port} within {timeout:.0f} s; "
-                           f"its log ends:\n{self.log_tail()}")  # fmt: skip
+        raise RuntimeError(
+            f"JupyterLab did not answer on 127.0.0.1:{self.port} within {timeout:.0f} s; "
+            f"its log ends:\n{self.log_tail()}"
+        )
 
     def api(self, method: str, path: str) -> Any:
         req = urllib.request.Request(self.url(path), method=method)
@@ -305,14 +322,17 @@ class NotebookPage:
         while time.monotonic() < deadline:
             state = self.state()
             if state.get("ready") and state["kernel"] in ("dead", "autorestarting"):
-                raise AssertionError(f"{self.name}: the kernel is {state['kernel']} while {what}; "
-                                     f"server log:\n{self.server.log_tail()}")  # fmt: skip
+                raise AssertionError(
+                    f"{self.name}: the kernel is {state['kernel']} while {what}; server log:\n{self.server.log_tail()}"
+                )
             if state.get("ready") and done(state):
                 return state
             time.sleep(0.5)
-        raise AssertionError(f"{self.name}: timed out after {timeout:.0f} s {what}; last state: "
-                             f"{json.dumps(state)[:2000]}\nbrowser console errors: {self.console_errors[-5:]}\n"
-                             f"server log:\n{self.server.log_tail()}")  # fmt: skip
+        raise AssertionError(
+            f"{self.name}: timed out after {timeout:.0f} s {what}; last state: "
+            f"{json.dumps(state)[:2000]}\nbrowser console errors: {self.console_errors[-5:]}\n"
+            f"server log:\n{self.server.log_tail()}"
+        )
 
     def wait_kernel_idle(self, timeout: float = 120.0) -> None:
         self._wait("waiting for the kernel to start", lambda s: s["kernel"] == "idle" and not s["busy"], timeout)
@@ -344,7 +364,7 @@ class NotebookPage:
                          || document.querySelector('.jp-NotebookPanel-notebook');
               return outer ? outer.scrollHeight - outer.clientHeight : 0;
             }"""
-        )  # fmt: skip
+        )
         if extra > 0:
             self.page.set_viewport_size(
                 {"width": size["width"], "height": min(size["height"] + extra + 40, max_height)}
@@ -353,7 +373,7 @@ class NotebookPage:
             self.page.evaluate(  # Run All left the last cell scrolled into view: back to the top
                 "() => document.querySelectorAll('.jp-NotebookPanel .jp-WindowedPanel-outer')"
                 ".forEach(e => { e.scrollTop = 0; })"
-            )  # fmt: skip
+            )
             self.wait_images_painted()
             yield
         finally:
@@ -364,14 +384,14 @@ class NotebookPage:
         self.page.wait_for_function(
             "() => [...document.querySelectorAll('.jp-NotebookPanel img')].every(i => i.complete)",
             timeout=timeout * 1000,
-        )  # fmt: skip
+        )
         self.page.evaluate(
             """async () => {
               await Promise.all([...document.querySelectorAll('.jp-NotebookPanel img')]
                                 .map(i => i.decode().catch(() => null)));
               await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
             }"""
-        )  # fmt: skip
+        )
 
     def screenshot_notebook(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -410,22 +430,30 @@ class NotebookPage:
         output.evaluate(_WATCH_JS)
         probe.select_option(index=new_index)
         try:
-            self.page.wait_for_function("el => el.__dsaMutations > 0", arg=output.element_handle(),
-                                        timeout=timeout * 1000, polling=100)  # fmt: skip
+            self.page.wait_for_function(
+                "el => el.__dsaMutations > 0", arg=output.element_handle(), timeout=timeout * 1000, polling=100
+            )
         except PlaywrightTimeout:
-            raise AssertionError(f"{self.name}: {moved} did not change the explorer's output within "
-                                 f"{timeout:.0f} s") from None  # fmt: skip
+            raise AssertionError(
+                f"{self.name}: {moved} did not change the explorer's output within {timeout:.0f} s"
+            ) from None
         try:
-            self.page.wait_for_function(_SETTLED_JS, arg=[output.element_handle(), self.name, quiet * 1000],
-                                        timeout=timeout * 1000, polling=250)  # fmt: skip
+            self.page.wait_for_function(
+                _SETTLED_JS, arg=[output.element_handle(), self.name, quiet * 1000], timeout=timeout * 1000, polling=250
+            )
         except PlaywrightTimeout:
-            raise AssertionError(f"{self.name}: after {moved}, the explorer's output did not settle "
-                                 f"(kernel idle, {quiet} s without change) within {timeout:.0f} s") from None  # fmt: skip
+            raise AssertionError(
+                f"{self.name}: after {moved}, the explorer's output did not settle "
+                f"(kernel idle, {quiet} s without change) within {timeout:.0f} s"
+            ) from None
         if images is not None:
             try:
-                self.page.wait_for_function("([el, n]) => el.querySelectorAll('img').length === n",
-                                            arg=[explorer.element_handle(), images], timeout=timeout * 1000,
-                                            polling=250)  # fmt: skip
+                self.page.wait_for_function(
+                    "([el, n]) => el.querySelectorAll('img').length === n",
+                    arg=[explorer.element_handle(), images],
+                    timeout=timeout * 1000,
+                    polling=250,
+                )
             except PlaywrightTimeout:
                 pass  # the caller's count assertion says what is there
         if output.inner_html() == before:

@@ -81,8 +81,14 @@ def test_each_backend_writes_every_element_here_or_says_why_not(name: str, monke
 
 def test_a_config_reaches_the_kernel_and_a_backend_without_the_knob_skips(tmp_path) -> None:
     timing = TimingConfig(warmup=1, min_samples=2, max_samples=3, max_seconds=0.01, window=2)
-    spec = preset("ci").with_axes(backend=("reference", "triton"), strategy=("native",), context=("96",),
-                                  next_n=(2,), config=("rule", "dot_rows=64/resident_weights=false"), timing=timing)  # fmt: skip
+    spec = preset("ci").with_axes(
+        backend=("reference", "triton"),
+        strategy=("native",),
+        context=("96",),
+        next_n=(2,),
+        config=("rule", "dot_rows=64/resident_weights=false"),
+        timing=timing,
+    )
     run_sweep(spec, tmp_path / "run", "cpu", progress=False)
     rows = store.load_run(tmp_path / "run").results.set_index(["backend", "config"])
     assert rows.loc[("triton", "dot_rows=64/resident_weights=false"), "status"] == "ok"

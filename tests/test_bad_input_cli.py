@@ -19,8 +19,7 @@ from dsa_lab.cli import main
 from dsa_lab.listing import list_runs
 from dsa_lab.provenance import build_provenance
 
-FAST_BENCH = ["bench", "--preset", "ci", "--backend", "reference", "--batch", "1", "--context", "64", "--next-n", "1",
-              "--strategy", "native", "--no-progress", "--device", "cpu"]  # fmt: skip
+FAST_BENCH = "bench --preset ci --backend reference --batch 1 --context 64 --next-n 1 --strategy native --no-progress --device cpu".split()
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ["profile", "--tool", "torch", "--device", "cpu", "--batch", "1", "--context", "64", "--next-n", "1"]
 
@@ -91,8 +90,12 @@ def test_cuda_device_without_a_gpu_is_named(capsys) -> None:
 
 
 def test_unknown_flags_and_choices_are_argparse_errors(capsys) -> None:
-    for argv, flag in ((["bench", "--preset", "huge"], "--preset"), (["runs", "--bogus"], "--bogus"),
-                       (["profile", "--context-len", "64"], "--context-len"), (["profile", "--torch"], "--torch")):  # fmt: skip
+    for argv, flag in (
+        (["bench", "--preset", "huge"], "--preset"),
+        (["runs", "--bogus"], "--bogus"),
+        (["profile", "--context-len", "64"], "--context-len"),
+        (["profile", "--torch"], "--torch"),
+    ):
         with pytest.raises(SystemExit) as exit_:
             main(argv)
         assert exit_.value.code == 2 and flag in capsys.readouterr().err

@@ -84,9 +84,11 @@ def test_mxfp4_through_triton_is_unsupported_not_misread() -> None:
 
 @settings(max_examples=25, deadline=None)
 @given(
-    row=st.integers(0, 1), slot=st.integers(0, 1), bad=st.one_of(st.integers(-(2**31), -1), st.integers(5, 2**31 - 1)),
+    row=st.integers(0, 1),
+    slot=st.integers(0, 1),
+    bad=st.one_of(st.integers(-(2**31), -1), st.integers(5, 2**31 - 1)),
     strategy=st.sampled_from(["native", "flatten", "atom"]),
-)  # fmt: skip
+)
 def test_a_corrupt_block_id_is_refused_before_any_launch(row: int, slot: int, bad: int, strategy: str) -> None:
     table = INPUTS.cache.block_table.clone()
     table[row, slot] = bad

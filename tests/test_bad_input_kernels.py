@@ -170,8 +170,11 @@ def test_any_block_id_outside_the_cache_is_refused_before_a_kernel_reads_it(bad:
 @given(width=st.integers(1, 600), dim=st.sampled_from([64, 128]), dtype=st.sampled_from(["fp8", "mxfp4"]))
 def test_a_cache_width_that_contradicts_the_declared_dtype_is_refused(width: int, dim: int, dtype: str) -> None:
     expected = dim + 4 if dtype == "fp8" else dim // 2 + dim // 32
-    change = dict(q=torch.zeros(2, 2, 32, dim).to(torch.float8_e4m3fn), kv_cache=torch.zeros(4, 64, 1, width, dtype=torch.uint8),
-                  cache_dtype=dtype)  # fmt: skip
+    change = dict(
+        q=torch.zeros(2, 2, 32, dim).to(torch.float8_e4m3fn),
+        kv_cache=torch.zeros(4, 64, 1, width, dtype=torch.uint8),
+        cache_dtype=dtype,
+    )
     if width == expected:
         check_logits_args(**{**GOOD, **change})
     else:

@@ -25,8 +25,14 @@ LAUNCH = build_native_metadata(BATCH, TABLE).launches[0]
 
 
 def launch(**change) -> KernelLaunch:
-    return KernelLaunch(**{"token_rows": LAUNCH.token_rows, "context_lens": LAUNCH.context_lens,
-                           "block_table": LAUNCH.block_table, **change})  # fmt: skip
+    return KernelLaunch(
+        **{
+            "token_rows": LAUNCH.token_rows,
+            "context_lens": LAUNCH.context_lens,
+            "block_table": LAUNCH.block_table,
+            **change,
+        }
+    )
 
 
 CASES = {

@@ -45,8 +45,19 @@ ROW = {
 
 
 def provenance(run_id: str, created: str = "2026-01-01T00:00:00+00:00", **extra) -> dict:
-    return {"schema_version": store.SCHEMA_VERSION, "run_id": run_id, "source": "measured", "device": "cpu",
-            "created": created, "command": [], "timing_method": "test", "seed": 0, "environment": {}, "git": {}, **extra}  # fmt: skip
+    return {
+        "schema_version": store.SCHEMA_VERSION,
+        "run_id": run_id,
+        "source": "measured",
+        "device": "cpu",
+        "created": created,
+        "command": [],
+        "timing_method": "test",
+        "seed": 0,
+        "environment": {},
+        "git": {},
+        **extra,
+    }
 
 
 def make_run(root: Path, name: str, **extra) -> Path:
@@ -139,8 +150,18 @@ BAD_ROWS = {
 
 def test_untimed_rows_may_hold_no_times(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "a")
-    store.append_point(run_dir, {**ROW, "point_key": "k2", "status": "skipped", "median_ms": None, "p25_ms": None,
-                                 "p75_ms": None, "iqr_ms": None})  # fmt: skip
+    store.append_point(
+        run_dir,
+        {
+            **ROW,
+            "point_key": "k2",
+            "status": "skipped",
+            "median_ms": None,
+            "p25_ms": None,
+            "p75_ms": None,
+            "iqr_ms": None,
+        },
+    )
     store.write_results(run_dir)
     assert list(store.load_run(run_dir).results["status"]) == ["ok", "skipped"]
 
@@ -157,9 +178,13 @@ def test_foreign_results_rows_name_the_file(tmp_path: Path, case: str) -> None:
 
 @pytest.mark.parametrize(
     "content, says",
-    [(b'{"point_key": "a"}\n{oops}\n', "line 2 is not valid JSON"), (b"5\n", "line 1 is not a point"),
-     (b'{"no_key": 1}\n', "line 1 is not a point"), (b"\xff\xfe\n", "not readable as UTF-8")],
-)  # fmt: skip
+    [
+        (b'{"point_key": "a"}\n{oops}\n', "line 2 is not valid JSON"),
+        (b"5\n", "line 1 is not a point"),
+        (b'{"no_key": 1}\n', "line 1 is not a point"),
+        (b"\xff\xfe\n", "not readable as UTF-8"),
+    ],
+)
 def test_damaged_points_name_the_file_and_line(tmp_path: Path, content: bytes, says: str) -> None:
     run_dir = make_run(tmp_path, "a")
     (run_dir / POINTS).write_bytes(content)

@@ -131,10 +131,13 @@ def test_cuda_device_without_a_gpu_is_named() -> None:
 @given(
     index=st.integers(0, 2),
     value=st.one_of(
-        st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.integers(max_value=-1),
-        st.text(max_size=3), st.none(),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.booleans(),
+        st.integers(max_value=-1),
+        st.text(max_size=3),
+        st.none(),
     ),
-)  # fmt: skip
+)
 def test_any_non_int_or_negative_seq_len_is_refused_by_index(index: int, value: object) -> None:
     seq_lens = [70, 70, 70]
     seq_lens[index] = value

@@ -145,8 +145,9 @@ def test_summary_statistics_on_known_samples():
     assert row["noisy"] is True and row["torch_threads"] == torch.get_num_threads()
     steady = summarize([1.0, 1.01, 1.02, 0.99], [1.0], "cpu", "wall_clock", "converged", TimingConfig())
     assert not steady.noisy
-    lenient = summarize([1.0, 2.0, 3.0, 4.0, 5.0], [10.0], "cpu", "wall_clock", "max_samples",
-                        TimingConfig(noisy_rel_iqr=0.9))  # fmt: skip
+    lenient = summarize(
+        [1.0, 2.0, 3.0, 4.0, 5.0], [10.0], "cpu", "wall_clock", "max_samples", TimingConfig(noisy_rel_iqr=0.9)
+    )
     assert not lenient.noisy
 
 
@@ -278,8 +279,11 @@ def test_numerics_are_decided_per_backend_and_capability(monkeypatch):
     assert numerics.cache_k_scales("mxfp4", ("triton",), cpu) == "ue8m0"
     record = numerics.numerics_record(("deepgemm", "reference"), ("fp8",), 1e-3, cpu)
     assert record["backends"]["deepgemm"]["check_tolerance"] == 1e-2
-    assert record["backends"]["reference"] == {"k_scales": "float32", "check_tolerance": 1e-3,
-                                                "reason": "the spec's check_tolerance"}  # fmt: skip
+    assert record["backends"]["reference"] == {
+        "k_scales": "float32",
+        "check_tolerance": 1e-3,
+        "reason": "the spec's check_tolerance",
+    }
     assert record["cache_k_scales"] == {"fp8": "ue8m0"}
     for capability in ((9, 0), (12, 0)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
@@ -364,8 +368,10 @@ def test_atom_pieces_come_from_the_backends_own_native_set(injected):
     """The reference and Triton run any next_n natively: their atom plan is native itself (skipped);
     a backend native for {1, 2} splits 3 into 2 + 1."""
     cpu = torch.device("cpu")
-    points = {p.backend: p for p in tiny(backend=("reference", "triton", "test-narrow"), strategy=("atom",),
-                                          next_n=(3,)).points()}  # fmt: skip
+    points = {
+        p.backend: p
+        for p in tiny(backend=("reference", "triton", "test-narrow"), strategy=("atom",), next_n=(3,)).points()
+    }
     for name in ("reference", "triton"):
         assert "same launch as native" in walk.skip_reason(points[name], cpu)
     visit = next(walk.walk([points["test-narrow"]], tiny(next_n=(3,)), cpu))
@@ -422,12 +428,35 @@ def test_sweep_checks_times_and_skips_with_reasons(tmp_path, injected):
 
 
 def test_the_bench_table_marks_noisy_points():
-    rows = pd.DataFrame([
-        {"backend": "reference", "strategy": "native", "batch": 1, "context": "80", "next_n": n, "status": "ok",
-         "median_ms": ms, "noisy": noisy, "torch_threads": 1}
-        for n, ms, noisy in ((1, 0.5, False), (2, 0.75, True))
-    ] + [{"backend": "reference", "strategy": "native", "batch": 1, "context": "80", "next_n": 3,
-          "status": "skipped", "median_ms": None, "noisy": None, "torch_threads": None}])  # fmt: skip
+    rows = pd.DataFrame(
+        [
+            {
+                "backend": "reference",
+                "strategy": "native",
+                "batch": 1,
+                "context": "80",
+                "next_n": n,
+                "status": "ok",
+                "median_ms": ms,
+                "noisy": noisy,
+                "torch_threads": 1,
+            }
+            for n, ms, noisy in ((1, 0.5, False), (2, 0.75, True))
+        ]
+        + [
+            {
+                "backend": "reference",
+                "strategy": "native",
+                "batch": 1,
+                "context": "80",
+                "next_n": 3,
+                "status": "skipped",
+                "median_ms": None,
+                "noisy": None,
+                "torch_threads": None,
+            }
+        ]
+    )
     table = bench_cli.results_table(rows, 0.05)
     assert "500.0 " in table + " " and "750.0~" in table
     assert "~ noisy: IQR above 5% of the median (1 of 2 points; torch threads [1])" in table
@@ -474,8 +503,11 @@ def test_max_minutes_stops_cleanly_and_points_too_big_are_skipped(tmp_path, monk
 def test_bench_command_runs_resumes_and_rejects_bad_values(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     bench_cli.register_cli(parser.add_subparsers(dest="command"))
-    common = ["bench", "--preset", "ci", "--device", "cpu", "--out", str(tmp_path / "run"), "--no-progress",
-              "--batch", "1", "--context", "80", "--next-n", "1,2", "--strategy", "native,flatten"]  # fmt: skip
+    common = [
+        *"bench --preset ci --device cpu --no-progress --batch 1 --context 80 --next-n 1,2 --strategy native,flatten".split(),
+        "--out",
+        str(tmp_path / "run"),
+    ]
     args = parser.parse_args([*common, "--max-points", "1"])
     assert args.func(args) == 0
     args = parser.parse_args([*common, "--resume"])
@@ -543,8 +575,12 @@ def test_cuda_event_path_spins_the_gpu_past_the_host_issue_time(monkeypatch):
 
 
 def _bench_argv(run_dir: Path, *extra: str) -> list[str]:
-    return ["bench", "--preset", "ci", "--device", "cpu", "--out", str(run_dir), "--no-progress", "--batch", "1",
-            "--context", "80", "--next-n", "1,2", "--strategy", "native", *extra]  # fmt: skip
+    return [
+        *"bench --preset ci --device cpu --no-progress --batch 1 --context 80 --next-n 1,2 --strategy native".split(),
+        "--out",
+        str(run_dir),
+        *extra,
+    ]
 
 
 def _one_line(err: str) -> str:
@@ -592,11 +628,18 @@ def test_resume_refuses_a_folder_whose_rows_disagree_with_its_log(tmp_path):
 
 @pytest.mark.parametrize(
     ("change", "says"),
-    [({"device": "cuda", "device_name": "NVIDIA H200"}, "device 'cuda' -> 'cpu'; device_name 'NVIDIA H200' -> 'cpu'"),
-     ({"environment": {"torch": "1.0.0"}}, "torch '1.0.0' -> "),
-     ({"environment": {"deepgemm_pr340_origin": "deepseek-ai/DeepGEMM@57b90e0"}},
-      "deepgemm_pr340_origin 'deepseek-ai/DeepGEMM@57b90e0' -> None")],
-)  # fmt: skip
+    [
+        (
+            {"device": "cuda", "device_name": "NVIDIA H200"},
+            "device 'cuda' -> 'cpu'; device_name 'NVIDIA H200' -> 'cpu'",
+        ),
+        ({"environment": {"torch": "1.0.0"}}, "torch '1.0.0' -> "),
+        (
+            {"environment": {"deepgemm_pr340_origin": "deepseek-ai/DeepGEMM@57b90e0"}},
+            "deepgemm_pr340_origin 'deepseek-ai/DeepGEMM@57b90e0' -> None",
+        ),
+    ],
+)
 def test_resume_refuses_another_device_or_environment(tmp_path, change, says):
     run_dir = tmp_path / "run"
     run_sweep(tiny(), run_dir, "cpu", max_points=1, progress=False)
@@ -718,8 +761,9 @@ def test_a_point_hung_in_c_is_recorded_and_the_process_ends(tmp_path):
     run_dir = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", HUNG_SCRIPT, str(run_dir)], capture_output=True, text=True,
-                          timeout=120, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", HUNG_SCRIPT, str(run_dir)], capture_output=True, text=True, timeout=120, env=env
+    )
     assert proc.returncode == sweep.HUNG_EXIT_CODE, proc.stderr
     assert time.perf_counter() - started < 60
     assert f"Resume with: dsa-lab bench --resume --out {run_dir}" in proc.stderr
@@ -780,8 +824,11 @@ def test_sm100_preset_with_a_faked_sm100_gpu(monkeypatch, capsys):
     cuda = torch.device("cuda")
     spec = bench_point.preset("sm100")
     assert len(spec.points()) == 840 and spec.backend == ("deepgemm", "triton")
-    reasons = {(p.backend, p.strategy, p.next_n): walk.skip_reason(p, cuda) for p in spec.points()
-               if p.batch == 128 and p.context == "65536"}  # fmt: skip
+    reasons = {
+        (p.backend, p.strategy, p.next_n): walk.skip_reason(p, cuda)
+        for p in spec.points()
+        if p.batch == 128 and p.context == "65536"
+    }
     assert reasons[("deepgemm", "native", 3)] is None and reasons[("deepgemm", "native", 8)] is None
     assert all("same launch as native" in reasons[(b, "atom", n)] for b in spec.backend for n in spec.next_n)
     assert all(reasons[(b, "flatten", n)] is None for b in spec.backend for n in spec.next_n)
@@ -798,14 +845,26 @@ def test_sm100_preset_with_a_faked_sm100_gpu(monkeypatch, capsys):
 
 
 def test_cli_help_imports_no_torch_and_version_prints():
-    code = "import sys, time; t = time.perf_counter()\n" \
-           "from dsa_lab.cli import build_parser\n" \
-           "try:\n    build_parser(['--help']).parse_args(['--help'])\nexcept SystemExit:\n    pass\n" \
-           "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', time.perf_counter() - t)"  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+    code = (
+        "import sys, time; t = time.perf_counter()\n"
+        "from dsa_lab.cli import build_parser\n"
+        "try:\n    build_parser(['--help']).parse_args(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', time.perf_counter() - t)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     assert "NO-TORCH" in proc.stdout and "compare" in proc.stdout and "profile" in proc.stdout, proc.stdout
     assert float(proc.stdout.split()[-1]) < 1.0
-    version = subprocess.run([sys.executable, "-m", "dsa_lab.cli", "--version"], capture_output=True, text=True,
-                             timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+    version = subprocess.run(
+        [sys.executable, "-m", "dsa_lab.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     assert version.returncode == 0 and version.stdout.startswith("dsa-lab ")

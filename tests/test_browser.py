@@ -109,16 +109,18 @@ def canary_notebook() -> nbformat.NotebookNode:
         display(explorer(["a", "b"], lambda v: print("value", v)))
         display(explorer(["valid", "invalid"], lambda v: display(HTML(
             '<span class="dsa-lab-error">invalid: pick another</span>' if v == "invalid" else "fine"))))
-    """)  # fmt: skip
+    """)
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
     nb.cells = [
         nbformat.v4.new_code_cell('device = "cpu"', metadata={"tags": ["parameters"]}),
-        nbformat.v4.new_code_cell("import sys, warnings\nwarnings.warn('only a warning')\nprint('on stderr', file=sys.stderr)"),
+        nbformat.v4.new_code_cell(
+            "import sys, warnings\nwarnings.warn('only a warning')\nprint('on stderr', file=sys.stderr)"
+        ),
         nbformat.v4.new_code_cell(explorer.strip()),
         nbformat.v4.new_code_cell("raise ValueError('deliberate')"),
         nbformat.v4.new_code_cell("print('never reached')"),
-    ]  # fmt: skip
+    ]
     return nb
 
 

@@ -49,8 +49,9 @@ def _stand_in_venv(folder: Path, pyproject: Path) -> Path:
 
 def _lab(checkout: Path, venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DSA_LAB_VENV": str(venv)}
-    return subprocess.run(["bash", str(checkout / "lab"), *args], cwd=checkout, env=env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        ["bash", str(checkout / "lab"), *args], cwd=checkout, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -127,8 +128,10 @@ def test_a_notebook_saved_after_run_all_leaves_git_status_clean(checkout: Path) 
     nb = nbformat.read(path, as_version=4)
     for count, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
         cell.execution_count = count + 1
-        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="x" * 1000),
-                        nbformat.v4.new_output("display_data", data={"image/png": "iVBORw0KGgo="})]  # fmt: skip
+        cell.outputs = [
+            nbformat.v4.new_output("stream", name="stdout", text="x" * 1000),
+            nbformat.v4.new_output("display_data", data={"image/png": "iVBORw0KGgo="}),
+        ]
         cell.metadata["execution"] = {"iopub.status.busy": "2026-12-01T00:00:00Z"}
     nb.metadata["language_info"] = {"name": "python", "version": "3.11.2", "mimetype": "text/x-python"}
     nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
@@ -164,8 +167,7 @@ def test_the_save_hook_leaves_what_is_not_a_tracked_notebook_alone(checkout: Pat
 
 # ---------------------------------------------------------------- scratch runs
 
-FAST = ["bench", "--preset", "ci", "--device", "cpu", "--no-progress", "--batch", "1", "--context", "64",
-        "--next-n", "1", "--strategy", "native", "--max-seconds-per-point", "0.01"]  # fmt: skip
+FAST = "bench --preset ci --device cpu --no-progress --batch 1 --context 64 --next-n 1 --strategy native --max-seconds-per-point 0.01".split()
 
 
 def test_a_run_placed_by_no_flag_goes_to_scratch_labelled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,8 +180,8 @@ def test_a_run_placed_by_no_flag_goes_to_scratch_labelled(tmp_path: Path, monkey
     assert main([*FAST, "--root", str(tmp_path / "data"), "--run-id", "cpu-in-data"]) == 0
     in_data = store.read_provenance(tmp_path / "data" / "cpu" / "cpu-in-data" / store.PROVENANCE_FILE)
     assert in_data["scratch"] is True  # placed in data/, but a CPU run is never the study's measurement
-    assert main(["profile", "--tool", "torch", "--device", "cpu", "--batch", "1", "--context", "64", "--next-n", "1",
-                 "--strategy", "native", "--heads", "32", "--head-dim", "64", "--run-id", "prof"]) == 0  # fmt: skip
+    profile_argv = "profile --tool torch --device cpu --batch 1 --context 64 --next-n 1 --strategy native"
+    assert main([*profile_argv.split(), *"--heads 32 --head-dim 64 --run-id prof".split()]) == 0
     profile = store.read_provenance(tmp_path / "scratch" / "cpu" / "profiles" / "prof" / store.PROVENANCE_FILE)
     assert profile["scratch"] is True and profile["kind"] == "profile"
 

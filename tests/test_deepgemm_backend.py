@@ -282,9 +282,14 @@ def _sm100_sweep(monkeypatch, run_dir, numerics_table=None):
     if numerics_table is not None:  # what the backend declares per compute capability, replaced
         monkeypatch.setattr(DeepGemmBackend, "numerics", numerics_table)
     spec = preset("sm100").with_axes(
-        backend=("deepgemm", "reference"), batch=(2,), context=("192",), next_n=(1, 3), heads=(64,), head_dim=(128,),
+        backend=("deepgemm", "reference"),
+        batch=(2,),
+        context=("192",),
+        next_n=(1, 3),
+        heads=(64,),
+        head_dim=(128,),
         timing=TimingConfig(warmup=1, min_samples=2, max_samples=3, max_seconds=0.01, window=2),
-    )  # fmt: skip
+    )
     summary = run_sweep(spec, run_dir, "cpu", progress=False, point_timeout_s=None)
     assert summary.stop_reason == "complete"
     run = store.load_run(run_dir)

@@ -130,9 +130,15 @@ def test_sm90_native_1_to_3_with_one_slot_an_sm(monkeypatch, next_n):
     schedule = backend.schedule(packed.context_lens, 64, packed.block_table)
     assert fake.calls == [("metadata", {"shape": (2, next_n), "block": 64, "slots": NUM_SMS})]
     out = backend.logits(
-        packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, max_len, schedule,
+        packed.q,
+        inputs.cache.data,
+        packed.weights,
+        packed.context_lens,
+        packed.block_table,
+        max_len,
+        schedule,
         cache_dtype="fp8",
-    )  # fmt: skip
+    )
     ref = reference(packed, inputs.cache, max_len)
     valid = torch.isfinite(ref)
     assert valid.any() and torch.equal(out[valid], ref[valid])

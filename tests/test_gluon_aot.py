@@ -74,8 +74,12 @@ def compile_case(kind: str, next_n: int) -> dict:
     from dsa_lab.kernels.cubin import cuobjdump, resource_counts
 
     if kind != "gluon":  # the schedule or the tail fill, plain Triton
-        return {"kind": kind, "next_n": next_n, "triton": triton.__version__,
-                **resource_counts(sc.compile_for(90, kind, next_n))}  # fmt: skip
+        return {
+            "kind": kind,
+            "next_n": next_n,
+            "triton": triton.__version__,
+            **resource_counts(sc.compile_for(90, kind, next_n)),
+        }
     config = gc.choose_gluon_config(next_n, HEADS, HEAD_DIM)
     kernel = gn.compile_for(90, next_n, HEADS, HEAD_DIM, config)
     return {

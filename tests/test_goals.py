@@ -30,7 +30,7 @@ TIMES_US: dict[tuple[int, str, int], dict[tuple[str, str], float | None]] = {
         ("deepgemm", "atom"): 120.0,
         ("deepgemm", "flatten"): 150.0,
         ("deepgemm-pr340", "native"): 90.0,
-    },  # fmt: skip
+    },
     (64, "32768", 4): {("gluon", "native"): 100.0, ("deepgemm", "native"): 110.0, ("deepgemm", "flatten"): 200.0},
     (128, "65536", 3): {("gluon", "native"): 380.0, ("deepgemm", "atom"): 500.0, ("deepgemm-pr340", "native"): 505.0},
     (128, "32768", 1): {("gluon", "native"): None, ("deepgemm", "native"): 150.0},
@@ -39,17 +39,28 @@ TIMES_US: dict[tuple[int, str, int], dict[tuple[str, str], float | None]] = {
         ("deepgemm", "native"): 15.0,
         ("deepgemm", "flatten"): 25.0,
         ("triton", "native"): 10.0,
-    },  # fmt: skip
+    },
     (1, "65536", 5): {("gluon", "native"): 30.0, ("deepgemm", "flatten"): 28.0, ("deepgemm", "atom"): None},
 }
 
 
 def _row(backend: str, strategy: str, batch: int, context: str, next_n: int, us: float | None) -> dict:
     ms = None if us is None else us / 1e3
-    return {"backend": backend, "strategy": strategy, "batch": batch, "context": context, "next_n": next_n,
-            "heads": 64, "head_dim": 128, "cache_dtype": "fp8", "source": "measured",
-            "status": "failed" if us is None else "ok", "median_ms": ms,
-            "p25_ms": None if ms is None else ms * 0.99, "p75_ms": None if ms is None else ms * 1.01}  # fmt: skip
+    return {
+        "backend": backend,
+        "strategy": strategy,
+        "batch": batch,
+        "context": context,
+        "next_n": next_n,
+        "heads": 64,
+        "head_dim": 128,
+        "cache_dtype": "fp8",
+        "source": "measured",
+        "status": "failed" if us is None else "ok",
+        "median_ms": ms,
+        "p25_ms": None if ms is None else ms * 0.99,
+        "p75_ms": None if ms is None else ms * 1.01,
+    }
 
 
 @pytest.fixture(scope="module")

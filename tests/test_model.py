@@ -157,16 +157,20 @@ def test_model_command_prints_one_json_object(capsys):
 
 
 def test_model_command_takes_lists_as_bench_does(capsys):
-    argv = ["model", "--gpu", "H200", "--batch", "1,128", "--context", "8K,128K", "--next-n", "1,3,8",
-            "--strategy", "all"]  # fmt: skip
+    argv = "model --gpu H200 --batch 1,128 --context 8K,128K --next-n 1,3,8 --strategy all".split()
     assert main([*argv, "--json"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(lines) == 2 * 2 * 3 * 3  # batch x context x next_n x strategy, each once
     refused = [r for r in lines if "refused" in r]
     assert {(r["strategy"], r["next_n"]) for r in refused} == {("native", 3), ("native", 8)}  # no SM90 kernel
     assert all("natively" in r["refused"] and r["source"] == "modeled" for r in refused)
-    atom = next(r for r in lines if "refused" not in r and (r["strategy"], r["next_n"], r["batch"]) == ("atom", 8, 128)
-                and r["context"] == "131072")  # fmt: skip
+    atom = next(
+        r
+        for r in lines
+        if "refused" not in r
+        and (r["strategy"], r["next_n"], r["batch"]) == ("atom", 8, 128)
+        and r["context"] == "131072"
+    )
     assert math.isclose(atom["time_us"], predict("H200", "deepgemm", "atom", [131072] * 128, 8).time_us)
     assert main(argv) == 0
     out = capsys.readouterr().out

@@ -50,7 +50,11 @@ def test_a_report_reads_as_ncus_csv_of_the_same_run(run: str) -> None:
             exact = column not in PERCENT_COLUMNS  # ncu's CSV prints percentages to two decimals
             expected, got = from_csv[column].to_numpy(float), from_report[column].to_numpy(float)
             assert np.allclose(got, expected, rtol=1e-9 if exact else 0, atol=0 if exact else 0.006, equal_nan=True), (
-                backend, column, got, expected)  # fmt: skip
+                backend,
+                column,
+                got,
+                expected,
+            )
 
 
 def test_every_shipped_report_opens() -> None:

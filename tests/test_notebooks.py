@@ -26,9 +26,13 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 def execute(path: Path, out: Path, cwd: Path = REPO, **parameters: object) -> nbformat.NotebookNode:
     """Run a notebook headless (as `dsa-lab report` does, unless `interactive` is given) and read it back."""
     papermill.execute_notebook(
-        str(path), str(out), parameters={"device": "cpu", "interactive": False, **parameters}, cwd=str(cwd),
-        progress_bar=False, execution_timeout=600,
-    )  # fmt: skip
+        str(path),
+        str(out),
+        parameters={"device": "cpu", "interactive": False, **parameters},
+        cwd=str(cwd),
+        progress_bar=False,
+        execution_timeout=600,
+    )
     return nbformat.read(out, as_version=4)
 
 
@@ -190,8 +194,9 @@ def test_a_run_with_two_head_counts_runs_every_notebook_that_reads_it(
     """Notebook 02 used to crash on a run with H = 32 and H = 64 (the analysis keyed on three of the axes)."""
     monkeypatch.setenv(DATA_ENV, str(two_shape_data))
     extra = {"02": {"repeat_path": ""}, "03": {"baseline_backend": "reference"}}.get(name[:2], {})
-    nb = execute(REPO / "notebooks" / f"{name}.ipynb", tmp_path / "out.ipynb", REPO, run_path="h200/two-shapes",
-                 **extra)  # fmt: skip
+    nb = execute(
+        REPO / "notebooks" / f"{name}.ipynb", tmp_path / "out.ipynb", REPO, run_path="h200/two-shapes", **extra
+    )
     assert not outputs(nb, "error")
     assert outputs(nb, PROVENANCE_MIME)[0]["run_id"] == "two-shapes"
     assert "2 shapes in this run; showing cache_dtype=fp8, heads=64, head_dim=64" in text_of(nb)

@@ -85,8 +85,9 @@ def test_each_point_is_timed_by_both_timers_on_the_same_inputs(nsight, monkeypat
 
     monkeypatch.setattr(nsight_timing, "nsight_time", spy)
     said: list[str] = []
-    table, configs = run_nsight(_spec(backend=("reference", _Wrong.name, "deepgemm")), CPU, runs=4, log=said.append,
-                                nsight=nsight)  # fmt: skip
+    table, configs = run_nsight(
+        _spec(backend=("reference", _Wrong.name, "deepgemm")), CPU, runs=4, log=said.append, nsight=nsight
+    )
     status = {(c["backend"], c["strategy"], c["next_n"]): c["status"] for c in configs}
     assert status[("reference", "native", 1)] == "profiled" and status[("reference", "flatten", 2)] == "profiled"
     assert status[(_Wrong.name, "native", 1)] == "failed"  # the harness's check first: never timed
@@ -116,8 +117,7 @@ def test_a_point_nsight_python_refuses_is_an_error_of_its_own(nsight, monkeypatc
         return decorate
 
     monkeypatch.setattr(nsight.analyze, "kernel", refuse)
-    table, configs = run_nsight(_spec(strategy=("native",)), CPU, runs=2, log=lambda m: None,
-                                nsight=nsight)  # fmt: skip
+    table, configs = run_nsight(_spec(strategy=("native",)), CPU, runs=2, log=lambda m: None, nsight=nsight)
     assert table.empty and [c["status"] for c in configs] == ["error", "error"]  # next_n 1 and 2
     assert (
         configs[0]["reason"]
@@ -125,13 +125,17 @@ def test_a_point_nsight_python_refuses_is_an_error_of_its_own(nsight, monkeypatc
     )
 
 
-def test_the_profile_command_keeps_the_nsight_table(nsight, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    capsys) -> None:  # fmt: skip
+def test_the_profile_command_keeps_the_nsight_table(
+    nsight, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
     """The CLI's wiring with the device check passed (there is no CUDA here): tables, provenance, summary."""
     monkeypatch.setattr(profile_cli, "_nsight_for", lambda tools, device: nsight if "nsight" in tools else None)
     out = tmp_path / "profile"
-    argv = ["profile", "--tool", "torch,nsight", "--device", "cpu", "--batch", "1", "--context", "96", "--next-n", "1",
-            "--heads", "32", "--head-dim", "64", "--no-trace", "--nsight-runs", "3", "--out", str(out)]  # fmt: skip
+    argv = [
+        *"profile --tool torch,nsight --device cpu --batch 1 --context 96 --next-n 1 --heads 32 --head-dim 64 --no-trace --nsight-runs 3".split(),
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "timer_over_nsight = harness median / nsight mean" in printed
@@ -144,8 +148,11 @@ def test_the_profile_command_keeps_the_nsight_table(nsight, tmp_path: Path, monk
 
 
 def test_the_profile_command_refuses_nsight_without_a_gpu(tmp_path: Path, capsys) -> None:
-    argv = ["profile", "--tool", "nsight", "--device", "cpu", "--batch", "1", "--context", "96", "--next-n", "1",
-            "--out", str(tmp_path / "run")]  # fmt: skip
+    argv = [
+        *"profile --tool nsight --device cpu --batch 1 --context 96 --next-n 1".split(),
+        "--out",
+        str(tmp_path / "run"),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.strip() == "dsa-lab profile: error: --tool nsight times CUDA kernels through CUPTI; device is cpu"

@@ -17,10 +17,15 @@ SHIPPED = Path(__file__).resolve().parents[1] / "data" / "h200" / "h200-full-202
 
 @pytest.mark.parametrize(
     ("strategy", "next_n", "sizes", "label", "shapes"),
-    [("native", 3, ANY_NEXT_N, "3", ((2, 3),)), ("flatten", 3, (1, 2, 4), "6x1", ((6, 1),)),
-     ("atom", 3, (1, 2, 4), "4[pad 1]", ((2, 4),)), ("atom", 6, (1, 2, 4), "4+2", ((2, 4), (2, 2))),
-     ("atom", 3, (1, 2), "2+1", ((2, 2), (2, 1))), ("atom", 3, ANY_NEXT_N, "3", ((2, 3),))],
-)  # fmt: skip
+    [
+        ("native", 3, ANY_NEXT_N, "3", ((2, 3),)),
+        ("flatten", 3, (1, 2, 4), "6x1", ((6, 1),)),
+        ("atom", 3, (1, 2, 4), "4[pad 1]", ((2, 4),)),
+        ("atom", 6, (1, 2, 4), "4+2", ((2, 4), (2, 2))),
+        ("atom", 3, (1, 2), "2+1", ((2, 2), (2, 1))),
+        ("atom", 3, ANY_NEXT_N, "3", ((2, 3),)),
+    ],
+)
 def test_pieces_launches_and_labels(strategy, next_n, sizes, label, shapes):
     plan = LaunchPlan((100, 300), next_n, strategy, native_sizes=sizes)
     assert plan.label == label and plan.launch_shapes == shapes
@@ -69,9 +74,13 @@ def test_the_cost_model_reads_the_plan_and_matches_the_shipped_runs_columns():
 
 @pytest.mark.parametrize(
     ("kwargs", "says"),
-    [({"seq_lens": (2,), "next_n": 3}, "need lengths >= next_n=3"), ({"strategy": "diagonal"}, "strategy='diagonal'"),
-     ({"native_sizes": ()}, "native_sizes: need at least one"), ({"next_n": 0}, "next_n=0")],
-)  # fmt: skip
+    [
+        ({"seq_lens": (2,), "next_n": 3}, "need lengths >= next_n=3"),
+        ({"strategy": "diagonal"}, "strategy='diagonal'"),
+        ({"native_sizes": ()}, "native_sizes: need at least one"),
+        ({"next_n": 0}, "next_n=0"),
+    ],
+)
 def test_bad_plans_are_refused_by_name(kwargs, says):
     args = {"seq_lens": (64,), "next_n": 2, "strategy": "atom", **kwargs}
     with pytest.raises(ValueError, match=says):

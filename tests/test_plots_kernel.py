@@ -39,11 +39,24 @@ CONTEXT_SCALE = {"1024": 1.0, "4096": 3.0}  # the second context: the same times
 
 def _row(backend: str, strategy: str, batch: int, context: str, next_n: int, us: float | None) -> dict:
     point = Point(backend, strategy, batch, context, next_n, "fp8", 64, 128)
-    row = {"point_key": point.key, **point.__dict__, "source": "measured", "device": "cuda",
-           "device_name": "NVIDIA H200", "message": ""}  # fmt: skip
+    row = {
+        "point_key": point.key,
+        **point.__dict__,
+        "source": "measured",
+        "device": "cuda",
+        "device_name": "NVIDIA H200",
+        "message": "",
+    }
     if us is None:
-        return {**row, "status": "skipped", "message": "no native kernel", "median_ms": None, "p25_ms": None,
-                "p75_ms": None, "iqr_ms": None}  # fmt: skip
+        return {
+            **row,
+            "status": "skipped",
+            "message": "no native kernel",
+            "median_ms": None,
+            "p25_ms": None,
+            "p75_ms": None,
+            "iqr_ms": None,
+        }
     ms = us / 1e3
     seq_lens = ContextSpec.parse(context).seq_lens(batch, SEED)
     plan = LaunchPlan(seq_lens, next_n, strategy, 64, 128, "fp8", (1, 2, 4))
@@ -224,9 +237,14 @@ def test_reading_and_caption(results: pd.DataFrame) -> None:
     )
     assert "next_n=5: 30.0 µs; 2.33x vs vLLM's path (flatten, 70.0 µs); 1.50x vs the best deepgemm option (atom" in text
     assert "faster than the best deepgemm option in 10 (10 beyond the measured spread)" in text
-    provenance = {"source": "measured", "device_name": "NVIDIA H200", "run_id": "h200-full-1",
-                  "created": "2026-11-29T10:00:00", "git": {"sha": "abcdef123456", "dirty": False},
-                  "environment": {"torch": "2.11.0", "triton": "3.6.0", "vllm": "0.33.0", "deep_gemm": "2.8.1"}}  # fmt: skip
+    provenance = {
+        "source": "measured",
+        "device_name": "NVIDIA H200",
+        "run_id": "h200-full-1",
+        "created": "2026-11-29T10:00:00",
+        "git": {"sha": "abcdef123456", "dirty": False},
+        "environment": {"torch": "2.11.0", "triton": "3.6.0", "vllm": "0.33.0", "deep_gemm": "2.8.1"},
+    }
     caption = kernel.caption(provenance)
     for part in (
         "NVIDIA H200",

@@ -28,10 +28,13 @@ from dsa_lab.policy import RELEASES  # noqa: E402
 PROFILES = "h200/profiles"
 TRITON = ("triton", "native")  # the candidate whose mixed-context gap the shipped run explains
 PROVENANCE = {
-    "source": "measured", "device_name": "NVIDIA H200", "run_id": "h200-full-1", "created": "2026-11-29T10:00:00",
+    "source": "measured",
+    "device_name": "NVIDIA H200",
+    "run_id": "h200-full-1",
+    "created": "2026-11-29T10:00:00",
     "git": {"sha": "abcdef123456", "dirty": True},
     "environment": {"torch": "2.11.0", "triton": "3.6.0", "deep_gemm": "2.8.1", "cuda": "13.0"},
-}  # fmt: skip
+}
 
 
 @pytest.fixture(autouse=True)
@@ -72,8 +75,15 @@ def test_one_colour_per_strategy_one_marker_per_backend() -> None:
 
 def test_provenance_line_names_gpu_run_sha_and_versions() -> None:
     line = style.provenance_line(PROVENANCE)
-    for part in ("measured on NVIDIA H200", "run h200-full-1", "2026-11-29", "git abcdef1+dirty", "torch 2.11.0",
-                 "triton 3.6.0", "deep_gemm 2.8.1"):  # fmt: skip
+    for part in (
+        "measured on NVIDIA H200",
+        "run h200-full-1",
+        "2026-11-29",
+        "git abcdef1+dirty",
+        "torch 2.11.0",
+        "triton 3.6.0",
+        "deep_gemm 2.8.1",
+    ):
         assert part in line
     assert kernel.caption(PROVENANCE) == profiles.provenance_caption(PROVENANCE) == line  # one helper behind both
 

@@ -140,8 +140,12 @@ def test_torch_profile_native_atom_and_flatten_launches(inputs3, tmp_path: Path)
 @pytest.mark.parametrize(("backend", "says"), [(SkewedBackend, "relative error"), (HoleBackend, "NaN")])
 def test_an_incorrect_backend_is_refused_by_the_harness_check(monkeypatch, backend, says) -> None:
     monkeypatch.setitem(registry._BACKENDS, backend.name, backend())
-    run = run_torch(grid(backend=("reference", backend.name), strategy=("native",)), CPU, ProfileSettings(TOPK),
-                    log=lambda message: None)  # fmt: skip
+    run = run_torch(
+        grid(backend=("reference", backend.name), strategy=("native",)),
+        CPU,
+        ProfileSettings(TOPK),
+        log=lambda message: None,
+    )
     by = {c["backend"]: c for c in run.configs}
     assert by["reference"]["status"] == "profiled" and by["reference"]["rel_err"] == 0.0
     assert by[backend.name]["status"] == "failed" and says in by[backend.name]["reason"]
@@ -270,9 +274,19 @@ NCU_SAMPLE = "\n".join(
 
 
 def _manifest() -> dict:
-    common = {"backend": "fake", "device_name": "NVIDIA H200", "batch": 2, "context": "1024", "next_n": 4,
-              "heads": 64, "head_dim": 128, "cache_dtype": "fp8", "unique_kv_bytes": 2 * 1024 * 132.0,
-              "flops": 2 * 64 * 128 * 2 * (1021 + 1022 + 1023 + 1024.0), "kernel_rows": 8}  # fmt: skip
+    common = {
+        "backend": "fake",
+        "device_name": "NVIDIA H200",
+        "batch": 2,
+        "context": "1024",
+        "next_n": 4,
+        "heads": 64,
+        "head_dim": 128,
+        "cache_dtype": "fp8",
+        "unique_kv_bytes": 2 * 1024 * 132.0,
+        "flops": 2 * 64 * 128 * 2 * (1021 + 1022 + 1023 + 1024.0),
+        "kernel_rows": 8,
+    }
     return {
         "configs": [
             {**common, "index": 0, "strategy": "native", "launches": 1, "strategy_kv_bytes": 2 * 1024 * 132.0},
@@ -327,10 +341,16 @@ def test_cli_profile_cpu_reference(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setitem(registry._BACKENDS, OneTwoBackend.name, OneTwoBackend())
     out = tmp_path / "run"
     code = cli_main(
-        ["profile", "--tool", "torch", "--device", "cpu", "--backend", f"reference,{SkewedBackend.name},{OneTwoBackend.name}",
-         "--batch", "2", "--context", "128", "--next-n", "2,3", "--heads", "64", "--head-dim", "128",
-         "--topk", str(TOPK), "--out", str(out)]
-    )  # fmt: skip
+        [
+            *"profile --tool torch --device cpu --batch 2 --context 128 --next-n 2,3 --heads 64 --head-dim 128".split(),
+            "--backend",
+            f"reference,{SkewedBackend.name},{OneTwoBackend.name}",
+            "--topk",
+            str(TOPK),
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     run = load_profile_run(out)
     assert run.provenance["kind"] == "profile" and run.provenance["source"] == "measured"
@@ -441,8 +461,11 @@ def test_ncu_target_bookkeeping_on_cpu(tmp_path: Path, monkeypatch) -> None:
     assert set(summary.loc[summary["next_n"] == 3, "launches"]) == {1, 2}  # flatten one launch, atom 2 + 1
 
     monkeypatch.setitem(registry._BACKENDS, SkewedBackend.name, SkewedBackend())
-    skewed = TargetPlan(grid(backend=(SkewedBackend.name,), strategy=("native",), next_n=(2,)), tmp_path / "s.json",
-                        ProfileSettings(TOPK))  # fmt: skip
+    skewed = TargetPlan(
+        grid(backend=(SkewedBackend.name,), strategy=("native",), next_n=(2,)),
+        tmp_path / "s.json",
+        ProfileSettings(TOPK),
+    )
     refused = run_target(skewed, CPU, lambda number, device: None, nullcontext)
     assert refused["steps"] == [] and "relative error" in refused["configs"][0]["reason"]
 
@@ -481,15 +504,17 @@ def test_ncu_runner_retries_unknown_metrics_keeps_the_report_and_reads_it(tmp_pa
     pytest.importorskip("ncu_report")
     manifest = _manifest()
     script = tmp_path / "ncu"
-    script.write_text(FAKE_NCU.format(python=sys.executable, manifest=repr(manifest), csv=NCU_SAMPLE,
-                                      report=str(SHIPPED_REPORT)))  # fmt: skip
+    script.write_text(
+        FAKE_NCU.format(python=sys.executable, manifest=repr(manifest), csv=NCU_SAMPLE, report=str(SHIPPED_REPORT))
+    )
     script.chmod(0o755)
     monkeypatch.setitem(registry._BACKENDS, "fake", ReferenceBackend())
     spec = grid(backend=("fake",), context=("1024",), next_n=(4,))
     metrics, dropped = ["gpu__time_duration.sum", "bogus__metric.sum", "dram__bytes_read.sum"], []
     report = tmp_path / "ncu_fake.ncu-rep"
-    kernels, got, output = profiling_sweep.run_ncu_backend(str(script), spec, ProfileSettings(TOPK), metrics, dropped,
-                                                           60.0, lambda message: None, report)  # fmt: skip
+    kernels, got, output = profiling_sweep.run_ncu_backend(
+        str(script), spec, ProfileSettings(TOPK), metrics, dropped, 60.0, lambda message: None, report
+    )
     assert dropped == ["bogus__metric.sum"] and "bogus__metric.sum" not in metrics
     assert got["steps"] == manifest["steps"] and "Connected" in output
     assert report.is_file() and list(kernels["strategy"]) == ["native", "flatten", "atom"]
@@ -501,8 +526,9 @@ def test_ncu_runner_retries_unknown_metrics_keeps_the_report_and_reads_it(tmp_pa
 
     monkeypatch.setattr(profiling_sweep, "read_ncu_report", missing)
     said: list[str] = []
-    kernels, _, _ = profiling_sweep.run_ncu_backend(str(script), spec, ProfileSettings(TOPK), metrics, dropped, 60.0,
-                                                    said.append, tmp_path / "again.ncu-rep")  # fmt: skip
+    kernels, _, _ = profiling_sweep.run_ncu_backend(
+        str(script), spec, ProfileSettings(TOPK), metrics, dropped, 60.0, said.append, tmp_path / "again.ncu-rep"
+    )
     assert set(kernels["kernel"]) == {
         "void paged_mqa_logits_kernel<4>(Params)",
         "void paged_mqa_logits_kernel<1>(Params)",
@@ -533,11 +559,20 @@ def test_notebook_renders_a_shipped_run_with_counters(tmp_path: Path, monkeypatc
     run.ncu = attach_configs(parse_ncu_csv(_csv_for_steps(manifest)), manifest)
     folder = tmp_path / "data" / "h200" / "profiles" / "profile-test"
     provenance = {
-        "schema_version": store.SCHEMA_VERSION, "run_id": "profile-test", "source": "measured", "device": "cuda",
-        "device_name": "NVIDIA H200 (synthetic test run)", "created": "2026-01-01T00:00:00+00:00", "command": [],
-        "timing_method": "test", "seed": 0, "environment": {}, "git": {"sha": "0123456789"}, "kind": "profile",
+        "schema_version": store.SCHEMA_VERSION,
+        "run_id": "profile-test",
+        "source": "measured",
+        "device": "cuda",
+        "device_name": "NVIDIA H200 (synthetic test run)",
+        "created": "2026-01-01T00:00:00+00:00",
+        "command": [],
+        "timing_method": "test",
+        "seed": 0,
+        "environment": {},
+        "git": {"sha": "0123456789"},
+        "kind": "profile",
         "spec": spec.to_dict(),
-    }  # fmt: skip
+    }
     store.create_run(folder, provenance)
     write_tables(ProfileRun(run.kernels, run.phases, run.ncu, run.configs), folder)
 
@@ -545,9 +580,12 @@ def test_notebook_renders_a_shipped_run_with_counters(tmp_path: Path, monkeypatc
     monkeypatch.setenv("DSA_LAB_DATA", str(tmp_path / "data"))
     out = tmp_path / "04.ipynb"
     papermill.execute_notebook(
-        str(repo / "notebooks" / "04_kernel_profiles.ipynb"), str(out), cwd=str(repo), progress_bar=False,
+        str(repo / "notebooks" / "04_kernel_profiles.ipynb"),
+        str(out),
+        cwd=str(repo),
+        progress_bar=False,
         parameters={"device": "cpu", "profile_path": "h200/profiles", "interactive": False},
-    )  # fmt: skip
+    )
     nb = nbformat.read(out, as_version=4)
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     text = "\n".join(

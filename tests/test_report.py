@@ -104,9 +104,15 @@ def test_cli_only_selects_one_notebook_and_exit_code_follows(notebooks: Path, tm
     out = tmp_path / "only"
     assert _cli("--notebooks", str(notebooks), "--out", str(out), "--only", "01", "-p", "device=cpu") == 0
     assert sorted(p.name for p in out.iterdir()) == [
-        "01_good.code.html", "01_good.html", "01_good.ipynb", "figures", "headline.md", "index.html", "report.json",
+        "01_good.code.html",
+        "01_good.html",
+        "01_good.ipynb",
+        "figures",
+        "headline.md",
+        "index.html",
+        "report.json",
         "thumbs",
-    ]  # fmt: skip
+    ]
     assert _cli("--notebooks", str(notebooks), "--out", str(out), "--only", "2", "-p", "device=cpu") == 1
 
 
@@ -128,23 +134,41 @@ def test_bad_arguments_name_the_field(notebooks: Path, tmp_path: Path) -> None:
 def _row(strategy: str, next_n: int, median_us: float, spread_us: float = 0.5, source: str = "measured") -> dict:
     ms, half = median_us / 1e3, spread_us / 1e3
     return dict(
-        backend="deepgemm", strategy=strategy, batch=4, context="8192", next_n=next_n, status="ok",
-        source=source, median_ms=ms, p25_ms=ms - half, p75_ms=ms + half, heads=64, head_dim=128, cache_dtype="fp8",
-    )  # fmt: skip
+        backend="deepgemm",
+        strategy=strategy,
+        batch=4,
+        context="8192",
+        next_n=next_n,
+        status="ok",
+        source=source,
+        median_ms=ms,
+        p25_ms=ms - half,
+        p75_ms=ms + half,
+        heads=64,
+        head_dim=128,
+        cache_dtype="fp8",
+    )
 
 
 def test_decisions_keep_vllm_0_33_s_choice_unless_beaten_beyond_the_spread() -> None:
     from dsa_lab.analysis.frames import decisions, speedup_over_strategy
     from dsa_lab.analysis.readings import decisions_reading
 
-    results = pd.DataFrame([
-        _row("native", 1, 559.6), _row("flatten", 1, 558.4),  # the same launch at next_n = 1: never a winner
-        _row("native", 2, 10.0), _row("flatten", 2, 10.2),  # vLLM native; within the spread of flatten
-        _row("atom", 3, 10.0), _row("flatten", 3, 30.0),  # vLLM flattens next_n=3: 3x slower
-        _row("atom", 5, 20.0, spread_us=8), _row("flatten", 5, 24.0, spread_us=8),  # faster only within the spread
-        {**_row("native", 6, 1.0), "status": "skipped"},  # never drawn or decided on
-        _row("atom", 6, 12.0), _row("flatten", 6, 36.0),
-    ])  # fmt: skip
+    results = pd.DataFrame(
+        [
+            _row("native", 1, 559.6),
+            _row("flatten", 1, 558.4),  # the same launch at next_n = 1: never a winner
+            _row("native", 2, 10.0),
+            _row("flatten", 2, 10.2),  # vLLM native; within the spread of flatten
+            _row("atom", 3, 10.0),
+            _row("flatten", 3, 30.0),  # vLLM flattens next_n=3: 3x slower
+            _row("atom", 5, 20.0, spread_us=8),
+            _row("flatten", 5, 24.0, spread_us=8),  # faster only within the spread
+            {**_row("native", 6, 1.0), "status": "skipped"},  # never drawn or decided on
+            _row("atom", 6, 12.0),
+            _row("flatten", 6, 36.0),
+        ]
+    )
     table = decisions(results, "deepgemm").set_index("next_n")
     assert table["vllm_strategy"].to_dict() == {1: "native", 2: "native", 3: "flatten", 5: "flatten", 6: "flatten"}
     assert table["best_strategy"].to_dict() == {1: "native", 2: "native", 3: "atom", 5: "atom", 6: "atom"}
@@ -162,8 +186,12 @@ def test_decisions_keep_vllm_0_33_s_choice_unless_beaten_beyond_the_spread() -> 
 
     speedups = speedup_over_strategy(results).set_index(["strategy", "next_n"])["speedup"].round(6)
     assert speedups.to_dict() == {
-        ("native", 1): round(558.4 / 559.6, 6), ("native", 2): 1.02, ("atom", 3): 3.0, ("atom", 5): 1.2, ("atom", 6): 3.0
-    }  # fmt: skip
+        ("native", 1): round(558.4 / 559.6, 6),
+        ("native", 2): 1.02,
+        ("atom", 3): 3.0,
+        ("atom", 5): 1.2,
+        ("atom", 6): 3.0,
+    }
 
     with pytest.raises(ValueError, match=r"backend='triton'.*\['deepgemm'\]"):
         decisions(results, "triton")

@@ -30,11 +30,15 @@ def float64_logits(inputs, batch: DecodeBatch, width: int) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     ("typed", "label", "rates"),
-    [("none", "none", None), ("accept:0.8,0.6,0.4", "accept:0.8,0.6,0.4", (0.8, 0.6, 0.4)),
-     (" ACCEPT:1,0.5 ", "accept:1.0,0.5", (1.0, 0.5)), ("v4flash-vllm41044", "v4flash-vllm41044", (0.7002, 0.2874)),
-     ("V4flash-ascend131:2", "v4flash-ascend131:2", (0.98, 0.64)), ("v4flash-ascend131:3", "v4flash-ascend131",
-                                                                      (0.98, 0.64, 0.15))],
-)  # fmt: skip
+    [
+        ("none", "none", None),
+        ("accept:0.8,0.6,0.4", "accept:0.8,0.6,0.4", (0.8, 0.6, 0.4)),
+        (" ACCEPT:1,0.5 ", "accept:1.0,0.5", (1.0, 0.5)),
+        ("v4flash-vllm41044", "v4flash-vllm41044", (0.7002, 0.2874)),
+        ("V4flash-ascend131:2", "v4flash-ascend131:2", (0.98, 0.64)),
+        ("v4flash-ascend131:3", "v4flash-ascend131", (0.98, 0.64, 0.15)),
+    ],
+)
 def test_acceptance_labels_round_trip(typed, label, rates) -> None:
     spec = AcceptanceSpec.parse(typed)
     assert (spec.label, spec.rates) == (label, rates)
@@ -43,10 +47,17 @@ def test_acceptance_labels_round_trip(typed, label, rates) -> None:
 
 @pytest.mark.parametrize(
     ("bad", "says"),
-    [("accept:0.4,0.6", r"rates\[1\]=0.6 > rates\[0\]=0.4"), ("accept:1.2", r"rates\[0\]=1.2"),
-     ("accept:", "acceptance="), ("accept:0.5,x", "acceptance="), ("accept:nan", "acceptance="), ("often", "acceptance="),
-     ("v3-report:2", "v3-report has 1 positions; take 1..1"), ("v3-report:x", "acceptance=")],
-)  # fmt: skip
+    [
+        ("accept:0.4,0.6", r"rates\[1\]=0.6 > rates\[0\]=0.4"),
+        ("accept:1.2", r"rates\[0\]=1.2"),
+        ("accept:", "acceptance="),
+        ("accept:0.5,x", "acceptance="),
+        ("accept:nan", "acceptance="),
+        ("often", "acceptance="),
+        ("v3-report:2", "v3-report has 1 positions; take 1..1"),
+        ("v3-report:x", "acceptance="),
+    ],
+)
 def test_bad_acceptance_is_refused_by_name(bad, says) -> None:
     with pytest.raises(ValueError, match=says):
         AcceptanceSpec.parse(bad)

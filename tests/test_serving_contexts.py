@@ -63,12 +63,15 @@ def test_shipped_runs_load_with_their_lengths(run) -> None:
 
 @pytest.mark.parametrize(
     ("typed", "label", "short"),
-    [("64K", "65536", "64K"), ("mixed:1K-64K", "mixed:1024-65536", "mixed 1K-64K"),
-     ("mixed:1K-64K:sorted", "mixed:1024-65536:sorted", "mixed 1K-64K, sorted"),
-     ("mixed:64-256:shuffled", "mixed:64-256", "mixed 64-256"),
-     ("lognormal:8K:1.50", "lognormal:8192:1.5", "lognormal 8K, sigma 1.5"),
-     ("LOGNORMAL:16384:2:sorted", "lognormal:16384:2.0:sorted", "lognormal 16K, sigma 2, sorted")],
-)  # fmt: skip
+    [
+        ("64K", "65536", "64K"),
+        ("mixed:1K-64K", "mixed:1024-65536", "mixed 1K-64K"),
+        ("mixed:1K-64K:sorted", "mixed:1024-65536:sorted", "mixed 1K-64K, sorted"),
+        ("mixed:64-256:shuffled", "mixed:64-256", "mixed 64-256"),
+        ("lognormal:8K:1.50", "lognormal:8192:1.5", "lognormal 8K, sigma 1.5"),
+        ("LOGNORMAL:16384:2:sorted", "lognormal:16384:2.0:sorted", "lognormal 16K, sigma 2, sorted"),
+    ],
+)
 def test_context_labels_are_canonical_and_round_trip(typed, label, short) -> None:
     spec = ContextSpec.parse(typed)
     assert (spec.label, spec.short) == (label, short)
@@ -102,9 +105,20 @@ def test_sorted_order_keeps_the_lengths_and_puts_the_shortest_first() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["65536:sorted", "lognormal:8K", "lognormal:8K:0", "lognormal:8K:nan", "lognormal:8K:5",
-            "lognormal:32:1", "lognormal:256K:1", "mixed:64K-1K", "mixed:1K-64K:backwards", "lognormal:8K:1:2"],
-)  # fmt: skip
+    "bad",
+    [
+        "65536:sorted",
+        "lognormal:8K",
+        "lognormal:8K:0",
+        "lognormal:8K:nan",
+        "lognormal:8K:5",
+        "lognormal:32:1",
+        "lognormal:256K:1",
+        "mixed:64K-1K",
+        "mixed:1K-64K:backwards",
+        "lognormal:8K:1:2",
+    ],
+)
 def test_bad_context_specs_are_refused_by_name(bad) -> None:
     with pytest.raises(ValueError, match="context=.*lognormal:MEDIAN:SIGMA"):
         ContextSpec.parse(bad)

@@ -39,8 +39,11 @@ def test_the_serving_preset_is_its_grids_in_order(serving) -> None:
     assert not any(p.backend in spot for name, pts in serving.grid_points() if name != "spot check" for p in pts)
     assert {(p.next_n, p.acceptance) for p in points if p.acceptance != "none"} == set(SERVING_ACCEPTANCE)
     assert {p.logits_width for p in points} == {"batch", "model:163840"}
-    assert {(p.timed, p.timer) for p in points} == {("logits", "events"), ("logits+topk", "events"),
-                                                    ("logits+topk", "graph")}  # fmt: skip
+    assert {(p.timed, p.timer) for p in points} == {
+        ("logits", "events"),
+        ("logits+topk", "events"),
+        ("logits+topk", "graph"),
+    }
     assert {"mixed:2048-131072", "mixed:16384-65536", "lognormal:16384:1.2"} <= set(serving.context)
     assert set(serving.batch) == {1, 16, 64, 128, 256} and serving.next_n == tuple(range(1, 9))
     goals = [p for name, pts in serving.grid_points() if name == "goals" for p in pts]

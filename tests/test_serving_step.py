@@ -69,8 +69,9 @@ def test_the_logits_and_topk_unit_picks_what_the_reference_decode_picks(strategy
     batch = accepted_batch(seq_lens, AcceptanceSpec.parse("accept:0.9,0.5,0.3"), 4, 2, num_heads=32, head_dim=64)
     inputs = random_inputs(batch, seed=9)
     backend, width, k = get_backend("reference"), 2 * batch.max_seq_len, 48
-    plan = LaunchPlan(batch.seq_lens, batch.max_decode_len, strategy, 32, 64, decode_lens=batch.decode_lens,
-                      logits_width=width)  # fmt: skip
+    plan = LaunchPlan(
+        batch.seq_lens, batch.max_decode_len, strategy, 32, 64, decode_lens=batch.decode_lens, logits_width=width
+    )
     metadata = plan.build_metadata(batch, inputs.cache.block_table)
     packed = [pack_launch(launch, inputs) for launch in metadata.launches]
     schedules = [None] * len(packed)

@@ -36,8 +36,14 @@ def test_a_graph_replayed_step_is_the_eager_step(name, unit) -> None:
     inputs = random_inputs(batch, seed=1, device=device)
     sizes = native_sizes_for(backend, device)
     strategy = "native" if batch.max_decode_len in sizes else "atom"
-    plan = LaunchPlan(batch.seq_lens, batch.max_decode_len, strategy, native_sizes=sizes,
-                      decode_lens=batch.decode_lens, logits_width=DEEPSEEK_V32_MAX_MODEL_LEN)  # fmt: skip
+    plan = LaunchPlan(
+        batch.seq_lens,
+        batch.max_decode_len,
+        strategy,
+        native_sizes=sizes,
+        decode_lens=batch.decode_lens,
+        logits_width=DEEPSEEK_V32_MAX_MODEL_LEN,
+    )
     metadata = plan.build_metadata(batch, inputs.cache.block_table)
     check_launches(metadata, inputs)
     packed = [pack_launch(launch, inputs) for launch in metadata.launches]

@@ -34,9 +34,15 @@ CPU = torch.device("cpu")
 
 def tiny(**values) -> SweepSpec:
     base = SweepSpec(
-        backend=("reference",), strategy=("native", "flatten"), batch=(3,), context=("96",), next_n=(3,),
-        heads=(32,), head_dim=(64,), timing=FAST,
-    )  # fmt: skip
+        backend=("reference",),
+        strategy=("native", "flatten"),
+        batch=(3,),
+        context=("96",),
+        next_n=(3,),
+        heads=(32,),
+        head_dim=(64,),
+        timing=FAST,
+    )
     return base.with_axes(**values)
 
 
@@ -52,8 +58,10 @@ def test_the_serving_axes_are_rows_with_old_run_values_canonical_labels_and_name
         axis = axes.axis(name)
         assert axis.old_value == old and axis.defaults() == (old,) and axis.role == "point" and name in axes.POINT_KEYS
     assert axes.axis("acceptance").check(["V3-REPORT", "accept:0.90", "v4flash-dspark-ascend13640:7"]) == (
-        "v3-report", "accept:0.9", "v4flash-dspark-ascend13640",
-    )  # fmt: skip
+        "v3-report",
+        "accept:0.9",
+        "v4flash-dspark-ascend13640",
+    )
     assert axes.axis("acceptance").parse("none,accept:0.8,0.6,v3-report") == ("none", "accept:0.8,0.6", "v3-report")
     assert axes.axis("logits_width").check("MODEL:163840") == ("model:163840",)
     assert axes.axis("context").check(["lognormal:16K:1.20:sorted"]) == ("lognormal:16384:1.2:sorted",)
@@ -99,12 +107,24 @@ def test_a_stored_value_an_axis_refuses_is_a_named_error_on_load(tmp_path) -> No
 
 
 def test_lognormal_and_sorted_contexts_are_ordered_titled_and_twinned() -> None:
-    labels = ["lognormal:16384:1.2", "mixed:2048-131072:sorted", "65536", "mixed:2048-131072", "8192",
-              "lognormal:4096:1.5", "mixed:16384-65536"]  # fmt: skip
+    labels = [
+        "lognormal:16384:1.2",
+        "mixed:2048-131072:sorted",
+        "65536",
+        "mixed:2048-131072",
+        "8192",
+        "lognormal:4096:1.5",
+        "mixed:16384-65536",
+    ]
     assert context_order(labels) == [
-        "8192", "65536", "mixed:16384-65536", "mixed:2048-131072", "mixed:2048-131072:sorted",
-        "lognormal:4096:1.5", "lognormal:16384:1.2",
-    ]  # fmt: skip
+        "8192",
+        "65536",
+        "mixed:16384-65536",
+        "mixed:2048-131072",
+        "mixed:2048-131072:sorted",
+        "lognormal:4096:1.5",
+        "lognormal:16384:1.2",
+    ]
     assert context_title("lognormal:16384:1.2:sorted") == "lognormal 16K, sigma 1.2, sorted"
     assert uniform_twin("mixed:2048-131072:sorted") == "131072" and uniform_twin("lognormal:16384:1.2") == "16384"
 
@@ -114,10 +134,24 @@ def test_the_mixed_context_gap_sets_a_lognormal_batch_beside_its_median() -> Non
     for context, ms in (("16384", 1.0), ("lognormal:16384:1.2", 1.5)):
         for backend, strategy, factor in (("triton", "native", 1.0), ("deepgemm", "native", 0.5)):
             for n in (1, 2):
-                rows.append({"backend": backend, "strategy": strategy, "batch": 8, "context": context, "next_n": n,
-                             "cache_dtype": "fp8", "heads": 64, "head_dim": 128, "status": "ok", "source": "measured",
-                             "median_ms": ms * factor * n, "p25_ms": ms * factor * n, "p75_ms": ms * factor * n,
-                             "pieces": str(n)})  # fmt: skip
+                rows.append(
+                    {
+                        "backend": backend,
+                        "strategy": strategy,
+                        "batch": 8,
+                        "context": context,
+                        "next_n": n,
+                        "cache_dtype": "fp8",
+                        "heads": 64,
+                        "head_dim": 128,
+                        "status": "ok",
+                        "source": "measured",
+                        "median_ms": ms * factor * n,
+                        "p25_ms": ms * factor * n,
+                        "p75_ms": ms * factor * n,
+                        "pieces": str(n),
+                    }
+                )
     gap = mixed_context_gap(pd.DataFrame(rows), seed=0, candidate=("triton", "native"))
     (row,) = gap.to_dict("records")
     lens = Point("triton", "native", 8, "lognormal:16384:1.2", 1, "fp8", 64, 128).seq_lens(0)
@@ -147,9 +181,14 @@ def test_ragged_wide_and_topk_points_run_checked_through_the_reference(tmp_path)
     """acceptance -> ragged rows (and vLLM's route for the step), a model-wide logits width, the top-k unit
     (checked first), all timed; every row says what vLLM 0.33 runs for its step on SM90 + DeepGEMM."""
     spec = tiny(
-        batch=(4,), context=("mixed:64-300",), next_n=(2, 4), acceptance=("none", "v4flash-ascend131"),
-        logits_width=("batch", "model:512"), timed=("logits", "logits+topk"), strategy=("native", "flatten", "atom"),
-    )  # fmt: skip
+        batch=(4,),
+        context=("mixed:64-300",),
+        next_n=(2, 4),
+        acceptance=("none", "v4flash-ascend131"),
+        logits_width=("batch", "model:512"),
+        timed=("logits", "logits+topk"),
+        strategy=("native", "flatten", "atom"),
+    )
     run_sweep(spec, tmp_path / "run", "cpu", progress=False)
     results = rows_of(tmp_path / "run")
     ok = results[results["status"] == "ok"]
@@ -241,12 +280,31 @@ def test_a_run_with_the_serving_axes_compares_with_an_older_run_on_their_shared_
 
 
 def union_spec() -> SweepSpec:
-    one = Grid.of("first", backend="reference", strategy=("native", "flatten"), batch=2, context="96", next_n=(1, 2),
-                  heads=32, head_dim=64)  # fmt: skip
-    two = Grid.of("second", [("reference", "flatten")], backend="reference", strategy=("native", "flatten"),
-                  batch=(2, 3), context="96", next_n=2, heads=32, head_dim=64, timed="logits+topk")  # fmt: skip
-    again = Grid.of("again", backend="reference", strategy="native", batch=2, context="96", next_n=1, heads=32,
-                    head_dim=64)  # fmt: skip
+    one = Grid.of(
+        "first",
+        backend="reference",
+        strategy=("native", "flatten"),
+        batch=2,
+        context="96",
+        next_n=(1, 2),
+        heads=32,
+        head_dim=64,
+    )
+    two = Grid.of(
+        "second",
+        [("reference", "flatten")],
+        backend="reference",
+        strategy=("native", "flatten"),
+        batch=(2, 3),
+        context="96",
+        next_n=2,
+        heads=32,
+        head_dim=64,
+        timed="logits+topk",
+    )
+    again = Grid.of(
+        "again", backend="reference", strategy="native", batch=2, context="96", next_n=1, heads=32, head_dim=64
+    )
     return SweepSpec(grids=(one, two, again), timing=FAST)
 
 
@@ -295,8 +353,19 @@ def test_a_union_run_records_the_libraries_its_grids_name(tmp_path, monkeypatch)
     env_info.environment_facts.cache_clear()
     try:
         spec = union_spec()
-        grids = (*spec.grids, Grid.of("pr340", backend="deepgemm-pr340", strategy="native", batch=2, context="96",
-                                      next_n=1, heads=32, head_dim=64))  # fmt: skip
+        grids = (
+            *spec.grids,
+            Grid.of(
+                "pr340",
+                backend="deepgemm-pr340",
+                strategy="native",
+                batch=2,
+                context="96",
+                next_n=1,
+                heads=32,
+                head_dim=64,
+            ),
+        )
         run_sweep(SweepSpec(grids=grids, timing=FAST), tmp_path / "run", "cpu", progress=False)
         environment = store.read_provenance(tmp_path / "run" / store.PROVENANCE_FILE)["environment"]
         assert "57b90e0" in environment["deepgemm_pr340_origin"] and environment["deepgemm_pr340"] == "2.5.0"

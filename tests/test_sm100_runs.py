@@ -25,8 +25,9 @@ from dsa_lab.paths import DATA_ENV
 def _as_device(run_dir: Path, name: str, capability: str, created: str) -> None:
     provenance = store.read_provenance(run_dir / store.PROVENANCE_FILE)
     environment = {**provenance["environment"], "gpu_name": name, "gpu_capability": capability}
-    store.update_provenance(run_dir, device="cuda", device_name=name, environment=environment, created=created,
-                            scratch=False)  # fmt: skip
+    store.update_provenance(
+        run_dir, device="cuda", device_name=name, environment=environment, created=created, scratch=False
+    )
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,16 @@ PLAN = {"launches": 1, "kernel_rows": 1, "pieces": "1", "unique_bytes": 1e3, "st
 def row(
     backend: str, next_n: int, median: float, p25: float, p75: float, source: str = "measured", status: str = "ok"
 ) -> dict:
-    point = {"backend": backend, "strategy": "native", "batch": 1, "context": "64", "next_n": next_n,
-             "cache_dtype": "fp8", "heads": 32, "head_dim": 64}  # fmt: skip
+    point = {
+        "backend": backend,
+        "strategy": "native",
+        "batch": 1,
+        "context": "64",
+        "next_n": next_n,
+        "cache_dtype": "fp8",
+        "heads": 32,
+        "head_dim": 64,
+    }
     key = "|".join(f"{k}={v}" for k, v in point.items())
     return {
         "point_key": key,

@@ -75,8 +75,16 @@ def test_modeled_bytes_monotone_for_flatten_and_equal_at_one() -> None:
     assert kv.loc[8, "native"] == 128 * 65536 * 132  # each request's cache once
     assert kv.loc[8, "flatten"] == 128 * 132 * sum(65536 - 8 + 1 + j for j in range(8))  # each row its own context
     vllm = frame[frame["vllm_0_33"]].set_index("next_n")["strategy"]
-    assert vllm.to_dict() == {1: "native", 2: "native", 3: "flatten", 4: "native", 5: "flatten", 6: "flatten",
-                              7: "flatten", 8: "flatten"}  # fmt: skip
+    assert vllm.to_dict() == {
+        1: "native",
+        2: "native",
+        3: "flatten",
+        4: "native",
+        5: "flatten",
+        6: "flatten",
+        7: "flatten",
+        8: "flatten",
+    }
     assert "flatten 8 times" in headline.bytes_reading(frame)
 
 
@@ -128,11 +136,24 @@ def _synthetic() -> pd.DataFrame:
         (3, "deepgemm", "flatten"): 3.0, (3, "deepgemm", "atom"): 1.9, (3, "triton", "native"): 1.5,
     }  # fmt: skip
     rows = [
-        {"backend": b, "strategy": s, "batch": 4, "context": "1024", "next_n": n, "status": "ok", "median_ms": ms,
-         "p25_ms": ms * 0.99, "p75_ms": ms * 1.01, "source": "measured", "pieces": "4[pad 1]" if s == "atom" else "1",
-         "heads": 64, "head_dim": 128, "cache_dtype": "fp8"}
+        {
+            "backend": b,
+            "strategy": s,
+            "batch": 4,
+            "context": "1024",
+            "next_n": n,
+            "status": "ok",
+            "median_ms": ms,
+            "p25_ms": ms * 0.99,
+            "p75_ms": ms * 1.01,
+            "source": "measured",
+            "pieces": "4[pad 1]" if s == "atom" else "1",
+            "heads": 64,
+            "head_dim": 128,
+            "cache_dtype": "fp8",
+        }
         for (n, b, s), ms in times.items()
-    ]  # fmt: skip
+    ]
     untimed = {"median_ms": np.nan, "p25_ms": np.nan, "p75_ms": np.nan}
     rows.append({**rows[0], "strategy": "atom", "status": "skipped", **untimed})
     rows.append({**rows[0], "batch": 8, "median_ms": 0.1})  # another point must not leak in

@@ -48,8 +48,13 @@ def compile_case(arch: int, next_n: int) -> dict:
 
     config = tn.choose_config(next_n, HEADS, HEAD_DIM, (arch // 10, arch % 10))
     kernel = tn.compile_for(arch, next_n, HEADS, HEAD_DIM, config)
-    return {"arch": arch, "next_n": next_n, "config": config.describe(), "triton": triton.__version__,
-            **resource_counts(kernel)}  # fmt: skip
+    return {
+        "arch": arch,
+        "next_n": next_n,
+        "config": config.describe(),
+        "triton": triton.__version__,
+        **resource_counts(kernel),
+    }
 
 
 # --- the tests ------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ MTP and the indexer's strategy do to tokens per second.
 The indexer's logits kernel comes from the measured H200 sweep where it has the point
 (`source='measured'`) and from the calibrated model otherwise (H200 contexts the sweep did
 not cover, every SM100 point: `source='modeled'`); the rest of the step is always the
-modeled `model.decode_step`. Nothing here draws; `plots.e2e` does.
+modeled `model.decode_step`. Nothing here draws; `plots.e2e` does. The model's checks (against the
+H200 run, Nsight Compute's re-reads, TensorRT-LLM #13219's SM100 table) come as ready frames and words.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 
 from dsa_lab import axes
+from dsa_lab.analysis.runs import ChosenRun
 from dsa_lab.errors import check_choice
 from dsa_lab.kernels import get_backend, vllm_backend
+from dsa_lab.model import calibration
 from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS, DEEPSEEK_V32, DEPLOYMENT, decode_step, tokens_per_step
 from dsa_lab.model.gpus import get_gpu
 from dsa_lab.model.indexer import atom_sizes, predict
@@ -305,3 +308,58 @@ def assumptions() -> list[str]:
         "the indexer's share at one request a GPU and short contexts",
         "MTP: next_n - 1 draft passes of the MTP layer (next_n = 1) before the target pass",
     ]
+
+
+def model_errors(chosen: ChosenRun) -> pd.DataFrame | None:
+    """The model against every timed point of a measured run (`calibration.h200_errors`); None for a stand-in."""
+    if not chosen.measured:
+        return None
+    return calibration.h200_errors(calibration.measured_points(chosen.run.results, chosen.run.provenance["seed"]))
+
+
+def flatten_rereads(ncu: pd.DataFrame) -> pd.DataFrame:
+    """DRAM read over unique KV bytes of flatten (next_n > 1), per backend and batch against next_n."""
+    rereads = calibration.reread_table(ncu)
+    flatten = rereads[(rereads["strategy"] == "flatten") & (rereads["next_n"] > 1)]
+    return flatten.pivot_table(index=["backend", "batch"], columns="next_n", values="dram_over_unique")
+
+
+def published_reading(published: pd.DataFrame) -> str:
+    """Markdown: the model against TensorRT-LLM #13219 (`calibration.trtllm_13219`) at B = 32, 16K, next_n = 3,
+    and how far it is at the launch-bound points."""
+    headline = published[(published["batch"] == 32) & (published["context"] == 16384)].iloc[0]
+    small = published[published["bound"] == "launch"]
+    return (
+        f"TensorRT-LLM #13219 at B = 32, 16K, next_n = 3 published **{headline.published_deepgemm_us} µs** for DeepGEMM "
+        f"and {headline.published_cute_us} µs for their CuTe kernel; the model says **{headline.modeled_deepgemm_us:.1f} µs** "
+        f"(modeled, {headline.error:+.0%}), bound by `{headline.bound}`. At the {len(small)} smaller points the model is "
+        f"launch-bound and {small['error'].min():+.0%} to {small['error'].max():+.0%} high: its 7 µs launch cost comes from "
+        "the H200 sweep, timed with a cold L2 behind CUDA events, where their table starts at 3.6 µs."
+    )
+
+
+def presets_table() -> pd.DataFrame:
+    """The published acceptance curves (`ACCEPTANCE_PRESETS`): a_k, tokens a step at full depth, source."""
+    return pd.DataFrame(
+        [
+            {
+                "preset": name,
+                "a_k": ", ".join(f"{a:.3f}" for a in values),
+                "tokens a step at full depth": 1 + sum(values),
+                "source": source,
+            }
+            for name, (values, source) in ACCEPTANCE_PRESETS.items()
+        ]
+    )
+
+
+def best_next_n_by_preset(times: IndexerTimes, gpus: Sequence[str], batch: int) -> pd.DataFrame:
+    """The best next_n with vLLM 0.33's indexer path per GPU, acceptance preset and context."""
+    rows = []
+    for gpu in gpus:
+        for name in ACCEPTANCE_PRESETS:
+            best = best_next_n(throughput_frame(times, gpu, batch, name, labels=(VLLM,)))
+            rows += [
+                {"gpu": gpu, "preset": name, **{f"{r.context // 1024}K": int(r.next_n) for r in best.itertuples()}}
+            ]
+    return pd.DataFrame(rows)

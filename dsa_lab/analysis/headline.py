@@ -10,7 +10,8 @@ written again here:
   (`dsa_lab.plan.LaunchPlan.cost`) per strategy and next_n; every row says `modeled`.
 - *What did the H200 measure?* `headline_table` reads a run's results at one (batch,
   context): what vLLM 0.33 takes on SM90 + DeepGEMM (`analysis.frames.vllm_path`) beside
-  the fastest option timed (`analysis.frames.best_option`, over every backend).
+  the fastest option timed (`analysis.frames.best_option`, over every backend);
+  `headline_section` hands the tour that table with the point it shows and its notes.
 
 Drawing lives in `dsa_lab.plots.tour`.
 """
@@ -25,8 +26,9 @@ import pandas as pd
 import torch
 
 from dsa_lab import kernels
-from dsa_lab.analysis.frames import POINT, SM90_DEEPGEMM, by_point, measured_ok, recommend, vllm_choice
+from dsa_lab.analysis.frames import POINT, SM90_DEEPGEMM, by_point, measured_ok, one_shape, recommend, vllm_choice
 from dsa_lab.analysis.modeled import SM90_NATIVE_SIZES
+from dsa_lab.analysis.versus import pick_point
 from dsa_lab.cache import bytes_per_token
 from dsa_lab.errors import check_choice, check_range
 from dsa_lab.markup import md_code, md_text
@@ -276,6 +278,31 @@ def headline_table(
         table = table.assign(floor_us=np.nan, floor_bound=None)
     table["next_n"] = table["next_n"].astype(int)
     return by_point(table)[[*HEADLINE_COLUMNS, *(k for k in POINT if k not in HEADLINE_COLUMNS)]]
+
+
+@dataclass(frozen=True)
+class HeadlineSection:
+    """The tour's headline section, ready to draw: the run's rows of one shape, the (batch, context)
+    shown (the one asked for, or the nearest measured), the backend standing for vLLM and the table;
+    `notes` say, in Markdown, each substitution made on the way (none when the run has what was asked)."""
+
+    results: pd.DataFrame
+    batch: int
+    context: str
+    vllm_backend: str
+    table: pd.DataFrame
+    notes: tuple[str, ...]
+
+
+def headline_section(results: pd.DataFrame, batch: int, context: str) -> HeadlineSection:
+    """The headline section of a run at (batch, context): `frames.one_shape`, `versus.pick_point`,
+    `vllm_backend`, then `headline_table`, each one's note kept in order."""
+    shown, shape_note = one_shape(results)  # a chart shows one shape
+    point_batch, point_context, point_note = pick_point(shown, batch, context)
+    backend, backend_note = vllm_backend(shown)
+    table = headline_table(shown, point_batch, point_context, backend)
+    notes = tuple(f"*{n}*" for n in (shape_note, point_note, backend_note) if n)
+    return HeadlineSection(shown, point_batch, point_context, backend, table, notes)
 
 
 def headline_reading(table: pd.DataFrame, device_label: str, run_id: str, batch: int, context: str) -> str:

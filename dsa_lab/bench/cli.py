@@ -45,8 +45,11 @@ def add_grid_flags(parser: argparse.ArgumentParser) -> None:
     where = parser.add_argument_group("device and run folder")
     where.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda or cuda:N (default: auto)")
     where.add_argument("--out", default=None, help="run folder (default: ROOT/<device>/<run-id>)")
-    where.add_argument("--root", default=None,
-                       help="where run folders live, e.g. data for study data (default: scratch/, ignored by git)")  # fmt: skip
+    where.add_argument(
+        "--root",
+        default=None,
+        help="where run folders live, e.g. data for study data (default: scratch/, ignored by git)",
+    )
     where.add_argument("--run-id", default=None, help="one folder name (default: <preset or mode>-<UTC time>)")
 
 
@@ -190,8 +193,11 @@ def results_table(results: Any, noisy_rel_iqr: float) -> str:
     note = ""
     if noisy.any():
         threads = sorted({int(t) for t in ok["torch_threads"].dropna()}) if "torch_threads" in ok else []
-        note = (f"\n~ noisy: IQR above {noisy_rel_iqr:.0%} of the median ({int(noisy.sum())} of {len(ok)} points"
-                + (f"; torch threads {threads}" if threads else "") + ")")  # fmt: skip
+        note = (
+            f"\n~ noisy: IQR above {noisy_rel_iqr:.0%} of the median ({int(noisy.sum())} of {len(ok)} points"
+            + (f"; torch threads {threads}" if threads else "")
+            + ")"
+        )
     with pd.option_context("display.width", 200, "display.max_rows", 1000, "display.max_columns", 30):
         return "median kernel time per decode step (µs):\n" + table.fillna("-").to_string() + note
 

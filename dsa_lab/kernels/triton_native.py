@@ -370,9 +370,14 @@ def paged_mqa_logits_triton(
     backend = TritonNativeBackend()
     args = (q, kv_cache, weights, context_lens, block_table, max_context_len)
     check_native_call(
-        backend, *args, cache_dtype=cache_dtype, check_values=check_values, out=out, max_next_n=MAX_NEXT_N,
+        backend,
+        *args,
+        cache_dtype=cache_dtype,
+        check_values=check_values,
+        out=out,
+        max_next_n=MAX_NEXT_N,
         block_size=BLOCK_SIZE,
-    )  # fmt: skip
+    )
     if config is not None and not isinstance(config, KernelConfig):
         raise ValueError(f"config: expected a KernelConfig or None, got {type(config).__name__}")
     q, weights, context_lens, block_table = ready_native_call(backend, *args, check_values=check_values)
@@ -480,6 +485,12 @@ class TritonNativeBackend(LogitsBackend):
         # checked once where it was prepared. On the CPU (the interpreter) the scan is a host
         # read, and an id outside the cache would read outside its memory (SIGSEGV).
         return paged_mqa_logits_triton(
-            q, kv_cache, weights, context_lens, block_table, max_context_len,
-            check_values=isinstance(q, torch.Tensor) and q.device.type == "cpu", cache_dtype=cache_dtype,
-        )  # fmt: skip
+            q,
+            kv_cache,
+            weights,
+            context_lens,
+            block_table,
+            max_context_len,
+            check_values=isinstance(q, torch.Tensor) and q.device.type == "cpu",
+            cache_dtype=cache_dtype,
+        )

@@ -45,8 +45,9 @@ def _run(args: argparse.Namespace) -> int:
         context = ContextSpec.parse(point["context"])
         seq_lens = context.seq_lens(point["batch"], args.seed)
         try:
-            result = predict(gpu, point["backend"], point["strategy"], seq_lens, point["next_n"], args.heads,
-                             args.head_dim)  # fmt: skip
+            result = predict(
+                gpu, point["backend"], point["strategy"], seq_lens, point["next_n"], args.heads, args.head_dim
+            )
         except ValueError as err:
             if len(grid) == 1:
                 raise
@@ -92,9 +93,11 @@ def _print_terms(console: Any, gpu: Any, modeled: tuple[dict[str, Any], Predicti
 
 
 def _print_grid(
-    console: Any, gpu: Any, modeled: list[tuple[dict[str, Any], Prediction, ContextSpec]],
+    console: Any,
+    gpu: Any,
+    modeled: list[tuple[dict[str, Any], Prediction, ContextSpec]],
     refused: list[tuple[dict[str, Any], str]],
-) -> None:  # fmt: skip
+) -> None:
     from rich.table import Table
 
     table = Table(title=f"modeled on {gpu.name} (calibrated on the H200 sweep; not measured)")
@@ -104,13 +107,25 @@ def _print_grid(
         table.add_column(column, justify="right")
     table.add_column("bound")
     for point, result, context in modeled:
-        table.add_row(point["backend"], point["strategy"], str(point["batch"]), context.short, str(point["next_n"]),
-                      f"{result.time_us:.1f}", str(result.launches), result.bound)  # fmt: skip
+        table.add_row(
+            point["backend"],
+            point["strategy"],
+            str(point["batch"]),
+            context.short,
+            str(point["next_n"]),
+            f"{result.time_us:.1f}",
+            str(result.launches),
+            result.bound,
+        )
     console.print(table)
     for point, reason in refused:
-        console.print(f"not modeled: {point['backend']} {point['strategy']} B={point['batch']} "
-                      f"L={ContextSpec.parse(point['context']).short} "
-                      f"next_n={point['next_n']}: {reason}", markup=False, highlight=False)  # fmt: skip
+        console.print(
+            f"not modeled: {point['backend']} {point['strategy']} B={point['batch']} "
+            f"L={ContextSpec.parse(point['context']).short} "
+            f"next_n={point['next_n']}: {reason}",
+            markup=False,
+            highlight=False,
+        )
     assumptions = sorted({note for _, result, _ in modeled for note in result.assumptions})
     for note in assumptions:
         console.print(f"assumption: {note}")
@@ -118,9 +133,11 @@ def _print_grid(
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "model", help="modeled time of indexer decode steps on a GPU (calibrated on the H200)",
-        description=__doc__.split("\n\n")[0], allow_abbrev=False,
-    )  # fmt: skip
+        "model",
+        help="modeled time of indexer decode steps on a GPU (calibrated on the H200)",
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
+    )
     parser.add_argument("--gpu", choices=tuple(GPUS), default="B200")
     lists = parser.add_argument_group("the grid (comma-separated lists, as `dsa-lab bench` takes them)")
     lists.add_argument(

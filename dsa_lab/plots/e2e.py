@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
+from pandas.io.formats.style import Styler
 
 from dsa_lab.plots.style import STRATEGY_COLORS, VLLM_MARKER, backend_marker
 
@@ -217,3 +218,9 @@ def plot_model_vs_measured(errors: pd.DataFrame, published: pd.DataFrame) -> Fig
     right.set_ylabel("µs")
     right.legend(fontsize=7)
     return fig
+
+
+def style_error_summary(summary: pd.DataFrame) -> Styler:
+    """`calibration.error_summary` for display: errors as percentages, no index."""
+    formats = {"median_abs_error": "{:.1%}", "worst_abs_error": "{:.1%}"}
+    return summary.style.format(formats).hide(axis="index")

@@ -89,9 +89,12 @@ def nsight_time(nsight: Any, step: Callable[[], None], before: Callable[[], None
     with tempfile.TemporaryDirectory(prefix="dsa_lab_nsight_") as scratch:
 
         @nsight.analyze.kernel(
-            runs=runs, combine_kernel_metrics=_sum, thermal_mode="off", verbosity=nsight.VerbosityLevel.SILENT,
+            runs=runs,
+            combine_kernel_metrics=_sum,
+            thermal_mode="off",
+            verbosity=nsight.VerbosityLevel.SILENT,
             output_prefix=os.path.join(scratch, ""),
-        )  # fmt: skip
+        )
         def point() -> None:
             before()
             with nsight.annotate(name):
@@ -107,12 +110,18 @@ def nsight_time(nsight: Any, step: Callable[[], None], before: Callable[[], None
     row = rows.iloc[0]
     stable = row["StableMeasurement"]
     return {
-        "nsight_mean_ns": float(row["AvgValue"]), "nsight_std_ns": float(row["StdDev"]),
-        "nsight_ci95_low_ns": float(row["CI95_Lower"]), "nsight_ci95_high_ns": float(row["CI95_Upper"]),
-        "nsight_rel_std_pct": float(row["RelativeStdDevPct"]), "nsight_stable": None if pd.isna(stable) else bool(stable),
-        "nsight_runs": int(row["NumRuns"]), "nsight_kernels": str(row["Kernel"]), "gpu": str(row["GPU"]),
-        "compute_clock": float(row["ComputeClock"]), "memory_clock": float(row["MemoryClock"]),
-    }  # fmt: skip
+        "nsight_mean_ns": float(row["AvgValue"]),
+        "nsight_std_ns": float(row["StdDev"]),
+        "nsight_ci95_low_ns": float(row["CI95_Lower"]),
+        "nsight_ci95_high_ns": float(row["CI95_Upper"]),
+        "nsight_rel_std_pct": float(row["RelativeStdDevPct"]),
+        "nsight_stable": None if pd.isna(stable) else bool(stable),
+        "nsight_runs": int(row["NumRuns"]),
+        "nsight_kernels": str(row["Kernel"]),
+        "gpu": str(row["GPU"]),
+        "compute_clock": float(row["ComputeClock"]),
+        "memory_clock": float(row["MemoryClock"]),
+    }
 
 
 def _time_both(
@@ -169,11 +178,20 @@ def run_nsight(
             continue
         config["status"] = "profiled"
         ratio = harness.median_ms * 1e6 / timed["nsight_mean_ns"] if timed["nsight_mean_ns"] > 0 else float("nan")
-        rows.append({
-            **{k: v for k, v in config.items() if k not in ("status", "reason", "tool")}, **timed,
-            "harness_median_ms": harness.median_ms, "harness_p25_ms": harness.p25_ms, "harness_p75_ms": harness.p75_ms,
-            "harness_noisy": harness.noisy, "timing_method": harness.timing_method, "timer_over_nsight": ratio,
-        })  # fmt: skip
-        log(f"nsight {label}: {timed['nsight_mean_ns'] / 1e3:.1f} us (CI95 {timed['nsight_ci95_low_ns'] / 1e3:.1f}-"
-            f"{timed['nsight_ci95_high_ns'] / 1e3:.1f}), harness {harness.median_ms * 1e3:.1f} us, ratio {ratio:.3f}")  # fmt: skip
+        rows.append(
+            {
+                **{k: v for k, v in config.items() if k not in ("status", "reason", "tool")},
+                **timed,
+                "harness_median_ms": harness.median_ms,
+                "harness_p25_ms": harness.p25_ms,
+                "harness_p75_ms": harness.p75_ms,
+                "harness_noisy": harness.noisy,
+                "timing_method": harness.timing_method,
+                "timer_over_nsight": ratio,
+            }
+        )
+        log(
+            f"nsight {label}: {timed['nsight_mean_ns'] / 1e3:.1f} us (CI95 {timed['nsight_ci95_low_ns'] / 1e3:.1f}-"
+            f"{timed['nsight_ci95_high_ns'] / 1e3:.1f}), harness {harness.median_ms * 1e3:.1f} us, ratio {ratio:.3f}"
+        )
     return pd.DataFrame(rows), configs

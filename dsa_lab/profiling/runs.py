@@ -200,9 +200,15 @@ def load_profile_run(folder: str | Path) -> ProfileRun:
     provenance = {**provenance, "spec": _modern_spec(provenance.get("spec"))}
     configs = [_modern_config(c) for c in configs]
     return ProfileRun(
-        table("torch_kernels"), table("torch_phases"), table("ncu_kernels"), configs, provenance, folder, raw_text,
+        table("torch_kernels"),
+        table("torch_phases"),
+        table("ncu_kernels"),
+        configs,
+        provenance,
+        folder,
+        raw_text,
         nsight=table("nsight_times"),
-    )  # fmt: skip
+    )
 
 
 def cpu_reference_run(

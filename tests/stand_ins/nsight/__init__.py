@@ -79,9 +79,16 @@ class annotate:  # noqa: N801 (nsight-python's name)
 
 
 def _kernel(
-    _func=None, *, configs=None, runs: int = 1, metrics=("gpu__time_duration.sum",), combine_kernel_metrics=None,
-    thermal_mode: str = "auto", verbosity: VerbosityLevel = VerbosityLevel.INFO, output_prefix: str | None = None,
-):  # fmt: skip
+    _func=None,
+    *,
+    configs=None,
+    runs: int = 1,
+    metrics=("gpu__time_duration.sum",),
+    combine_kernel_metrics=None,
+    thermal_mode: str = "auto",
+    verbosity: VerbosityLevel = VerbosityLevel.INFO,
+    output_prefix: str | None = None,
+):
     if thermal_mode not in ("auto", "manual", "off"):
         raise ValueError(f"Invalid thermal_mode {thermal_mode!r}")
     if output_prefix is not None:
@@ -124,12 +131,24 @@ def _row(name: str, values: list[float], runs: int) -> dict[str, object]:
     half = 1.96 * std / math.sqrt(len(values)) if len(values) > 1 else float("nan")
     relative = 100 * std / abs(mean) if mean and len(values) > 1 else float("nan")
     return {
-        "Annotation": name, "AvgValue": mean, "StdDev": std, "MinValue": min(values), "MaxValue": max(values),
-        "NumRuns": runs, "CI95_Lower": mean - half, "CI95_Upper": mean + half, "RelativeStdDevPct": relative,
-        "StableMeasurement": pd.NA if math.isnan(relative) else relative < 2.0, "Metric": "gpu__time_duration.sum",
-        "Unit": "ns", "Kernel": "stand-in", "GPU": "stand-in (CPU)", "Host": socket.gethostname(),
-        "ComputeClock": 0, "MemoryClock": 0,
-    }  # fmt: skip
+        "Annotation": name,
+        "AvgValue": mean,
+        "StdDev": std,
+        "MinValue": min(values),
+        "MaxValue": max(values),
+        "NumRuns": runs,
+        "CI95_Lower": mean - half,
+        "CI95_Upper": mean + half,
+        "RelativeStdDevPct": relative,
+        "StableMeasurement": pd.NA if math.isnan(relative) else relative < 2.0,
+        "Metric": "gpu__time_duration.sum",
+        "Unit": "ns",
+        "Kernel": "stand-in",
+        "GPU": "stand-in (CPU)",
+        "Host": socket.gethostname(),
+        "ComputeClock": 0,
+        "MemoryClock": 0,
+    }
 
 
 analyze = SimpleNamespace(kernel=_kernel)

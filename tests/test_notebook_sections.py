@@ -1,0 +1,148 @@
+"""The sections the library hands the notebooks, each checked on its own: what it computes, the notes it
+keeps, and what it says when the data is not what was asked for (the notebooks run them end to end in
+tests/test_notebooks.py)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pandas as pd
+import pytest
+from tqdm import TqdmWarning
+
+from dsa_lab import notebook
+from dsa_lab.analysis import agreement, e2e, headline, profiles
+from dsa_lab.analysis.modeled import Sm100Frame
+from dsa_lab.analysis.runs import latency_run
+from dsa_lab.invariance import LOGITS_COLUMN, StrategiesDisagree
+from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS
+from dsa_lab.workload import ragged_decode_batch, random_inputs, with_padding
+
+SHIPPED = "h200/h200-harness-20261130"  # a small measured run (80 points)
+
+
+@pytest.fixture
+def shown(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What the notebook helpers display, as Markdown text (banners and provenance as their plain text)."""
+    out: list[str] = []
+
+    def display(obj, raw: bool = False) -> None:
+        out.append(obj["text/plain"] if raw else obj.data)
+
+    monkeypatch.setattr(notebook, "display", display)
+    return out
+
+
+def test_note_shows_each_text_given_and_leaves_out_empty_ones(shown: list[str]) -> None:
+    notebook.note("*one*", None, "", "two")
+    assert shown == ["*one*", "two"]
+
+
+def test_setup_notebook_silences_progress_bars_and_returns_a_clock() -> None:
+    with warnings.catch_warnings():
+        elapsed = notebook.setup_notebook("white", ignore=(UserWarning,))
+        assert any(f[2] is TqdmWarning and f[0] == "ignore" for f in warnings.filters)
+        assert any(f[2] is UserWarning and f[0] == "ignore" for f in warnings.filters)
+    first = elapsed()
+    assert 0 <= first <= elapsed()
+
+
+def test_show_sm100_says_modeled_and_lists_the_runs_passed_over(shown: list[str]) -> None:
+    frame = Sm100Frame(pd.DataFrame(), False, "B200 (modeled)", "these times are **modeled, not measured**")
+    frame.ignored.append(("b200/broken-run", "results.parquet is missing"))
+    notebook.show_sm100(frame, "SM100 run")
+    assert shown[0] == "these times are **modeled, not measured**"
+    assert shown[1] == r"*Ignored run `b200/broken-run`: results\.parquet is missing*"  # escaped: text, not markup
+    assert len(shown) == 2  # no banner, no provenance: nothing was measured
+
+
+def test_show_sm100_announces_a_measured_run(shown: list[str]) -> None:
+    chosen = latency_run(SHIPPED)  # a measured run standing in for one measured on a B200
+    frame = Sm100Frame(chosen.run.results, True, chosen.device_label, "Measured on a B200", chosen)
+    notebook.show_sm100(frame, "SM100 run")
+    assert shown[0] == "Measured on a B200"
+    assert any(text.startswith("data used (SM100 run):") for text in shown[1:])
+
+
+def _results() -> pd.DataFrame:
+    """Two points of DeepGEMM-like times in ms (batch 4 complete, batch 8 native next_n = 1 only)."""
+    times = {(1, "native"): 1.0, (1, "flatten"): 1.0, (2, "native"): 1.1, (2, "flatten"): 2.0, (3, "flatten"): 3.0}
+    shape = {
+        "context": "1024",
+        "status": "ok",
+        "source": "measured",
+        "heads": 64,
+        "head_dim": 128,
+        "cache_dtype": "fp8",
+    }
+    rows = [
+        {"backend": "deepgemm", "strategy": s, "batch": 4, "next_n": n, "median_ms": ms, **shape}
+        for (n, s), ms in times.items()
+    ]
+    rows.append({**rows[0], "batch": 8, "median_ms": 0.1})
+    frame = pd.DataFrame(rows)
+    return frame.assign(p25_ms=frame["median_ms"] * 0.99, p75_ms=frame["median_ms"] * 1.01, pieces="1")
+
+
+def test_headline_section_at_a_measured_point_has_no_notes() -> None:
+    section = headline.headline_section(_results(), 4, "1024")
+    assert (section.batch, section.context, section.vllm_backend, section.notes) == (4, "1024", "deepgemm", ())
+    assert list(section.table["next_n"]) == [1, 2, 3]
+
+
+def test_headline_section_says_which_point_it_shows_instead() -> None:
+    section = headline.headline_section(_results(), 128, "64K")
+    assert (section.batch, section.context) == (8, "1024")
+    assert len(section.notes) == 1 and "batch=128, context=65536 was not measured" in section.notes[0]
+    assert section.notes[0].startswith("*") and section.notes[0].endswith("*")
+
+
+def test_agreement_table_check_and_reading() -> None:
+    batch = with_padding(ragged_decode_batch(3, 100, 300, next_n=3, seed=1), padding_requests=1, padding_tokens=2)
+    inputs = random_inputs(batch, seed=1)
+    table = agreement.strategy_table(inputs, "reference", topk=16)
+    assert list(table.index) == ["native", "flatten", "atom"]
+    assert table.loc["flatten", agreement.BLOCKS_COLUMN] > table.loc["native", agreement.BLOCKS_COLUMN]
+    assert agreement.checked_tolerance(table, "reference") == 0.0  # the reference is batch invariant
+    reading = agreement.agreement_reading(table, 0.0, 16, batch.num_decode_tokens)
+    assert reading.startswith(f"All three strategies agree on all {table.attrs['valid positions']} valid logits")
+    wrong = table.copy()
+    wrong.loc["flatten", LOGITS_COLUMN] = 1.0
+    with pytest.raises(StrategiesDisagree, match="flatten"):
+        agreement.checked_tolerance(wrong, "reference")
+
+
+def test_profile_sections() -> None:
+    assert profiles.config_table([]).empty
+    configs = profiles.config_table([{"backend": "reference", "strategy": "native", "extra": 1, "status": "ok"}])
+    assert list(configs.columns) == ["backend", "strategy", "status"]
+    kernels = pd.DataFrame({"batch": [2, 2, 4], "next_n": [1, 4, 2]})
+    assert profiles.timeline_point(kernels, None, 8) == (4, 2)  # the largest batch; its largest next_n
+    assert profiles.timeline_point(kernels, 2, 4) == (2, 4)
+    frame, title = profiles.modeled_reread_stand_in({"spec": {"batch": [1, 8], "context": ["2048"]}}, 2, 256, [1, 2])
+    assert set(frame["next_n"]) == {1, 2} and "B=8, L=2048" in title and "not a measurement" in title
+
+
+def test_e2e_sections() -> None:
+    presets = e2e.presets_table()
+    assert list(presets["preset"]) == list(ACCEPTANCE_PRESETS)
+    first = next(iter(ACCEPTANCE_PRESETS.values()))[0]
+    assert presets["tokens a step at full depth"].iloc[0] == pytest.approx(1 + sum(first))
+    chosen = latency_run(SHIPPED)
+    assert len(e2e.model_errors(chosen)) == (chosen.run.results["status"] == "ok").sum()
+    chosen.measured = False  # a CPU stand-in is not held against the model
+    assert e2e.model_errors(chosen) is None
+    published = pd.DataFrame(
+        {
+            "batch": [32, 1],
+            "context": [16384, 8192],
+            "published_deepgemm_us": [50.0, 9.0],
+            "published_cute_us": [40.0, 8.0],
+            "modeled_deepgemm_us": [55.0, 10.0],
+            "error": [0.1, 0.11],
+            "bound": ["memory", "launch"],
+        }
+    )
+    reading = e2e.published_reading(published)
+    assert "**50.0 µs** for DeepGEMM" in reading and "**55.0 µs** (modeled, +10%)" in reading
+    assert "At the 1 smaller points the model is launch-bound and +11% to +11% high" in reading
