@@ -229,3 +229,21 @@ def test_report_run_sets_every_run_parameter(tmp_path: Path, monkeypatch: pytest
         args.func(args)
     assert captured == {"seed": 3, **{name: str(tmp_path.resolve()) for name in RUN_PARAMETERS}}
     assert resolve_data_path(captured["run_path"]) == tmp_path.resolve()
+
+
+def test_the_answer_grids_outline_where_the_ragged_answer_differs() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.patches import Rectangle
+
+    from dsa_lab.plots.serving import plot_answers
+
+    table = workloads.answers(two_workloads())
+    fig = plot_answers(table, ["64K", "mixed 2K-128K"], "H200", "measured on H200 | run r1")
+    outlined = [[p for p in ax.patches if isinstance(p, Rectangle) and not p.get_fill()] for ax in fig.axes]
+    assert [len(o) for o in outlined] == [0, 1]  # B = 128: gluon native on 64K, DeepGEMM flatten on mixed
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "gluon\n1.60×" in texts and "deepgemm\n1.00×" in texts
+    with pytest.raises(ValueError, match="workload='8K': not in the table"):
+        plot_answers(table, ["64K", "8K"], "H200")

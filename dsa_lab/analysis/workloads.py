@@ -58,10 +58,11 @@ def choice_label(strategy: str, backend: str, pieces: str = "") -> str:
 
 def answers(frame: pd.DataFrame, backends: Sequence[str] | None = None) -> pd.DataFrame:
     """`frames.recommend` at every measured point (options: `backends`, default every backend timed), with
-    its workload (`workload`, a label), `ragged`, and the option to use (`choice`) beside vLLM's (`vllm_choice`)."""
+    its workload (`workload`, a label), `ragged`, the option to use (`choice`) beside vLLM's (`vllm_choice`) and
+    what it gains over vLLM's (`gain`: vLLM's time / its time; 1 where vLLM's choice is kept)."""
     table = recommend(frame, backends)
     if table.empty:
-        return table.assign(workload=[], ragged=[], choice=[], vllm_choice=[])
+        return table.assign(workload=[], ragged=[], choice=[], vllm_choice=[], gain=[])
     best_pieces = table["best_pieces"].where(table["recommended_strategy"] == table["best_strategy"], "")
     keep_best = (table["recommended_backend"] == table["best_backend"]) & (
         table["recommended_strategy"] == table["best_strategy"]
@@ -76,6 +77,7 @@ def answers(frame: pd.DataFrame, backends: Sequence[str] | None = None) -> pd.Da
             for s, b, p in zip(table["recommended_strategy"], table["recommended_backend"], pieces)
         ],
         vllm_choice=[choice_label(s, b) for s, b in zip(table["vllm_strategy"], table["vllm_backend"])],
+        gain=table["vllm_ms"] / table["recommended_ms"],
     )
 
 

@@ -1,8 +1,8 @@
 """The answer per serving workload as grids: what to use at each (next_n, batch), uniform beside ragged.
 
 Drawing only: the tables come from `dsa_lab.analysis.workloads` (`answers`, `reversals`). A cell's colour is
-the strategy to use (the house colours: native blue, atom green, flatten red), its text the kernel and the
-speedup over vLLM 0.33's route; a cell whose answer differs from the first panel's is outlined in black.
+the strategy to use (the house colours: native blue, atom green, flatten red), its text the kernel and
+vLLM 0.33's time over its (1.00×: vLLM's own choice kept); a cell whose answer differs from the first panel's is outlined in black.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ def plot_answers(
         if grid.empty:
             raise ValueError(f"workload={workload!r}: not in the table")
     next_ns = sorted({n for g in grids for n in g.index.get_level_values("next_n")})
-    width = max(len(set(g.index.get_level_values("batch"))) for g in grids)
+    widths = [len(set(g.index.get_level_values("batch"))) for g in grids]
     fig, panels = plt.subplots(
         1,
         len(grids),
-        figsize=(2.0 + 1.7 * width * len(grids), 0.55 * len(next_ns) + 1.8),
+        figsize=(1.2 * len(grids) + 1.5 * sum(widths), 0.55 * len(next_ns) + 1.8),
         squeeze=False,
         layout="constrained",
+        gridspec_kw={"width_ratios": widths},
     )
     first = grids[0]["choice"]
     for ax, workload, grid in zip(panels[0], workloads, grids):
@@ -46,7 +47,7 @@ def plot_answers(
             ax.add_patch(Rectangle((x, y), 1, 1, color=strategy_color(row["recommended_strategy"]), alpha=CELL_ALPHA))
             if workload != workloads[0] and (n, b) in first.index and first[(n, b)] != row["choice"]:
                 ax.add_patch(Rectangle((x + 0.04, y + 0.04), 0.92, 0.92, fill=False, edgecolor="black", linewidth=2))
-            ax.text(x + 0.5, y + 0.5, f"{chart_text(row['recommended_backend'])}\n{row['speedup']:.2f}×",
+            ax.text(x + 0.5, y + 0.5, f"{chart_text(row['recommended_backend'])}\n{row['gain']:.2f}×",
                     ha="center", va="center", fontsize=7)  # fmt: skip
         ax.set(xlim=(0, len(batches)), ylim=(len(next_ns), 0), xlabel="batch (requests)", ylabel="next_n")
         ax.set_xticks([i + 0.5 for i in range(len(batches))], [str(b) for b in batches])
@@ -58,7 +59,7 @@ def plot_answers(
     labels = ["native", "atom", "flatten", f"differs from {workloads[0]}"]
     legend_outside(fig, handles, [chart_text(x) for x in labels], where="below", ncols=4)
     fig.suptitle(
-        f"The option to use per workload on {chart_text(device)} (measured; text: kernel, speedup over vLLM 0.33)",
+        f"The option to use per workload on {chart_text(device)} (measured; text: kernel, vLLM 0.33's time over its)",
         fontsize=11,
     )
     return add_footer(fig, provenance_line)
