@@ -337,7 +337,9 @@ The table as Markdown: <a href="headline.md">headline.md</a>. Every chart as PNG
 """
 
 
-def _write_index(result: ReportResult, findings: report_page.Findings, answers: report_page.Answers) -> None:
+def _write_index(
+    result: ReportResult, findings: report_page.Findings, answers: report_page.Answers | None = None
+) -> None:
     env = jinja2.Environment(autoescape=True)
     page = env.from_string(_INDEX_TEMPLATE).render(
         generated=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -348,7 +350,7 @@ def _write_index(result: ReportResult, findings: report_page.Findings, answers: 
         **report_page.page_context(findings, answers),
     )
     write_text_atomic(result.out_dir / "index.html", page)
-    write_text_atomic(result.out_dir / "headline.md", findings.markdown + "\n" + answers.markdown)
+    write_text_atomic(result.out_dir / "headline.md", findings.markdown + (f"\n{answers.markdown}" if answers else ""))
     summary = {"parameters": result.parameters, "code": result.code, "notebooks": [asdict(o) for o in result.outcomes]}
     write_text_atomic(result.out_dir / "report.json", json.dumps(summary, indent=2, default=str))
 
