@@ -63,11 +63,10 @@ def answers(frame: pd.DataFrame, backends: Sequence[str] | None = None) -> pd.Da
     table = recommend(frame, backends)
     if table.empty:
         return table.assign(workload=[], ragged=[], choice=[], vllm_choice=[], gain=[])
-    best_pieces = table["best_pieces"].where(table["recommended_strategy"] == table["best_strategy"], "")
-    keep_best = (table["recommended_backend"] == table["best_backend"]) & (
+    is_best = (table["recommended_backend"] == table["best_backend"]) & (
         table["recommended_strategy"] == table["best_strategy"]
     )
-    pieces = best_pieces.where(keep_best, "")
+    pieces = table["best_pieces"].where(is_best, "")  # an atom's split, when the option to use is the best
     rows = table.to_dict("records")
     return table.assign(
         workload=[workload_label(r) for r in rows],
