@@ -49,6 +49,7 @@ PAPERMILL_BANNER_TAG = "papermill-error-cell-tag"
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_.+\.ipynb$")
 DEFAULT_NOTEBOOKS = Path("notebooks")
 DEFAULT_OUT = Path("reports")
+RUN_PARAMETERS = ("run_path", "serving_run_path")  # what `--run PATH` sets: the notebooks' run and serving run
 
 
 @dataclass
@@ -64,13 +65,20 @@ class NotebookOutcome:
     failed_exec_count: int | None = None  # its execution count, "In [n]" in the executed one
     failed_source: str | None = None  # its first source line
     error: str | None = None
-    provenance: list[dict[str, Any]] = field(default_factory=list)
+    provenance: list[dict[str, Any]] = field(default_factory=list)  # one record per run it showed (run_id, path)
     fallbacks: list[dict[str, Any]] = field(default_factory=list)  # what it showed instead of measured data
     title: str = ""
     description: str = ""  # the first sentence of its introduction
     code_html: str | None = None  # the page with code; `html` is the reader's page without it
     thumbnail: str | None = None
     figures: list[str] = field(default_factory=list)  # figures/NN_x-KK.png|svg
+
+    @property
+    def runs(self) -> list[str]:
+        """The stored runs it used, as its card names them: 'label: path' (a run's id when it has no path)."""
+        return list(
+            dict.fromkeys(f"{p['label']}: {p.get('path') or p['run_id']}" for p in self.provenance if p.get("run_id"))
+        )
 
 
 @dataclass
@@ -144,20 +152,23 @@ def build_report(
         for path in bar:
             bar.set_postfix_str(path.name)
             outcomes.append(_run_one(path, out_dir, params, workdir, execution_timeout))
-    findings = _findings(notebooks_dir)
+    run_path = str(params.get("run_path") or "")
+    findings = _findings(notebooks_dir, run_path)
     result = ReportResult(out_dir, params, outcomes, git_state(), headline_failed=findings.problem)
-    _write_index(result, findings)
+    _write_index(result, findings, report_page.serving_answers(str(params.get("serving_run_path") or run_path)))
     return result
 
 
-def _findings(notebooks_dir: Path) -> report_page.Findings:
-    """The headline of the run and shape the tour notebook names (none without the tour)."""
+def _findings(notebooks_dir: Path, run_path: str = "") -> report_page.Findings:
+    """The headline of the run and shape the tour notebook names, or of `run_path` when one is given (none
+    without the tour)."""
     tour = [p for p in find_notebooks(notebooks_dir) if p.name.startswith(report_page.HEADLINE_NOTEBOOK)]
     if not tour:
         text = f"No tour notebook ({report_page.HEADLINE_NOTEBOOK}_*.ipynb) among the notebooks: no headline."
         return report_page.Findings(None, f"<p class='fallback'>{escape(text)}</p>", text + "\n")
     try:
         point = report_page.headline_point(tour[0])
+        point = (run_path, *point[1:]) if run_path else point
     except Exception as err:  # parameters the tour cannot give: the index is written, with a failed card
         return report_page.failed_findings(str(tour[0]), err)
     try:
@@ -302,6 +313,7 @@ code { font-size: 90%; } details { margin: .3em 0; } summary { cursor: pointer; 
 <h2>Findings</h2>
 {{ headline_table|safe }}
 {{ headline_reading|safe }}
+{{ answers_html|safe }}
 <p class="meta">Green: vLLM 0.33's choice is slower than the fastest option by more than the measured spread.
 The table as Markdown: <a href="headline.md">headline.md</a>. Every chart as PNG and SVG: <a href="figures/">figures/</a>.</p>
 
@@ -311,6 +323,7 @@ The table as Markdown: <a href="headline.md">headline.md</a>. Every chart as PNG
 <div><b>{% if o.html %}<a href="{{ o.html }}">{{ o.title or o.name }}</a>{% else %}{{ o.title or o.name }}{% endif %}</b>
 &middot; <span class="{{ o.status }}">{{ o.status }}</span> &middot; {{ o.seconds }} s</div>
 <div class="meta">{{ o.description }}</div>
+<div class="meta runs">{% if o.runs %}Runs used: {% for r in o.runs %}<code>{{ r }}</code>{% if not loop.last %}; {% endif %}{% endfor %}{% else %}No stored run used.{% endif %}</div>
 {% if o.thumbnail %}<a href="{{ o.html }}"><img src="{{ o.thumbnail }}" alt="first chart of {{ o.name }}"></a>{% endif %}
 {% for f in o.fallbacks %}<div class="fallback"><b>Not the measured data: {{ f.shown_instead }}.</b> {{ f.missing }}</div>{% endfor %}
 {% if o.error %}<div class="failed">Failed{% if o.failed_cell is not none %} in cell {{ o.failed_cell }} (In [{{ o.failed_exec_count }}]): <code>{{ o.failed_source }}</code>{% endif %}</div><pre>{{ o.error }}</pre>{% endif %}
@@ -324,7 +337,9 @@ The table as Markdown: <a href="headline.md">headline.md</a>. Every chart as PNG
 """
 
 
-def _write_index(result: ReportResult, findings: report_page.Findings) -> None:
+def _write_index(
+    result: ReportResult, findings: report_page.Findings, answers: report_page.Answers | None = None
+) -> None:
     env = jinja2.Environment(autoescape=True)
     page = env.from_string(_INDEX_TEMPLATE).render(
         generated=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -332,10 +347,10 @@ def _write_index(result: ReportResult, findings: report_page.Findings) -> None:
         outcomes=result.outcomes,
         failed=len(result.failed),
         code=result.code,
-        **report_page.page_context(findings),
+        **report_page.page_context(findings, answers),
     )
     write_text_atomic(result.out_dir / "index.html", page)
-    write_text_atomic(result.out_dir / "headline.md", findings.markdown)
+    write_text_atomic(result.out_dir / "headline.md", findings.markdown + (f"\n{answers.markdown}" if answers else ""))
     summary = {"parameters": result.parameters, "code": result.code, "notebooks": [asdict(o) for o in result.outcomes]}
     write_text_atomic(result.out_dir / "report.json", json.dumps(summary, indent=2, default=str))
 
@@ -354,6 +369,9 @@ def parse_parameter(text: str) -> tuple[str, Any]:
 
 def _cli(args: argparse.Namespace) -> int:
     params = dict(parse_parameter(p) for p in args.parameter)
+    if args.run is not None:  # one run everywhere: every notebook's main and serving sections, and the index
+        run = str(args.run.resolve()) if args.run.is_dir() else str(args.run)  # else relative to data/
+        params.update({name: run for name in RUN_PARAMETERS})
     device = params.pop("device", None)
     result = build_report(args.notebooks, args.out, params, device=device, only=args.only)
     for o in result.outcomes:
@@ -372,6 +390,13 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--notebooks", type=Path, default=DEFAULT_NOTEBOOKS, help="folder of NN_*.ipynb")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report folder (default: reports/)")
+    parser.add_argument(
+        "--run",
+        type=Path,
+        metavar="PATH",
+        help="the run every notebook and the index read (relative to data/, or a folder): sets -p "
+        + " -p ".join(f"{name}=PATH" for name in RUN_PARAMETERS),
+    )
     parser.add_argument("--only", action="append", default=[], metavar="NN", help="run only notebook NN (repeatable)")
     parser.add_argument(
         "-p",

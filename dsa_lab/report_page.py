@@ -61,6 +61,8 @@ def headline_findings(run_path: str, batch: int, context: str) -> Findings:
     from dsa_lab.analysis import headline
     from dsa_lab.analysis.frames import one_shape
     from dsa_lab.analysis.runs import latency_run
+    from dsa_lab.analysis.versus import pick_point
+    from dsa_lab.analysis.workloads import default_axes
 
     try:
         chosen = latency_run(run_path) if _run_present(run_path) else None
@@ -71,12 +73,67 @@ def headline_findings(run_path: str, batch: int, context: str) -> Findings:
             )
             return Findings(None, f"<div class='fallback'>{render_markdown(text)}</div>", text + "\n")
         run_id = chosen.run.provenance["run_id"]
-        table = headline.headline_table(one_shape(chosen.run.results)[0], batch, context)
+        results = one_shape(chosen.run.results)[0]
+        results = results[default_axes(results)]
+        batch, context, _ = pick_point(results, batch, context)  # a run of the user's may lack the tour's shape
+        table = headline.headline_table(results, batch, context)
         reading = headline.headline_reading(table, chosen.device_label, run_id, batch, context)
     except (ValueError, OSError) as err:  # a damaged run (store.RunFormatError names its file): a failed card
         return failed_findings(run_path, err)
     markdown = headline_markdown(table, chosen.device_label, run_id, batch, context)
     return Findings(table, render_markdown(reading), markdown)
+
+
+@dataclass
+class Answers:
+    """The answer per serving workload from the run `analysis.runs.SERVING` picks (or the one asked for)."""
+
+    html: str
+    markdown: str
+    run_id: str | None = None  # None: no run covers the section (`html` says why)
+
+
+ANSWER_COLUMNS = ("workload", "batches", "next_n", "vLLM beaten", "best speedup", "options used")
+
+
+def serving_answers(run_path: str = "") -> Answers:
+    """Per workload of the serving run: where vLLM 0.33's route is beaten and which options (kernels ours too)
+    to use, then where the answer reverses between uniform and ragged batches, in words."""
+    from dsa_lab.analysis import workloads
+    from dsa_lab.analysis.runs import SERVING, section_run
+
+    try:
+        chosen, note = section_run(SERVING, run_path)
+        if chosen is None:
+            return Answers(f"<div class='fallback'>{html_text(note)}</div>", note + "\n")
+        run_id = chosen.run.provenance["run_id"]
+        table = workloads.answers(chosen.run.results)
+        summary = workloads.answer_summary(table)
+        reading = workloads.reversal_reading(table, run_id)
+    except (ValueError, OSError) as err:  # a damaged run: said on the page, the index still written
+        problem = f"{type(err).__name__}: {err}"
+        return Answers(f"<div class='failed'>Answers per workload failed: {html_text(problem)}</div>", problem + "\n")
+    lead = (
+        f"Answers per workload, measured on {md_text(chosen.device_label)} (run {md_code(run_id)}): every backend "
+        "timed, ours included, against the route vLLM 0.33 takes for each step."
+    )
+    head = "".join(f"<th>{html_text(c)}</th>" for c in ANSWER_COLUMNS)
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html_text(_cell(row[c]))}</td>" for c in ANSWER_COLUMNS) + "</tr>"
+        for row in summary.to_dict("records")
+    )
+    notes = f"<p class='meta'>{html_text(note)}</p>" if note else ""
+    html = (
+        f"{render_markdown(lead)}{notes}<table class='answers'><tr>{head}</tr>{rows}</table>{render_markdown(reading)}"
+    )
+    markdown = "\n".join(
+        [lead, "", summary[list(ANSWER_COLUMNS)].to_markdown(index=False, floatfmt=".2f"), "", reading]
+    )
+    return Answers(html, markdown + "\n", run_id)
+
+
+def _cell(value: object) -> str:
+    return f"{value:.2f}×" if isinstance(value, float) else str(value)
 
 
 def failed_findings(source: str, err: BaseException) -> Findings:
@@ -103,8 +160,8 @@ def _run_present(run_path: str) -> bool:
 def headline_markdown(table: pd.DataFrame, device_label: str, run_id: str, batch: int, context: str) -> str:
     """The headline table in Markdown, with its provenance line."""
     lines = [
-        f"Paged MQA logits, one decode step, B = {batch}, context {int(context) // 1024}K, FP8; "
-        f"measured on {md_text(device_label)} (run {md_code(run_id)}), median µs.",
+        f"Paged MQA logits, one decode step, B = {batch}, context {int(context) // 1024}K, FP8; the workload: a "
+        "uniform batch (every request that context), logits only at the batch's width, CUDA events; measured on {md_text(device_label)} (run {md_code(run_id)}), median µs.",
         "",
         "| next_n | vLLM 0.33 takes | µs | fastest measured | µs | speedup |",
         "|---|---|---|---|---|---|",
@@ -205,6 +262,10 @@ def headline_html(findings: Findings) -> str:
     return f"<table class='headline'><caption>{caption}</caption>{head}{''.join(rows)}</table>"
 
 
-def page_context(findings: Findings) -> dict[str, Any]:
+def page_context(findings: Findings, answers: Answers | None = None) -> dict[str, Any]:
     """What the index template needs of the findings."""
-    return {"headline_table": headline_html(findings), "headline_reading": findings.reading_html}
+    return {
+        "headline_table": headline_html(findings),
+        "headline_reading": findings.reading_html,
+        "answers_html": answers.html if answers is not None else "",
+    }

@@ -787,3 +787,25 @@ def test_acceptance_decode_lengths_take_vllms_path() -> None:
 
 if __name__ == "__main__":
     _interpret_worker(sys.argv[1], sys.argv[2])
+
+
+def test_the_shipped_serving_runs_routes_are_what_vllm_builds(monkeypatch) -> None:
+    """Every acceptance point the H200 serving run stored: the point's own seeded decode lengths
+    (`bench.point.Point.decode_lens`, B = 128) through vLLM 0.33's split and `build()` on SM90 + DeepGEMM
+    with adaptive verification (drafts admitted per request) give the route the run recorded (`vllm_route`)."""
+    from dsa_lab import axes, store
+    from dsa_lab.bench.point import Point
+    from dsa_lab.paths import resolve_data_path
+
+    run = store.load_run(resolve_data_path("h200/h200-serving-20261201"))
+    rows = run.results[run.results["acceptance"] != "none"].drop_duplicates("next_n")
+    assert len(rows) == 5
+    monkeypatch.setattr(sys.modules[__name__], "CAPACITY", 128 * 8)  # a B = 128 step's tokens
+    for row in rows.to_dict("records"):
+        point = Point(**{name: row[name] for name in axes.NAMES})
+        lens = point.decode_lens(run.provenance["seed"])
+        startup = vllm_startup("h200_sm90", True, point.next_n, True, "DeepseekV32ForCausalLM", False)
+        assert startup.error is None, startup.error
+        where = f"next_n={point.next_n} acceptance={point.acceptance}"
+        route = vllm_route(startup, "h200_sm90", True, lens)
+        assert (row["vllm_route"], row["vllm_decodes"], row["vllm_prefills"]) == route, where

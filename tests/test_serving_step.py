@@ -125,3 +125,31 @@ def test_graph_timing_is_refused_by_name_off_cuda_and_events_time_a_whole_step()
     warm = TimingConfig(cold_l2=False, use_graph=True)
     assert step_timing_method(cuda, "graph", warm) == "cuda_graph_step_warm_l2"
     assert step_timing_method(cuda, "events", warm) == "cuda_events_warm_l2"  # events never replay a graph
+
+
+@pytest.mark.parametrize("strategy", ["native", "flatten", "atom"])
+def test_the_topk_unit_of_a_ragged_wide_step_picks_the_float64_definitions_top_scores(strategy) -> None:
+    """Acceptance -> ragged rows, vLLM's model-wide logits, the 'logits+topk' unit through the reference: per
+    token, the picks lie inside its context, are distinct and as many as min(k, context), and their scores under
+    the float64 definition (`float64_logits`, from the dequantised keys) are the float64 top-k's, up to float32
+    rounding (a near tie may legally swap)."""
+    from tests.test_serving_acceptance import float64_logits
+
+    seq_lens = ContextSpec.parse("mixed:40-200").seq_lens(5, 4)
+    batch = accepted_batch(seq_lens, AcceptanceSpec.parse("v4flash-ascend131"), 4, 7, num_heads=32, head_dim=64)
+    assert len(set(batch.decode_lens)) > 1
+    inputs = random_inputs(batch, seed=11)
+    backend, width, k = get_backend("reference"), 3 * batch.max_seq_len, 32
+    plan = LaunchPlan(batch.seq_lens, batch.max_decode_len, strategy, 32, 64, decode_lens=batch.decode_lens,
+                      logits_width=width)  # fmt: skip
+    metadata = plan.build_metadata(batch, inputs.cache.block_table)
+    packed = [pack_launch(launch, inputs) for launch in metadata.launches]
+    step = timed_step("logits+topk", backend, packed, inputs.cache, width, [None] * len(packed), batch.max_seq_len, k)
+    picks = gather_selections(metadata, step()).tolist()
+    exact = float64_logits(inputs, batch, width)
+    for token, (chosen, context, row) in enumerate(zip(picks, batch.token_context_lens(), exact.tolist())):
+        kept = [i for i in chosen if i >= 0]
+        assert len(kept) == len(set(kept)) == min(k, context) and all(0 <= i < context for i in kept), token
+        got, best = sorted((row[i] for i in kept), reverse=True), sorted(row[:context], reverse=True)[:k]
+        scale = max(abs(v) for v in best)
+        assert max(abs(a - b) for a, b in zip(got, best)) <= 1e-5 * scale, token

@@ -11,13 +11,14 @@ flags. Runs that were skipped because they are broken are listed with the reason
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from dsa_lab import store
+from dsa_lab.kernels import vllm_backend
 from dsa_lab.listing import list_runs
 from dsa_lab.model.roofline import GpuSpec, get_gpu, gpu_for_device
 from dsa_lab.paths import resolve_data_path, shown_path
@@ -202,6 +203,66 @@ def _stored_or_stand_in(
         f"just now and roofline-modeled times. {SWEEP_HOW}"
     )
     return _cpu_stand_in(stand_in, prefix, missing, ignored)
+
+
+@dataclass(frozen=True)
+class Section:
+    """What a notebook section reads from a run, declared: the values of each axis it must find timed ok
+    (`needs`, e.g. what vLLM runs, contexts 64K and mixed:2K-128K). A run *covers* the section when it is a
+    measurement that lacks none of them. The shipped run a section was written for is one such run, so a
+    checkout without a newer one of its own shows the shipped run."""
+
+    name: str
+    needs: Mapping[str, tuple[object, ...]]
+
+    def lacks(self, run: store.Run) -> dict[str, list[str]]:
+        """Per axis, the needed values no ok row of `run` holds (empty: the run covers the section)."""
+        ok = run.results[run.results["status"] == "ok"]
+        gaps = {}
+        for name, values in self.needs.items():
+            held = set(ok[name].astype(str)) if name in ok else set()
+            missing = [str(v) for v in values if str(v) not in held]
+            if missing:
+                gaps[name] = missing
+        return gaps
+
+    def covers(self, run: store.Run) -> bool:
+        return run.source == "measured" and not self.lacks(run)
+
+    def describe(self) -> str:
+        """'measured run timing backend B; context 65536, mixed:2048-131072; timed logits'."""
+        return "measured run timing " + "; ".join(f"{k} {', '.join(map(str, v))}" for k, v in self.needs.items())
+
+
+SERVING = Section(
+    "serving answers",  # notebook 02's uniform beside ragged, notebook 03's ragged kernels, the index's answers
+    {"backend": (vllm_backend().name,), "context": ("65536", "mixed:2048-131072"), "timed": ("logits",)},
+)
+
+
+def section_run(section: Section, run_path: str = "", device: str = "h200") -> tuple[ChosenRun | None, str]:
+    """The run a section shows, and a note ('' when none is due): `run_path` (relative to data/) when it covers
+    the section; else the newest measured study run of `device` that does (the shipped one, when the user has
+    none newer); else None, the note saying what is missing and how to measure it. A `run_path` that is absent
+    or does not cover the section is passed over with a note naming what it lacks, never silently."""
+    notes = []
+    if run_path and resolve_data_path(run_path).is_dir():
+        run = store.load_run(resolve_data_path(run_path))
+        if section.covers(run):
+            return _measured(run, []), ""
+        notes.append(f"run_path={run_path!r} does not cover the {section.name} (it lacks {section.lacks(run)})")
+    elif run_path:
+        notes.append(f"run_path={run_path!r} is not in the data folder {shown_path(resolve_data_path('.'))}/")
+    run, ignored = newest_measured_run(device, section.covers)
+    if run is None:
+        notes.append(
+            f"No {section.describe()} under {shown_path(resolve_data_path(device))}: the {section.name} are not "
+            "shown. Make one on an H200 with `dsa-lab bench --preset h200-serving --root data`."
+        )
+        return None, "; ".join(notes) + "."
+    if notes:
+        notes.append(f"showing {relative_to_data(run.path)} instead")
+    return _measured(run, ignored), "; ".join(notes) + ("." if notes else "")
 
 
 def latency_run(run_path: str = "", device: str = "h200", seed: int = 0) -> ChosenRun:

@@ -1,0 +1,249 @@
+"""Issue 19's answers per workload (`analysis.workloads`) and the user's run everywhere (`analysis.runs.Section`,
+`section_run`, `dsa-lab report --run`): a newer run under a temporary DSA_LAB_DATA reaches notebook 02's serving
+section, notebook 03's ragged section and the index, and every card names the run it used."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import papermill
+import pytest
+
+from dsa_lab import report, store
+from dsa_lab.analysis import workloads
+from dsa_lab.analysis.runs import SERVING, Section, section_run
+from dsa_lab.notebook import PROVENANCE_MIME
+from dsa_lab.paths import DATA_ENV, resolve_data_path
+from dsa_lab.report import RUN_PARAMETERS, NotebookOutcome, build_report, register_cli
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED_PATH = "h200/h200-serving-20261201"  # the shipped serving run, relative to data/
+SHIPPED = REPO / "data" / SHIPPED_PATH
+NEWER = "h200-serving-user-20261202"
+KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+
+
+def _row(context: str, batch: int, next_n: int, backend: str, strategy: str, ms: float, route: str, **axes) -> dict:
+    spread = ms * 0.001
+    return {
+        "batch": batch, "context": context, "next_n": next_n, "cache_dtype": "fp8", "heads": 64, "head_dim": 128,
+        "acceptance": "none", "logits_width": "batch", "timed": "logits", "timer": "events", "config": "rule",
+        "backend": backend, "strategy": strategy, "status": "ok", "source": "measured", "median_ms": ms,
+        "p25_ms": ms - spread, "p75_ms": ms + spread, "pieces": str(next_n), "vllm_route": route,
+        "vllm_platform": "sm90+dg", **axes,
+    }  # fmt: skip
+
+
+def two_workloads() -> pd.DataFrame:
+    """A uniform and a ragged workload at two batches: at B = 128 the uniform batch's answer is gluon native and
+    the ragged batch's DeepGEMM flatten; at B = 16 both keep vLLM's choice (a tie within the spread)."""
+    rows = []
+    for context in ("65536", "mixed:2048-131072"):
+        for batch in (16, 128):
+            gluon = 0.5 if batch == 128 and context == "65536" else 1.0
+            rows += [
+                _row(context, batch, 3, "deepgemm", "flatten", 0.8 if batch == 128 else 1.0, "flatten"),
+                _row(context, batch, 3, "gluon", "native", gluon if batch == 128 else 1.0, "flatten"),
+            ]
+    return pd.DataFrame(rows)
+
+
+def test_the_answer_per_workload_and_where_it_reverses() -> None:
+    table = workloads.answers(two_workloads())
+    assert len(table) == 4 and set(table["workload"]) == {"64K", "mixed 2K-128K"}
+    assert table.set_index(["workload", "batch"])["choice"].to_dict() == {
+        ("64K", 16): "flatten (deepgemm)",
+        ("64K", 128): "native (gluon)",
+        ("mixed 2K-128K", 16): "flatten (deepgemm)",
+        ("mixed 2K-128K", 128): "flatten (deepgemm)",
+    }
+    assert set(table["vllm_choice"]) == {"flatten (deepgemm)"}  # the recorded route, timed on DeepGEMM
+    assert workloads.pairings(table) == [("64K", "mixed 2K-128K")]
+    cells = workloads.reversals(table, "64K", "mixed 2K-128K")
+    assert cells[["batch", "differs", "strategy_differs"]].values.tolist() == [[16, False, False], [128, True, True]]
+    counts = workloads.reversal_counts(table).iloc[0]
+    assert (counts["cells"], counts["answer differs"], counts["strategy differs"]) == (2, 1, 1)
+    reading = workloads.reversal_reading(table, "r1")
+    assert "differs in 1 of 2 cells" in reading and "B = 128, next_n = 3: native \\(gluon\\) on the uniform" in reading
+    summary = workloads.answer_summary(table).set_index("workload")
+    assert summary.loc["64K", "vLLM beaten"] == 1 and summary.loc["mixed 2K-128K", "vLLM beaten"] == 0
+    with pytest.raises(ValueError, match="workload='8K': not in the table; allowed values are"):
+        workloads.answer_grid(table, "8K")
+
+
+def test_a_workload_names_every_axis_away_from_its_default() -> None:
+    row = _row("mixed:2048-131072", 128, 3, "gluon", "native", 1.0, "flatten", acceptance="v4flash-vllm41044",
+               logits_width="model:163840", timed="logits+topk", timer="graph")  # fmt: skip
+    assert workloads.workload_label(row) == "mixed 2K-128K, acceptance v4flash-vllm41044, width model:163840, " \
+        "logits+topk, graph"  # fmt: skip
+    assert workloads.is_ragged(row) and workloads.is_ragged({**row, "context": "65536"})  # acceptance: ragged rows
+    assert not workloads.is_ragged({**row, "context": "65536", "acceptance": "none"})
+
+
+@pytest.fixture(scope="module")
+def shipped() -> store.Run:
+    return store.load_run(SHIPPED)
+
+
+def test_the_shipped_serving_run_gives_the_closing_numbers(shipped: store.Run) -> None:
+    """Issue 19's closing note, from the shipped run: the pairs and their counts, every option's logits + top-k
+    step at B = 128, next_n = 3, mixed:2K-128K (vLLM's route DeepGEMM flatten, Gluon native the fastest)."""
+    table = workloads.answers(shipped.results)
+    assert len(table) == table[["workload", "batch", "next_n"]].drop_duplicates().shape[0]
+    pairs = dict((r, u) for u, r in workloads.pairings(table))
+    assert pairs["mixed 2K-128K"] == "64K" and pairs["mixed 16K-64K"] == "64K"  # the most cells; of equals the twin
+    counts = workloads.reversal_counts(table).set_index("ragged")
+    assert counts.loc["mixed 2K-128K", "cells"] == 36  # B 1..256 x next_n (1, 2, 3, 4, 6, 8 at B <= 16)
+    options = workloads.step_options(shipped.results)
+    assert set(options["timer"]) == {"events", "graph"} and options.groupby("timer")["vllm"].sum().tolist() == [1, 1]
+    assert options.loc[options["vllm"], ["backend", "strategy"]].drop_duplicates().values.tolist() == [
+        ["deepgemm", "flatten"]
+    ]
+    assert (options.groupby("timer").head(1)["backend"] == "gluon").all()
+    kernels = workloads.ragged_kernels(shipped.results, ["mixed:2K-128K", "lognormal:16K:1.2"], "gluon")
+    assert {"deepgemm / gluon", "deepgemm-pr340 / gluon"} <= set(kernels.columns)
+    assert set(kernels["context"]) == {"mixed:2048-131072", "lognormal:16384:1.2"}
+
+
+def test_the_closing_numbers_print_from_one_call(capsys: pytest.CaptureFixture[str]) -> None:
+    assert workloads.main([str(SHIPPED)]) == 0
+    out = capsys.readouterr().out
+    assert "# Uniform against ragged" in out and "| 64K " in out and "logits + top-k" in out
+
+
+@pytest.fixture
+def newer_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A data folder with the shipped serving run and a copy of it under a newer id (the user's own run)."""
+    data = tmp_path / "data"
+    shutil.copytree(SHIPPED, data / SHIPPED_PATH)
+    newer = data / "h200" / NEWER
+    shutil.copytree(SHIPPED, newer)
+    store.update_provenance(newer, run_id=NEWER, created="2026-12-02T00:00:00+00:00")
+    monkeypatch.setenv(DATA_ENV, str(data))
+    return data
+
+
+def test_a_section_takes_the_newest_run_that_covers_it(newer_data: Path) -> None:
+    chosen, note = section_run(SERVING)
+    assert chosen.run.provenance["run_id"] == NEWER and note == ""
+    chosen, note = section_run(SERVING, SHIPPED_PATH)  # asked for by name: that one
+    assert chosen.run.provenance["run_id"] == Path(SHIPPED_PATH).name and note == ""
+    strict = Section("strict section", {"context": ("65536", "8192"), "backend": ("gluon", "nobody")})
+    assert strict.lacks(chosen.run) == {"context": ["8192"], "backend": ["nobody"]}
+    none, note = section_run(strict)
+    assert none is None and "No measured run timing context 65536, 8192; backend gluon, nobody" in note
+    assert "dsa-lab bench --preset h200-serving" in note
+    narrow = Section("narrow", {"backend": ("gluon",)})
+    shutil.rmtree(newer_data / "h200" / NEWER)
+    chosen, note = section_run(narrow, "h200/nowhere")  # absent: said, then the newest that covers it
+    assert chosen.run.provenance["run_id"] == Path(SHIPPED_PATH).name
+    assert "run_path='h200/nowhere' is not in the data folder" in note
+
+
+def test_a_run_path_that_does_not_cover_the_section_is_said_and_passed_over(newer_data: Path) -> None:
+    full = newer_data / "h200" / "h200-full-20261129"
+    shutil.copytree(REPO / "data" / "h200" / "h200-full-20261129", full)
+    chosen, note = section_run(SERVING, "h200/h200-full-20261129")
+    assert chosen.run.provenance["run_id"] == NEWER
+    assert "does not cover the serving answers (it lacks {'context': ['mixed:2048-131072']" in note
+    assert f"showing h200/{NEWER} instead" in note
+
+
+def section_notebook(path: Path, heading: str) -> nbformat.NotebookNode:
+    """The notebook's parameters and setup cells and one section (`heading` to the next '## ' heading)."""
+    nb = nbformat.read(path, as_version=4)
+    start = next(i for i, c in enumerate(nb.cells) if c.source.startswith(heading))
+    end = next((i for i in range(start + 1, len(nb.cells)) if nb.cells[i].source.startswith(("## ", "### "))), None)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    nb.cells = [*code[:2], *nb.cells[start:end]]
+    return nb
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize(
+    ("notebook", "heading", "label"),
+    [
+        ("02_latency_vs_next_n.ipynb", "## Serving batches", "serving run"),
+        ("03_kernel_deep_dive.ipynb", "### Ragged batches", "ragged kernels run"),
+    ],
+)
+def test_the_serving_sections_read_the_newer_run(newer_data: Path, tmp_path: Path, notebook, heading, label) -> None:
+    source = tmp_path / notebook
+    nbformat.write(section_notebook(REPO / "notebooks" / notebook, heading), source)
+    papermill.execute_notebook(str(source), str(tmp_path / "out.ipynb"), parameters={"device": "cpu"},
+                               cwd=str(REPO / "notebooks"), progress_bar=False, execution_timeout=300)  # fmt: skip
+    nb = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    used = [o["data"][PROVENANCE_MIME] for c in nb.cells for o in c.get("outputs", []) if PROVENANCE_MIME in o.get("data", {})]  # fmt: skip
+    assert {(p["label"], p["run_id"], p["path"]) for p in used if p["label"] == label} == {
+        (label, NEWER, f"h200/{NEWER}")
+    }
+    pictures = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert pictures, "the section drew nothing"
+
+
+@pytest.mark.notebook
+def test_the_index_reads_the_newer_run_and_every_card_names_its_run(newer_data: Path, tmp_path: Path) -> None:
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    cells = [
+        nbformat.v4.new_code_cell('device = "cpu"', metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell(
+            "from dsa_lab.notebook import show_provenance\n"
+            "show_provenance({'run_id': 'r1', 'path': 'h200/r1', 'source': 'measured'}, 'tiny run')"
+        ),
+    ]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": KERNELSPEC}), notebooks / "01_a.ipynb")
+    build_report(notebooks, tmp_path / "reports", device="cpu")
+    index = (tmp_path / "reports" / "index.html").read_text()
+    findings = index[index.index("<h2>Findings</h2>") : index.index("<h2>Notebooks</h2>")]
+    assert f"run <code>{NEWER}</code>" in findings and "native (gluon)" in findings and "mixed 2K-128K" in findings
+    assert "Runs used: <code>tiny run: h200/r1</code>" in index
+    assert f"run `{NEWER}`" in (tmp_path / "reports" / "headline.md").read_text()
+    build_report(notebooks, tmp_path / "again", device="cpu", parameters={"run_path": SHIPPED_PATH})
+    again = (tmp_path / "again" / "index.html").read_text().split("<h2>Notebooks</h2>")[0]
+    assert f"run <code>{Path(SHIPPED_PATH).name}</code>" in again and NEWER not in again
+
+
+def test_a_card_without_a_stored_run_says_so() -> None:
+    bare, used = NotebookOutcome("01_a", "ok", 1.0), NotebookOutcome("02_b", "ok", 1.0)
+    used.provenance = [{"label": "serving run", "run_id": "x", "path": "h200/x"}, {"label": "modeled", "source": "m"}]
+    assert bare.runs == [] and used.runs == ["serving run: h200/x"]
+
+
+def test_report_run_sets_every_run_parameter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = argparse.ArgumentParser()
+    register_cli(parser.add_subparsers())
+    args = parser.parse_args(["report", "--run", str(tmp_path), "-p", "seed=3"])
+    captured = {}
+
+    def fake_build(notebooks, out, params, device=None, only=()):
+        captured.update(params)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(report, "build_report", fake_build)
+    with pytest.raises(SystemExit):
+        args.func(args)
+    assert captured == {"seed": 3, **{name: str(tmp_path.resolve()) for name in RUN_PARAMETERS}}
+    assert resolve_data_path(captured["run_path"]) == tmp_path.resolve()
+
+
+def test_the_answer_grids_outline_where_the_ragged_answer_differs() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.patches import Rectangle
+
+    from dsa_lab.plots.serving import plot_answers
+
+    table = workloads.answers(two_workloads())
+    fig = plot_answers(table, ["64K", "mixed 2K-128K"], "H200", "measured on H200 | run r1")
+    outlined = [[p for p in ax.patches if isinstance(p, Rectangle) and not p.get_fill()] for ax in fig.axes]
+    assert [len(o) for o in outlined] == [0, 1]  # B = 128: gluon native on 64K, DeepGEMM flatten on mixed
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "gluon\n1.60×" in texts and "deepgemm\n1.00×" in texts
+    with pytest.raises(ValueError, match="workload='8K': not in the table"):
+        plot_answers(table, ["64K", "8K"], "H200")
