@@ -165,6 +165,9 @@ class AcceptanceSpec:
     def decode_lens(self, batch: int, next_n: int, seed: int) -> tuple[int, ...]:
         """Rows each of `batch` requests brings to one step (see the module docstring), seeded."""
         batch = check_range("batch", batch, 1, MAX_REQUESTS)
+        if not self.per_request:  # every draft accepted: no draw (the same lengths, without its cost)
+            as_int("seed", seed)
+            return (check_range("next_n", next_n, 1, MAX_NEXT_N),) * batch
         rates = torch.tensor(self.rates_for(next_n), dtype=torch.float64)
         gen = torch.Generator().manual_seed(as_int("seed", seed) + ACCEPTANCE_STREAM)
         u = torch.rand(batch, dtype=torch.float64, generator=gen)

@@ -243,8 +243,10 @@ def axis(name: str) -> Axis:
 
 
 def point_key(values: Mapping[str, Any]) -> str:
-    """A point's name in every run file: 'backend=...|strategy=...|...', axes at their old-run value left out."""
-    return "|".join(f"{a.name}={values[a.name]}" for a in AXES if a.in_key(values[a.name]))
+    """A point's name in every run file: 'backend=...|strategy=...|...', axes at their old-run value left out
+    (an axis added later that `values` lacks is at that value, as `complete` reads an older run)."""
+    given = {a.name: values[a.name] if a.name in values or a.old_value is ALWAYS_STORED else a.old_value for a in AXES}
+    return "|".join(f"{name}={value}" for name, value in given.items() if BY_NAME[name].in_key(value))
 
 
 def recorded(values: Mapping[str, Sequence[Any]]) -> dict[str, list[Any]]:

@@ -271,7 +271,7 @@ def _sm100_sweep(monkeypatch, run_dir, numerics_table=None):
     from dsa_lab.bench.timing import TimingConfig
     from dsa_lab.env_info import environment_facts
 
-    environment_facts()  # cached before torch.cuda is faked: the provenance describes this machine
+    environment_facts(("deepgemm", "reference"))  # cached before torch.cuda is faked: the run's backends, this machine
     backend = get_backend("deepgemm")
     monkeypatch.setattr(backend, "_module", FakeDeepGemm())
     monkeypatch.setattr(backend, "_origin", "fake")

@@ -218,7 +218,7 @@ def numerics_notes(spec: Any, device: Any) -> list[str]:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from dsa_lab import store
-    from dsa_lab.bench.estimate import START_S, estimate_seconds, estimate_table, skipped_on
+    from dsa_lab.bench.estimate import START_S, estimate, estimate_table, skipped_on
     from dsa_lab.bench.sweep import DEFAULT_POINT_TIMEOUT_S, resume_command, run_sweep
 
     _check_limits(args)
@@ -232,12 +232,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     spec = bench_spec(args, run_dir)
     points = spec.points()
     if args.dry_run:
-        skipped = skipped_on(spec, device)
+        skipped, parts = skipped_on(spec, device), estimate(spec)
         print(
             f"{len(points)} points ({skipped} skipped here on {device.type}); estimated H200 time "
-            f"~{estimate_seconds(spec) / 60:.1f} min (the sweep; start-up ~{START_S / 60:.1f} min more)"
+            f"~{sum(p.seconds for p in parts) / 60:.1f} min (the sweep; start-up ~{START_S / 60:.1f} min more)"
         )
-        print(estimate_table(spec))
+        print(estimate_table(parts))
         for line in numerics_notes(spec, device):
             print(line)
         return 0

@@ -45,6 +45,7 @@ from dsa_lab.kernels import get_backend
 from dsa_lab.model.gpus import ARCH_MAJORS
 from dsa_lab.model.roofline import floor_ms, get_gpu
 from dsa_lab.plan import ANY_NEXT_N, LaunchPlan
+from dsa_lab.workload import ContextSpec
 
 SM90_MAJOR = ARCH_MAJORS["sm90"]
 START_S = 20.0
@@ -62,8 +63,10 @@ ESTIMATE_REQUESTS = 64
 
 
 def sample_point(point: Point) -> Point:
-    """The point with at most `ESTIMATE_REQUESTS` requests: the plan a dry run draws and scales to the batch."""
-    return dataclasses.replace(point, batch=min(point.batch, ESTIMATE_REQUESTS))
+    """The point with at most `ESTIMATE_REQUESTS` requests: the plan a dry run draws and scales to the batch
+    (one request where every request is alike: one fixed length, no acceptance draw)."""
+    alike = ContextSpec.parse(point.context).distribution == "fixed" and point.acceptance == "none"
+    return dataclasses.replace(point, batch=min(point.batch, 1 if alike else ESTIMATE_REQUESTS))
 
 
 class SamplePlans:
@@ -85,18 +88,21 @@ class SamplePlans:
 
 
 def skipped_on(spec: SweepSpec, device: torch.device) -> int:
-    """How many of the spec's points `walk.skip_reason` skips on `device`, asked of each sampled plan: whether
-    a point runs depends on its launches' widths, not on how many requests share them."""
-    plans, count = SamplePlans(spec.seed), 0
+    """How many of the spec's points `walk.skip_reason` skips on `device`, asked once per sampled point with
+    its context left out: whether a point runs depends on its launches' widths, not on its cached lengths."""
+    plans, reasons, count = SamplePlans(spec.seed), {}, 0
     for point in spec.points():
-        try:
-            backend = point_backend(point)
-        except UnsupportedShape:
-            plan = None  # skip_reason names the refused config
-        else:
-            ok = backend.availability(device).ok
-            plan = plans.get(point, native_sizes_for(backend, device))[1] if ok else None
-        count += skip_reason(sample_point(point), device, plan, spec.seed) is not None
+        key = tuple(v for name, v in sample_point(point).axes().items() if name != "context")
+        if key not in reasons:
+            try:
+                backend = point_backend(point)
+            except UnsupportedShape:
+                plan = None  # skip_reason names the refused config
+            else:
+                ok = backend.availability(device).ok
+                plan = plans.get(point, native_sizes_for(backend, device))[1] if ok else None
+            reasons[key] = skip_reason(sample_point(point), device, plan, spec.seed) is not None
+        count += reasons[key]
     return count
 
 
@@ -170,9 +176,8 @@ def estimate_seconds(spec: SweepSpec, gpu_name: str = "H200-measured") -> float:
     return sum(part.seconds for part in estimate(spec, gpu_name))
 
 
-def estimate_table(spec: SweepSpec) -> str:
-    """The dry run's lines per grid: points, those an H200 runs, compiles, workload builds, seconds."""
-    parts = estimate(spec)
+def estimate_table(parts: list[GridEstimate]) -> str:
+    """The dry run's lines per grid (`estimate`'s): points, those an H200 runs, compiles, workload builds, seconds."""
     width = max(len("grid"), *(len(p.name) for p in parts))
     lines = [f"  {'grid':<{width}}  points  on H200  compiles  workloads  est. s"]
     for p in parts:
