@@ -84,7 +84,8 @@ def test_notebook_executes_and_draws(path: Path, workdir: str, tmp_path: Path) -
     if path.name.startswith("03_"):
         assert outputs(nb, PROVENANCE_MIME)[0]["source"] == "measured"
         assert "Gluon goals run" in [p["label"] for p in outputs(nb, PROVENANCE_MIME)]
-        assert "**Goal 1" in text and "**Goal 4" in text and "Round 5 (issue 13)" in text
+        assert "**Goal 1" in text and "**Goal 4" in text and "(../docs/triton_kernel.md)" in text  # linked, not copied
+        assert "## Round 5 (issue 13)" not in text and "Round 10" in text
         assert "_paged_mqa_logits_gluon_kernel" in text  # the Nsight Compute table
         assert "round-10 timelines are not in this checkout" not in text  # the CTA timeline chart was drawn
     if path.name.startswith("04_"):
