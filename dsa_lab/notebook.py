@@ -64,11 +64,38 @@ def _is_plain(value: Any) -> bool:
     return isinstance(value, (str, int, float, bool)) or value is None
 
 
+# What the one line of a run's provenance says, in this order; everything else is folded under it.
+_LINE_KEYS = ("run_id", "source", "device_name", "created", "points", "git_sha")
+
+
+def provenance_html(record: Mapping[str, Any]) -> str:
+    """One readable line (label, run, source, device, day, points, commit) with every field folded under it,
+    each value shown as text."""
+    shown = [k for k in _LINE_KEYS if record.get(k) not in (None, "")] or [k for k in record if k != "label"][:2]
+    short = {
+        "created": lambda v: str(v)[:10],
+        "git_sha": lambda v: f"git {str(v)[:10]}",
+        "points": lambda v: f"{v} points",
+    }
+    parts = [short.get(k, str)(record[k]) for k in shown]
+    line = f"Data: {record['label']} · " + " · ".join(parts)
+    rows = "".join(
+        f"<tr><th>{escape(str(k))}</th><td><code>{escape(str(v))}</code></td></tr>"
+        for k, v in record.items()
+        if k != "label"
+    )
+    return (
+        '<details class="dsa-lab-provenance" style="color:#57606a;font-size:90%;margin:.3em 0">'
+        f"<summary>{escape(line)}</summary><table>{rows}</table></details>"
+    )
+
+
 def show_provenance(provenance: Mapping[str, Any], label: str) -> None:
-    """Display, inside a notebook, which run a chart came from; `dsa-lab report` collects it."""
+    """Display, inside a notebook, which run a chart came from (`provenance_html`); `dsa-lab report` collects it."""
     record = {"label": label, **{k: v if _is_plain(v) else json.dumps(v, default=str) for k, v in provenance.items()}}
     summary = ", ".join(f"{k}={v}" for k, v in record.items() if k != "label")
-    display({PROVENANCE_MIME: record, "text/plain": f"data used ({label}): {summary}"}, raw=True)
+    plain = f"data used ({label}): {summary}"
+    display({PROVENANCE_MIME: record, "text/html": provenance_html(record), "text/plain": plain}, raw=True)
 
 
 def show_fallback(missing: str, shown_instead: str) -> None:
@@ -92,7 +119,8 @@ def _libraries(environment: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def announce(chosen: ChosenRun, label: str) -> None:
-    """Say in the notebook which run it shows: a banner when it is a stand-in, the runs passed over, provenance."""
+    """Say in the notebook which run it shows: a banner when it is a stand-in, the runs passed over, and its
+    provenance in one line (`provenance_html`)."""
     if chosen.missing:
         show_fallback(chosen.missing, f"{chosen.device_label} and roofline-modeled times")
     show_ignored(chosen.ignored)
@@ -104,18 +132,11 @@ def announce(chosen: ChosenRun, label: str) -> None:
         "device_name": chosen.device_label,
         "created": provenance["created"],
         "timing_method": provenance["timing_method"],
+        "points": len(chosen.run.results),
         "git_sha": provenance["git"].get("sha"),
         **_libraries(provenance.get("environment") or {}),
     }
     show_provenance(record, label if chosen.measured else f"{label}: {chosen.device_label}")
-    if chosen.measured:
-        display(
-            Markdown(
-                f"Run **{md_code(provenance['run_id'])}**: {md_text(chosen.device_label)}, "
-                f"{md_text(chosen.run.source)}, created {md_text(provenance['created'])}, timing "
-                f"{md_code(provenance['timing_method'])}, {len(chosen.run.results)} points."
-            )
-        )
 
 
 def show_ignored(ignored: list[tuple[str, str]], what: str = "run") -> None:

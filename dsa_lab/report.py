@@ -35,7 +35,6 @@ from typing import Any
 import jinja2
 import nbformat
 import papermill
-from nbconvert import HTMLExporter
 from papermill.exceptions import PapermillExecutionError
 from tqdm import tqdm
 
@@ -71,7 +70,7 @@ class NotebookOutcome:
     description: str = ""  # the first sentence of its introduction
     code_html: str | None = None  # the page with code; `html` is the reader's page without it
     thumbnail: str | None = None
-    figures: list[str] = field(default_factory=list)  # figures/NN_x-KK.png|svg
+    figures: list[str] = field(default_factory=list)  # figures/NN_x-<cell id>[-K].png|svg
 
     @property
     def runs(self) -> list[str]:
@@ -254,12 +253,8 @@ def _render(executed: Path, path: Path, out_dir: Path, outcome: NotebookOutcome)
     outcome.figures = report_page.write_figures(node, path.stem, out_dir)
     outcome.thumbnail = report_page.write_thumbnail(node, path.stem, out_dir)
     light = report_page.without_svg(node)
-    reader = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
-    for exporter, target in (
-        (reader, executed.with_suffix(".html")),
-        (HTMLExporter(), executed.with_suffix(".code.html")),
-    ):
-        body, _ = exporter.from_notebook_node(light)
+    for with_code, target in ((False, executed.with_suffix(".html")), (True, executed.with_suffix(".code.html"))):
+        body, _ = report_page.page_exporter(with_code).from_notebook_node(light)
         write_text_atomic(target, body)
     outcome.html, outcome.code_html = executed.with_suffix(".html").name, executed.with_suffix(".code.html").name
 
@@ -302,6 +297,7 @@ td.win { background: #dafbe1; } caption { text-align: left; font-weight: bold; p
 .card img { max-width: 100%; border: 1px solid #eee; }
 .ok { color: #1a7f37; font-weight: bold; } .failed { color: #cf222e; font-weight: bold; }
 .fallback { background: #fff8c5; border-left: 4px solid #d4a72c; padding: .3em .5em; margin: .4em 0; }
+.fallback p { margin: 0; }
 pre { white-space: pre-wrap; background: #f6f8fa; padding: .5em; margin: .3em 0; }
 code { font-size: 90%; } details { margin: .3em 0; } summary { cursor: pointer; color: #57606a; }
 </style></head><body>
@@ -314,8 +310,8 @@ code { font-size: 90%; } details { margin: .3em 0; } summary { cursor: pointer; 
 {{ headline_table|safe }}
 {{ headline_reading|safe }}
 {{ answers_html|safe }}
-<p class="meta">Green: vLLM 0.33's choice is slower than the fastest option by more than the measured spread.
-The table as Markdown: <a href="headline.md">headline.md</a>. Every chart as PNG and SVG: <a href="figures/">figures/</a>.</p>
+<p class="meta">{% if headline_table %}Green: vLLM 0.33's choice is slower than the fastest option by more than the measured spread.
+The table as Markdown: <a href="headline.md">headline.md</a>. {% endif %}Every chart as PNG and SVG: <a href="figures/">figures/</a>.</p>
 
 <h2>Notebooks</h2>
 <div class="cards">

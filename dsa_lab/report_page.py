@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import nbformat
 import pandas as pd
 import papermill
+from nbconvert import HTMLExporter
 
 from dsa_lab.file_writes import write_atomic
 from dsa_lab.markup import html_text, md_code, md_text, render_markdown
@@ -33,6 +35,7 @@ from dsa_lab.workload import ContextSpec
 HEADLINE_NOTEBOOK = "00"  # the tour: its parameters name the headline's run and shape
 THUMB_WIDTH = 360
 FIGURE_MIMES = {"image/png": "png", "image/svg+xml": "svg"}
+CELL_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # nbformat's cell id, a safe file name; else the cell's number
 
 
 @dataclass
@@ -185,29 +188,39 @@ def describe(node: nbformat.NotebookNode) -> tuple[str, str]:
     return title, re.sub(r"[*`]", "", sentence)
 
 
-def images(node: nbformat.NotebookNode) -> list[tuple[str, str | bytes]]:
-    """Every chart a notebook drew, in order, as (extension, payload); a chart drawn in two formats counts once per format."""
+def images(node: nbformat.NotebookNode) -> list[tuple[str, str, str | bytes]]:
+    """Every chart a notebook drew, in order, as (name, extension, payload); a chart drawn in two formats
+    counts once per format, under one name.
+
+    The name is the drawing cell's id (nbstripout keeps ids: they are the cells' names; an id that is not
+    nbformat's `[A-Za-z0-9_-]` gives `cellNN`), with `-2`, `-3`...
+    for a cell's later charts, so a figure keeps its file when cells are added or moved above it."""
     found = []
-    for cell in node.cells:
+    for number, cell in enumerate(node.cells):
+        counters = {"png": 0, "svg": 0}
         for output in cell.get("outputs", []):
             data = output.get("data", {})
             for mime, ext in FIGURE_MIMES.items():
                 if mime in data:
+                    counters[ext] += 1
+                    cell_id = str(cell.get("id") or "")
+                    name = (cell_id if CELL_ID.fullmatch(cell_id) else f"cell{number:02d}") + (
+                        f"-{counters[ext]}" if counters[ext] > 1 else ""
+                    )
                     payload = data[mime]
-                    found.append((ext, base64.b64decode(payload) if ext == "png" else "".join(payload)))
+                    found.append((name, ext, base64.b64decode(payload) if ext == "png" else "".join(payload)))
     return found
 
 
 def write_figures(node: nbformat.NotebookNode, stem: str, out_dir: Path) -> list[str]:
-    """Each chart as figures/<stem>-NN.png / .svg; returns the paths relative to `out_dir`."""
+    """Each chart as figures/<stem>-<cell id>[-K].png / .svg (`images`); returns the paths relative to `out_dir`."""
     folder = out_dir / "figures"
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob(f"{stem}-*"):
         stale.unlink()
-    written, counters = [], {"png": 0, "svg": 0}
-    for ext, payload in images(node):
-        counters[ext] += 1
-        path = folder / f"{stem}-{counters[ext]:02d}.{ext}"
+    written = []
+    for name, ext, payload in images(node):
+        path = folder / f"{stem}-{name}.{ext}"
         data = payload if isinstance(payload, bytes) else payload.encode("utf-8")
         write_atomic(path, lambda handle, data=data: handle.write(data))
         written.append(str(path.relative_to(out_dir)))
@@ -218,7 +231,7 @@ def write_thumbnail(node: nbformat.NotebookNode, stem: str, out_dir: Path) -> st
     """The notebook's first PNG chart, shrunk to `THUMB_WIDTH`, as thumbs/<stem>.png."""
     from PIL import Image
 
-    first = next((payload for ext, payload in images(node) if ext == "png"), None)
+    first = next((payload for _, ext, payload in images(node) if ext == "png"), None)
     if first is None:
         return None
     image = Image.open(io.BytesIO(first))
@@ -238,6 +251,24 @@ def without_svg(node: nbformat.NotebookNode) -> nbformat.NotebookNode:
             if "image/svg+xml" in data and "image/png" in data:
                 del data["image/svg+xml"]
     return copy
+
+
+# nbconvert's lab page without what it fetches from CDNs (require.js, MathJax, mermaid, the widget
+# manager): a report opens on an offline GPU box, and its pages have no math, diagrams or live widgets.
+_OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
+{% block html_head_js %}{% endblock html_head_js %}
+{% block jupyter_widgets %}{% endblock jupyter_widgets %}
+{% block html_head_js_mathjax %}{% endblock html_head_js_mathjax %}
+{% block html_head_js_mermaidjs %}{% endblock html_head_js_mermaidjs %}
+"""
+
+
+def page_exporter(with_code: bool) -> HTMLExporter:
+    """The exporter of a notebook's page: the reader's page without code and prompts, or the page with code;
+    either one loads nothing from the network (`_OFFLINE_TEMPLATE`)."""
+    loader = jinja2.DictLoader({"dsa_lab_offline.html.j2": _OFFLINE_TEMPLATE})
+    hide = {} if with_code else {"exclude_input": True, "exclude_input_prompt": True, "exclude_output_prompt": True}
+    return HTMLExporter(extra_loaders=[loader], template_file="dsa_lab_offline.html.j2", **hide)
 
 
 def headline_html(findings: Findings) -> str:

@@ -113,9 +113,6 @@ def test_agreement_table_check_and_reading() -> None:
 
 
 def test_profile_sections() -> None:
-    assert profiles.config_table([]).empty
-    configs = profiles.config_table([{"backend": "reference", "strategy": "native", "extra": 1, "status": "ok"}])
-    assert list(configs.columns) == ["backend", "strategy", "status"]
     kernels = pd.DataFrame({"batch": [2, 2, 4], "next_n": [1, 4, 2]})
     assert profiles.timeline_point(kernels, None, 8) == (4, 2)  # the largest batch; its largest next_n
     assert profiles.timeline_point(kernels, 2, 4) == (2, 4)

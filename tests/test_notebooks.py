@@ -88,7 +88,8 @@ def test_notebook_executes_and_draws(path: Path, workdir: str, tmp_path: Path) -
     if path.name.startswith("03_"):
         assert outputs(nb, PROVENANCE_MIME)[0]["source"] == "measured"
         assert "Gluon goals run" in [p["label"] for p in outputs(nb, PROVENANCE_MIME)]
-        assert "**Goal 1" in text and "**Goal 4" in text and "Round 5 (issue 13)" in text
+        assert "**Goal 1" in text and "**Goal 4" in text and "(../docs/triton_kernel.md)" in text  # linked, not copied
+        assert "## Round 5 (issue 13)" not in text and "Round 10" in text
         assert "_paged_mqa_logits_gluon_kernel" in text  # the Nsight Compute table
         assert "round-10 timelines are not in this checkout" not in text  # the CTA timeline chart was drawn
     if path.name.startswith("04_"):
@@ -151,13 +152,13 @@ def test_02_reads_the_newest_measured_run(tmp_path: Path, monkeypatch: pytest.Mo
     assert "**reference on cpu (measured)**: 2 points" in text
 
 
-def test_03_without_a_shipped_triton_run_shows_a_banner_and_falls_back(empty_data: Path, tmp_path: Path) -> None:
+def test_03_without_a_run_of_the_candidate_shows_a_banner_and_falls_back(empty_data: Path, tmp_path: Path) -> None:
     nb = execute(
         REPO / "notebooks" / "03_kernel_deep_dive.ipynb", tmp_path / "out.ipynb", REPO / "notebooks", run_path=""
     )
     assert not outputs(nb, "error")
     banner = outputs(nb, FALLBACK_MIME)
-    assert len(banner) == 1 and "with the 'triton' backend" in banner[0]["missing"]
+    assert len(banner) == 1 and "with the 'gluon' backend" in banner[0]["missing"]  # the candidate, gluon
     assert "CPU reference, not H200" in text_of(nb) and "modeled" in text_of(nb)
     # the Gluon section has no stand-in: one line each saying what is missing and the command that makes it
     assert "No measured H200 run with the 'gluon' backend" in text_of(nb) and "scripts/h200_sweep.sh" in text_of(nb)

@@ -172,7 +172,7 @@ def test_the_mixed_context_outlier_is_explained_from_the_run(shipped_full_run: s
     assert gap.loc[128, "busy_programs"] > 132 * 2
     text = readings.mixed_context_reading(gap.reset_index(), "NVIDIA H200", TRITON)
     assert "B = 16" in text and "80 of its 336 programs" in text and "0.32–0.53×" in text
-    assert readings.mixed_context_reading(gap.iloc[:0], "NVIDIA H200", TRITON) == ""
+    assert "No mixed-length batch" in readings.mixed_context_reading(gap.iloc[:0], "NVIDIA H200", TRITON)
 
 
 # ---------------------------------------------------------------- notebook 04

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -67,8 +68,11 @@ def test_report_runs_good_and_reports_failing(notebooks: Path, tmp_path: Path) -
         "matplotlib.pyplot" not in html and "matplotlib.pyplot" in (out / "01_good.code.html").read_text()
     )  # no code for readers
     assert good.title == "01 · A good notebook" and good.description == "It draws one chart."
-    assert good.figures == ["figures/01_good-01.png", "figures/01_good-01.svg"]
-    assert "A CHART" in (out / "figures" / "01_good-01.svg").read_text()
+    chart = next(c for c in nbformat.read(notebooks / "01_good.ipynb", as_version=4).cells if "A CHART" in c.source)
+    assert good.figures == [f"figures/01_good-{chart.id}.png", f"figures/01_good-{chart.id}.svg"]  # named by cell
+    assert "A CHART" in (out / "figures" / f"01_good-{chart.id}.svg").read_text()
+    assert "Data: tiny run · r1 · measured" in html and "data used (tiny run)" not in html  # one line, no dump
+    assert not re.search(r"<script[^>]+src=[\"']https?:", html + (out / "01_good.code.html").read_text())
     assert good.thumbnail == "thumbs/01_good.png" and (out / good.thumbnail).stat().st_size > 0
     assert good.provenance == [{"label": "tiny run", "run_id": "r1", "source": "measured", "device": "cpu"}]
 

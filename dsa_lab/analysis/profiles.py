@@ -14,24 +14,11 @@ from dsa_lab import axes
 from dsa_lab.analysis.modeled import modeled_reread
 from dsa_lab.profiling.ncu_tables import METRICS
 from dsa_lab.profiling.step import PHASES
-from dsa_lab.profiling.torch_profile import OUTSIDE_PHASES, summarize_torch
+from dsa_lab.profiling.torch_profile import OUTSIDE_PHASES
 
 PHASE_ORDER = (*PHASES, OUTSIDE_PHASES)  # the step's phases as it runs them, then time outside them
 # ncu's tensor-pipe counters, gmma-named first (where ncu offers it), else hmma-named
 TENSOR_METRICS = {column: METRICS[column].split(".")[0] for column in ("tensor_gmma_pct", "tensor_hmma_pct")}
-CONFIG_COLUMNS = (
-    "tool",
-    "backend",
-    "strategy",
-    "batch",
-    "context",
-    "next_n",
-    "launches",
-    "rel_err",
-    "status",
-    "reason",
-)
-NCU_COLUMNS = ("dram_read_per_unique", "l2_absorbed", "l2_hit_pct", "effective_tbps", "useful_tflops")
 
 
 def tensor_column(summary: pd.DataFrame) -> str:
@@ -65,32 +52,12 @@ def versus_native(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     return merged.drop(columns=[f"{c}_native" for c in columns])
 
 
-def config_table(configs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """The configurations a profile run recorded (each checked against the reference before it was
-    profiled), in `CONFIG_COLUMNS` where it has them; empty when it recorded none."""
-    frame = pd.DataFrame(list(configs))
-    return frame[[c for c in CONFIG_COLUMNS if c in frame]]
-
-
 def timeline_point(kernels: pd.DataFrame, batch: int | None, next_n: int) -> tuple[int, int]:
     """The (batch, next_n) of the timeline chart: `batch` (None: the largest profiled), and `next_n`
     where that batch has it, else the largest profiled there."""
     batch = batch or int(kernels["batch"].max())
     next_ns = sorted(kernels.loc[kernels["batch"] == batch, "next_n"].unique())
     return batch, next_n if next_n in next_ns else int(max(next_ns))
-
-
-def step_table(kernels: pd.DataFrame) -> pd.DataFrame:
-    """Each profiled step's time and its logits kernels' time, each strategy against native."""
-    return versus_native(summarize_torch(kernels), ["step_us", "logits_us"]).round(3)
-
-
-def ncu_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """Nsight Compute per step: duration and DRAM bytes against native, and the re-read, L2 and
-    throughput columns (`NCU_COLUMNS`)."""
-    table = versus_native(summary, ["duration_ns", "dram_read_bytes"])
-    keys = [k for k in axes.NAMES if k in summary]  # a row per point
-    return table.merge(summary[[*keys, *NCU_COLUMNS]], on=keys).round(3)
 
 
 def modeled_reread_stand_in(

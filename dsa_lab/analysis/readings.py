@@ -12,7 +12,7 @@ import pandas as pd
 
 from dsa_lab.analysis.frames import measured_ok
 from dsa_lab.kernels import vllm_backend
-from dsa_lab.markup import md_text
+from dsa_lab.markup import md_code, md_text
 from dsa_lab.model.indexer import BLOCK_TOKENS
 from dsa_lab.model.roofline import GpuSpec
 from dsa_lab.policy import FAMILY_LABELS, POLICIES, RELEASES, Platform, PolicyQuery
@@ -118,10 +118,10 @@ def mixed_context_reading(
     """Markdown: why the candidate falls behind on a mixed-length batch, every number from
     `analysis.frames.mixed_context_gap` (the batch where it falls furthest behind first)."""
     baseline = vllm_backend().name if baseline is None else baseline
-    if gap.empty:
-        return ""
-    worst = gap.loc[gap["vs_best"].map(lambda span: span[0]).idxmin()]
     name = f"{candidate[0]} {candidate[1]}"
+    if gap.empty:
+        return f"*No mixed-length batch of this run has {md_code(name)} measured beside its uniform twin.*"
+    worst = gap.loc[gap["vs_best"].map(lambda span: span[0]).idxmin()]
     k = lambda n: f"{n / 1024:.1f}K"  # noqa: E731
     text = (
         f"**Why {name} falls behind at B = {worst.batch} with {_short(worst.mixed)} contexts "

@@ -18,6 +18,7 @@ from matplotlib.ticker import NullFormatter, ScalarFormatter
 from pandas.io.formats.style import Styler
 
 from dsa_lab.plots.style import STRATEGY_COLORS, VLLM_MARKER, backend_marker
+from dsa_lab.plots.tables import FoldedTable, folded
 
 LABEL_COLORS = {**STRATEGY_COLORS, "dsa_lab kernel": "#9467bd", "vLLM 0.33": "black"}
 LABEL_LINES = {"vLLM 0.33": ":", "dsa_lab kernel": "--"}
@@ -223,4 +224,54 @@ def plot_model_vs_measured(errors: pd.DataFrame, published: pd.DataFrame) -> Fig
 def style_error_summary(summary: pd.DataFrame) -> Styler:
     """`calibration.error_summary` for display: errors as percentages, no index."""
     formats = {"median_abs_error": "{:.1%}", "worst_abs_error": "{:.1%}"}
-    return summary.style.format(formats).hide(axis="index")
+    return summary.style.format(formats, escape="html").hide(axis="index")
+
+
+def style_ceilings(table: pd.DataFrame) -> FoldedTable:
+    """`analysis.e2e.ceilings_table` for display: one row per GPU (each ceiling with its unit, this project's
+    measurement beside the spec where there is one), every ceiling with its source folded below."""
+    names = {"sms": "SMs", "l2_mb": "L2", "hbm_tbps": "HBM", "fp8_tflops": "FP8", "fp32_tflops": "FP32",
+             "nvlink_gbs": "NVLink each way", "fp4_tflops": "FP4"}  # fmt: skip
+    header = table["ceiling"].map(lambda c: names.get(c, c)) + ", " + table["unit"]
+    header = header.where(table["ceiling"] != "sms", "SMs")
+    value = table["value"].map("{:g}".format) + table["measured"].map(
+        lambda m: "" if pd.isna(m) else f" (measured {m:g})"
+    )
+    overview = (
+        table.assign(value=value, header=header)
+        .pivot(index="gpu", columns="header", values="value")
+        .reindex(index=list(dict.fromkeys(table["gpu"])), columns=list(dict.fromkeys(header)))
+        .reset_index()
+        .rename(columns={"gpu": "GPU"})
+    )
+
+    def overview_style(rows: pd.DataFrame) -> Styler:
+        return rows.style.format(na_rep="—", escape="html").hide(axis="index")
+
+    def style(rows: pd.DataFrame) -> Styler:
+        return rows.style.format({"value": "{:g}", "measured": "{:g}"}, na_rep="", escape="html").hide(axis="index")
+
+    return FoldedTable(overview, table, style, "The ceilings per GPU, each with its source", overview_style)
+
+
+def style_fits(fits: pd.DataFrame) -> FoldedTable:
+    """`model.calibration.fits_table` for display, folded: the efficiencies the model fitted on the H200 sweep."""
+    names = {"bw": "bandwidth share", "compute": "compute share", "launch_us": "launch µs", "serial": "serial share"}
+
+    def style(rows: pd.DataFrame) -> Styler:
+        return rows.style.format(precision=3, escape="html").hide(axis="index")
+
+    what = "Fitted efficiencies per backend and strategy (shares of the spec ceilings; serial: of one SM's)"
+    return folded(fits.rename(columns=names), style, what)
+
+
+def style_bounds(native: pd.DataFrame) -> FoldedTable:
+    """The modeled native times of `analysis.e2e.headline_predictions` with the ceiling that bounds each, folded."""
+    shown = native[["gpu", "next_n", "time_us", "source", "modeled_bound"]].rename(
+        columns={"gpu": "GPU", "time_us": "µs", "modeled_bound": "bound by"}
+    )
+
+    def style(rows: pd.DataFrame) -> Styler:
+        return rows.style.format({"µs": "{:.0f}"}, escape="html").hide(axis="index")
+
+    return folded(shown, style, "What bounds each modeled native time")

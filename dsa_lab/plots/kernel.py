@@ -18,6 +18,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
+from pandas.io.formats.style import Styler
 
 from dsa_lab.analysis.frames import SM90_DEEPGEMM, best_option, context_order, ok_rows, vllm_path
 from dsa_lab.analysis.versus import MODELED_LABEL, kernel_comparison, modeled_gpu, modeled_vs_measured
@@ -45,6 +46,7 @@ from dsa_lab.plots.style import (
     strategy_color,
     style_handles,
 )
+from dsa_lab.plots.tables import FoldedTable, top_rows
 from dsa_lab.policy import Platform
 
 
@@ -344,37 +346,58 @@ def plot_modeled_sm100(
     return _finish(fig, title, provenance_line)
 
 
-def style_comparison(table: pd.DataFrame) -> Any:
-    """The comparison for display: times in µs, speedups shaded (blue: the candidate wins)."""
-    point = point_columns(table)
-    shown = table.assign(**{c.replace("_ms", "_us"): table[c] * 1e3 for c in ("candidate_ms", "vllm_ms", "best_ms")})
-    shown = shown[
-        [
-            *point,
-            "candidate_us",
-            "floor_pct",
-            "vllm_strategy",
-            "vllm_us",
-            "speedup_vs_vllm",
-            "best_strategy",
-            "best_us",
-            "speedup_vs_best",
-        ]
-    ]
-    speedups = ["speedup_vs_vllm", "speedup_vs_best"]
-    return (
-        shown.style.format(
-            {
-                "candidate_us": "{:.1f}",
-                "vllm_us": "{:.1f}",
-                "best_us": "{:.1f}",
-                "floor_pct": "{:.0f}%",
-                "speedup_vs_vllm": "{:.2f}x",
-                "speedup_vs_best": "{:.2f}x",
-            },
-            na_rep="—",
-            escape="html",
-        )
-        .background_gradient(subset=speedups, cmap="RdBu", vmin=0.5, vmax=1.5)
-        .hide(axis="index")
+def style_comparison(table: pd.DataFrame) -> FoldedTable:
+    """The comparison for display: times in µs, speedups shaded (blue: the candidate wins); the points where
+    the candidate gains most over vLLM's path on top, every point folded below (`plots.tables`)."""
+    names = {
+        "candidate_ms": "candidate µs",
+        "floor_pct": "floor share",
+        "vllm_strategy": "vLLM 0.33 takes",
+        "vllm_ms": "vLLM µs",
+        "speedup_vs_vllm": "speedup over vLLM",
+        "best_strategy": "best DeepGEMM option",
+        "best_ms": "best µs",
+        "speedup_vs_best": "speedup over the best",
+    }
+    shown = table[[*point_columns(table), *names]].rename(columns=names)
+    shown = shown.assign(
+        context=shown["context"].map(context_title),
+        **{c: shown[c] * 1e3 for c in ("candidate µs", "vLLM µs", "best µs")},
     )
+    speedups = ["speedup over vLLM", "speedup over the best"]
+
+    def style(rows: pd.DataFrame) -> Styler:
+        return (
+            rows.style.format(
+                {
+                    **dict.fromkeys(["candidate µs", "vLLM µs", "best µs"], "{:.1f}"),
+                    "floor share": "{:.0f}%",
+                    **dict.fromkeys(speedups, "{:.2f}x"),
+                },
+                na_rep="—",
+                escape="html",
+            )
+            .background_gradient(subset=speedups, cmap="RdBu", vmin=0.5, vmax=1.5)
+            .hide(axis="index")
+        )
+
+    return top_rows(shown, style, ["speedup over vLLM"], "points where the candidate gains most over vLLM's path")
+
+
+def style_outcomes(results: pd.DataFrame) -> FoldedTable:
+    """What became of a run's points: per backend how many were timed and skipped, and per backend, strategy
+    and outcome with its message (why a point was not timed), folded."""
+    counts = results.groupby(["backend", "status"]).size().unstack("status", fill_value=0).reset_index()
+    message = results["message"].fillna("") if "message" in results else pd.Series("", index=results.index)
+    full = (
+        results.assign(message=message)
+        .groupby(["backend", "strategy", "status", "message"], sort=False)
+        .size()
+        .rename("points")
+        .reset_index()
+    )
+
+    def style(rows: pd.DataFrame) -> Styler:
+        return rows.style.format(escape="html").hide(axis="index")
+
+    return FoldedTable(counts, full, style, "Points per backend and outcome")

@@ -39,6 +39,7 @@ from dsa_lab.plots.style import (
     series_style,
     strategy_color,
 )
+from dsa_lab.plots.tables import FoldedTable, top_rows
 from dsa_lab.policy import Platform
 from dsa_lab.workload import ContextSpec
 
@@ -230,12 +231,13 @@ def plot_modeled_speedup(frame: pd.DataFrame, device: str, baseline: str = "flat
     return fig
 
 
-def style_decisions(table: pd.DataFrame) -> Styler:
+def style_decisions(table: pd.DataFrame) -> FoldedTable:
     """`analysis.frames.decisions` for display: times in µs, vLLM's choice beside the fastest strategy
-    and the one to use (a tie within the measured spread keeps vLLM's), the speedup shaded."""
+    and the one to use (a tie within the measured spread keeps vLLM's), the speedup shaded; the points
+    where vLLM's choice loses most on top, every point folded below (`plots.tables`)."""
     shown = pd.DataFrame(
         {
-            **{k: table[k] for k in point_columns(table)},
+            **{k: table[k].map(context_title) if k == "context" else table[k] for k in point_columns(table)},
             "source": table["source"],
             "vLLM 0.33 takes": table["vllm_strategy"],
             "vLLM µs": table["vllm_ms"] * 1e3,
@@ -246,12 +248,18 @@ def style_decisions(table: pd.DataFrame) -> Styler:
             "recommended": table["recommended_strategy"],
         }
     )
-    return (
-        shown.style.format(
-            {"vLLM µs": "{:.1f}", "fastest µs": "{:.1f}", "speedup": "{:.2f}x"}, na_rep="—", escape="html"
+
+    def style(rows: pd.DataFrame) -> Styler:
+        return (
+            rows.style.format(
+                {"vLLM µs": "{:.1f}", "fastest µs": "{:.1f}", "speedup": "{:.2f}x"}, na_rep="—", escape="html"
+            )
+            .background_gradient(subset=["speedup"], cmap="Reds", vmin=1.0)
+            .hide(axis="index")
         )
-        .background_gradient(subset=["speedup"], cmap="Reds", vmin=1.0)
-        .hide(axis="index")
+
+    return top_rows(
+        shown, style, ["speedup"], "points where vLLM's choice is furthest from the fastest", tie_format="{:.2f}x"
     )
 
 

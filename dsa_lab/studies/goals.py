@@ -38,7 +38,8 @@ from dsa_lab.kernels import family_of
 from dsa_lab.markup import html_text
 from dsa_lab.model.roofline import gpu_for_device
 from dsa_lab.paths import resolve_data_path, shown_path
-from dsa_lab.plots.style import add_footer, chart_text, context_title
+from dsa_lab.plots.style import add_footer, chart_text, context_title, point_columns
+from dsa_lab.plots.tables import FoldedTable, folded
 from dsa_lab.profiling.ncu_tables import METRICS
 from dsa_lab.profiling.runs import load_profile_run
 from dsa_lab.workload import ContextSpec, format_tokens
@@ -395,72 +396,72 @@ def plot_goal_ratio_heatmap(points: pd.DataFrame, device: str, provenance_line: 
     return add_footer(fig, provenance_line)
 
 
-def style_goal_points(points: pd.DataFrame) -> Any:
+def style_goal_points(points: pd.DataFrame) -> FoldedTable:
     """`goal_points` for display: µs, ratios shaded around 1 (blue: the candidate wins),
-    the floor's share in %, verdicts as met / missed ('—': the goal does not apply, or a side was not timed)."""
-    shown = points[
-        [
-            *POINT,
-            "candidate_us",
-            "best_us",
-            "best_strategy",
-            "best_backend",
-            "ratio",
-            "flatten_atom_us",
-            "flatten_atom_ratio",
-            "floor_us",
-            "floor_share",
-            *GOAL_COLUMNS,
-        ]
-    ]
+    the floor's share in %, verdicts as met / missed ('—': the goal does not apply, or a side was not timed);
+    folded (`plots.tables`): the heatmap above draws every point's ratio."""
+    names = {
+        "candidate_us": "candidate µs",
+        "best_us": "best µs",
+        "best_strategy": "best option",
+        "best_backend": "its backend",
+        "ratio": "× best",
+        "flatten_atom_us": "flatten/atom µs",
+        "flatten_atom_ratio": "× flatten/atom",
+        "floor_us": "floor µs",
+        "floor_share": "floor share",
+        **{goal: f"goal {goal[-1]}" for goal in GOAL_COLUMNS},
+    }
+    shown = points[[*point_columns(points), *names]].rename(columns=names)
+    shown = shown.assign(context=shown["context"].map(context_title))
+    goals = [names[goal] for goal in GOAL_COLUMNS]
     verdict = lambda v: "met" if v else "missed"  # noqa: E731
     colour = lambda v: "" if pd.isna(v) else f"color: {'#1a7f37' if v else '#cf222e'}; font-weight: bold"  # noqa: E731
-    return (
-        shown.style.format(
+    style = lambda rows: (  # noqa: E731
+        rows.style.format(
             {
-                "candidate_us": "{:.1f}",
-                "best_us": "{:.1f}",
-                "flatten_atom_us": "{:.1f}",
-                "floor_us": "{:.1f}",
-                "ratio": "{:.3f}",
-                "flatten_atom_ratio": "{:.3f}",
-                "floor_share": "{:.1%}",
-                **dict.fromkeys(GOAL_COLUMNS, verdict),
+                **dict.fromkeys(["candidate µs", "best µs", "flatten/atom µs", "floor µs"], "{:.1f}"),
+                "× best": "{:.3f}",
+                "× flatten/atom": "{:.3f}",
+                "floor share": "{:.1%}",
+                **dict.fromkeys(goals, verdict),
             },
             na_rep="—",
             escape="html",
         )
-        .background_gradient(subset=["ratio", "flatten_atom_ratio"], cmap="RdBu_r", vmin=0.8, vmax=1.2)
-        .map(colour, subset=list(GOAL_COLUMNS))
+        .background_gradient(subset=["× best", "× flatten/atom"], cmap="RdBu_r", vmin=0.8, vmax=1.2)
+        .map(colour, subset=goals)
         .hide(axis="index")
     )
+    return folded(shown, style, "Every point with its goals' verdicts (its ratio: the heatmap above)")
 
 
 def style_goal_summary(summary: pd.DataFrame) -> Any:
     """`goal_summary` for display: the min and max ratio per next_n shaded around 1."""
+    names = {"ratio_min": "× best, min", "ratio_max": "× best, max", "met": "shapes met", "worst": "worst shape"}
     return (
-        summary.style.format({"ratio_min": "{:.3f}", "ratio_max": "{:.3f}"}, na_rep="—", escape="html")
-        .background_gradient(subset=["ratio_min", "ratio_max"], cmap="RdBu_r", vmin=0.8, vmax=1.2)
+        summary.rename(columns=names)
+        .style.format({"× best, min": "{:.3f}", "× best, max": "{:.3f}"}, na_rep="—", escape="html")
+        .background_gradient(subset=["× best, min", "× best, max"], cmap="RdBu_r", vmin=0.8, vmax=1.2)
         .hide(axis="index")
     )
 
 
 def style_ncu_comparison(table: pd.DataFrame) -> Any:
-    """`ncu_comparison` for display, its caption naming ncu's tensor-pipe counter."""
+    """`ncu_comparison` for display, in words and units, its caption naming ncu's tensor-pipe counter."""
     counter = table.attrs.get("tensor_counter", "?")
+    names = {
+        "us": "kernel µs",
+        "dram_read_per_unique": "DRAM / unique KV",
+        "l2_hit_pct": "L2 hit %",
+        "occupancy_pct": "occupancy %",
+        "tensor_pipe_pct": "tensor pipe busy %",
+        "useful_tflops": "useful TFLOP/s",
+    }
+    formats = ["{:.1f}", "{:.3f}", "{:.1f}", "{:.2f}", "{:.1f}", "{:.0f}"]
     return (
-        table.style.format(
-            {
-                "us": "{:.1f}",
-                "dram_read_per_unique": "{:.3f}",
-                "l2_hit_pct": "{:.1f}",
-                "occupancy_pct": "{:.2f}",
-                "tensor_pipe_pct": "{:.1f}",
-                "useful_tflops": "{:.0f}",
-            },
-            na_rep="—",
-            escape="html",
-        )
+        table.rename(columns=names)
+        .style.format(dict(zip(names.values(), formats)), na_rep="—", escape="html")
         .set_caption(
             f"Nsight Compute (kernel replay, caches flushed); tensor pipe busy: ncu counter {html_text(counter)}"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from dsa_lab.markup import md_text
 from dsa_lab.paths import docs_dir
 
 HEADING = re.compile(r"^(#+)\s+(.*)$", flags=re.MULTILINE)
@@ -44,3 +45,22 @@ def tuning_rounds(first: int = 5, document: str = "triton_kernel.md") -> str:
         except LookupError:
             return "\n\n".join(found)
         n += 1
+
+
+def titles(document: str, keyword: str) -> list[str]:
+    """The headings of `sections(document, keyword)`, its subsections' left out."""
+    found = HEADING.findall(sections(document, keyword))
+    top = min(len(level) for level, _ in found)
+    return [title for level, title in found if len(level) == top and keyword.lower() in title.lower()]
+
+
+def round_titles(first: int = 5, document: str = "triton_kernel.md") -> list[str]:
+    """The headings of `tuning_rounds(first, document)`: 'Round 5 (issue 13): ...', 'Round 6: ...'."""
+    return [title for _, title in HEADING.findall(tuning_rounds(first, document)) if title.startswith("Round")]
+
+
+def linked(document: str, section_titles: list[str], what: str) -> str:
+    """Markdown that points to the sections of docs/`document` rather than copying them: a link (relative to
+    notebooks/ and to the report's folder, both beside docs/) and the sections' titles, in one paragraph."""
+    titles = " · ".join(f"*{md_text(title)}*" for title in section_titles)
+    return f"{what}: in the lab notes, [docs/{document}](../docs/{document}), under {titles}.\n"

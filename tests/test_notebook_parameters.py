@@ -1,0 +1,69 @@
+"""Every notebook's parameters are single-line, typed assignments that papermill lists with their types
+(`papermill --help-notebook NB`, here through its inspection API), each default of its declared type."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import papermill
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+TYPES = {"str": str, "int": int, "bool": bool, "list[str]": list, "list[int]": list}
+
+# name -> type per notebook: what a user can pass with -p (`dsa-lab report -p`, papermill -p).
+EXPECTED = {
+    "00": {"device": "str", "interactive": "bool", "run_device": "str", "run_path": "str", "batch": "int",
+           "context": "str", "diagram_next_n": "int", "diagram_tiles": "int"},
+    "01": {"device": "str", "seed": "int", "interactive": "bool"},
+    "02": {"device": "str", "seed": "int", "run_device": "str", "run_path": "str", "repeat_path": "str",
+           "run_fresh": "bool", "fresh_preset": "str", "overlay_modeled": "bool", "decision_backend": "str",
+           "candidate_backend": "str", "headline_batch": "int", "headline_context": "str", "interactive": "bool"},
+    "03": {"device": "str", "run_device": "str", "run_path": "str", "batch": "int", "context": "str",
+           "candidate_backend": "str", "baseline_backend": "str", "gluon_run_path": "str", "gluon_ncu_path": "str",
+           "timeline_path": "str", "timeline_call": "str", "modeled_gpus": "list[str]", "seed": "int",
+           "interactive": "bool"},
+    "04": {"device": "str", "profile_path": "str", "focus_batch": "int", "focus_next_n": "int", "cpu_batch": "int",
+           "cpu_context": "int", "cpu_next_n": "list[int]", "interactive": "bool"},
+    "05": {"device": "str", "interactive": "bool", "run_device": "str", "run_path": "str", "profile_path": "str",
+           "candidate_backend": "str", "seed": "int", "batch": "int", "preset": "str"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_papermill_lists_every_parameter_with_its_type(path: Path) -> None:
+    params = papermill.inspect_notebook(str(path))
+    assert {name: p["inferred_type_name"] for name, p in params.items()} == EXPECTED[path.name[:2]]
+    for name, p in params.items():
+        value = ast.literal_eval(p["default"])
+        kind = TYPES[p["inferred_type_name"]]
+        assert type(value) is kind, f"{path.name}: {name} = {p['default']} is not a {p['inferred_type_name']}"
+        if p["inferred_type_name"].startswith("list["):
+            inner = TYPES[p["inferred_type_name"][5:-1]]
+            assert all(type(v) is inner for v in value), f"{path.name}: {name} = {p['default']}"
+    cell = next(c for c in nbformat.read(path, as_version=4).cells if "parameters" in c.metadata.get("tags", []))
+    lines = [line for line in cell.source.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert len(lines) == len(params), f"{path.name}: a parameter spans several lines, or a line is no parameter"
+
+
+def test_the_candidate_is_gluon_and_the_paths_parse() -> None:
+    by_stem = {p.name[:2]: papermill.inspect_notebook(str(p)) for p in NOTEBOOKS}
+    for nb in ("02", "03"):
+        assert by_stem[nb]["candidate_backend"]["default"] == '"gluon"'
+    assert ast.literal_eval(by_stem["02"]["run_path"]["default"]) == "h200/h200-full-20261129"
+    assert ast.literal_eval(by_stem["03"]["timeline_path"]["default"]) == "h200/experiments/gluon-round10-20261130"
+
+
+def test_papermill_help_notebook_prints_the_types() -> None:
+    """The command a user types, once: the types are in its output."""
+    nb03 = next(p for p in NOTEBOOKS if p.name.startswith("03_"))
+    shown = subprocess.run(
+        [sys.executable, "-m", "papermill", "--help-notebook", str(nb03)], capture_output=True, text=True, check=True
+    ).stdout
+    assert 'candidate_backend: str (default "gluon")' in shown and "modeled_gpus: list[str]" in shown
+    assert "Unknown type" not in shown
