@@ -248,9 +248,10 @@ def _rgb(colour: str) -> tuple[float, float, float]:
 def test_one_speedup_palette_in_every_table() -> None:
     """Faster than what it is held to is blue, slower red, the same white: in the headline, the decision
     table and the comparison alike (the headline used Reds for good news, the heatmaps RdBu)."""
-    frame = pd.DataFrame({"speedup": [2.0, 1.0, 0.5]})
+    frame = pd.DataFrame({"speedup": [2.0, 1.0, 0.5, np.nan]})
     styled = style.shade_speedups(frame.style, ["speedup"])
     faster, same, slower = (_rgb(_background(styled, i, "speedup")) for i in range(3))
+    assert _background(styled, 3, "speedup") == ""  # an empty cell stays unshaded (not the colour map's black)
     assert faster[2] > faster[0] + 0.2 and slower[0] > slower[2] + 0.2
     assert min(same) > 0.9  # white-ish
     assert style.speedup_norm([0.5, 2.0])(1.0) == pytest.approx(0.5)

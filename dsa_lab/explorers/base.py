@@ -4,14 +4,19 @@ CSS classes (what the browser test looks for): the explorer box carries
 `dsa-lab-explorer`, the control a test may move `dsa-lab-explorer-probe`, the output area
 `dsa-lab-explorer-output`, and an error line `dsa-lab-error`.
 
-Figures are rendered explicitly (`show_figure`: saved to PNG, closed, displayed), never through
-`plt.show()`: ipykernel 7 may run a widget callback on its main thread rather than the thread that
-owns the cell, and the inline backend then flushes a blank figure or none.
+Figures are rendered explicitly, never through `plt.show()` (ipykernel 7 may run a widget callback
+on its main thread rather than the thread that owns the cell, and the inline backend then flushes a
+blank figure or none): `show_figure` takes the figure out of pyplot's registry first, then draws it on
+an Agg canvas of its own and displays the PNG. The order matters: rendered while still registered,
+notebook 05's explorer drew a blank PNG after a move in 3 of 3 JupyterLab runs (the kernel's own
+bytes, not the browser's); closed first, every move drew (2 of 2 runs). Redraws never overlap
+(`DRAWING`), whichever thread a callback arrives on.
 """
 
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from typing import Any
@@ -19,12 +24,14 @@ from typing import Any
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from IPython.display import HTML, Image, Markdown, display
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 EXPLORER_CLASS = "dsa-lab-explorer"
 PROBE_CLASS = "dsa-lab-explorer-probe"
 OUTPUT_CLASS = "dsa-lab-explorer-output"
 ERROR_CLASS = "dsa-lab-error"
+DRAWING = threading.RLock()  # one redraw at a time, whichever thread the kernel runs a callback on
 
 Draw = Callable[..., None]
 # The options each dependent control may offer, given every control's value: {name: [(label, value), ...]}.
@@ -39,7 +46,9 @@ def show_error(err: Exception) -> None:
 
 
 def figure_png(fig: Figure) -> bytes:
-    """The figure as the inline backend would show it (a tight box takes the footer in), as PNG bytes."""
+    """The figure as the inline backend would show it (a tight box takes the footer in), as PNG bytes, drawn
+    on an Agg canvas of its own (no renderer shared with the backend's canvas)."""
+    FigureCanvasAgg(fig)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", bbox_inches="tight")
     return buffer.getvalue()
@@ -47,20 +56,21 @@ def figure_png(fig: Figure) -> bytes:
 
 def show_figure(fig: Figure) -> None:
     """Close `fig`, then display its PNG: the picture is in the output before the callback returns."""
-    png = figure_png(fig)
-    plt.close(fig)
-    display(Image(data=png, format="png"))
+    plt.close(fig)  # out of pyplot's registry first: nothing else may draw or flush it while it renders
+    display(Image(data=figure_png(fig), format="png"))
 
 
 def _draw_safely(draw: Draw, values: Mapping[str, Any]) -> None:
     """Run `draw`; a refused input (ValueError, the project's error type) becomes one line, not a traceback.
-    No figure outlives the call: one left open would be flushed again, outside the explorer."""
+    No figure it opened outlives the call: one left open would be flushed again, outside the explorer."""
+    before = set(plt.get_fignums())
     try:
         draw(**values)
     except ValueError as err:
         show_error(err)
     finally:
-        plt.close("all")
+        for number in set(plt.get_fignums()) - before:
+            plt.close(number)
 
 
 def _option_values(options: Sequence[Any]) -> list[Any]:
@@ -134,7 +144,7 @@ def explore(
         nonlocal settling
         if settling:  # a control being offered new options: one redraw once all have settled
             return
-        with output:
+        with DRAWING, output:
             output.clear_output(wait=True)
             if allowed is not None:
                 settling = True

@@ -31,8 +31,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib import colormaps
 from matplotlib.axes import Axes
-from matplotlib.colors import TwoSlopeNorm
+from matplotlib.colors import TwoSlopeNorm, to_hex
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from pandas.io.formats.style import Styler
@@ -166,13 +167,19 @@ def speedup_norm(values: Any) -> TwoSlopeNorm:
 
 
 def shade_speedups(styler: Styler, columns: list[str]) -> Styler:
-    """A table's speedup columns shaded in `SPEEDUP_CMAP`, centred at 1 on a ratio scale (log), one
-    scale for all of them: blue faster than what it is held to, red slower, white the same."""
-    values = styler.data[columns].astype(float)
-    reach = float(np.log(speedup_span(values.to_numpy())))
-    return styler.background_gradient(
-        subset=columns, cmap=SPEEDUP_CMAP, gmap=np.log(values.where(values > 0)), vmin=-reach, vmax=reach, axis=None
-    )
+    """A table's speedup columns shaded as the heatmaps are (`SPEEDUP_CMAP` on `speedup_norm`, one scale for
+    all of them): blue faster than what it is held to, red slower, white the same; an empty cell unshaded."""
+    norm = speedup_norm(styler.data[columns].to_numpy(dtype=float))
+    cmap = colormaps[SPEEDUP_CMAP]
+
+    def css(value: Any) -> str:
+        if not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
+            return ""
+        red, green, blue, _ = cmap(norm(value))
+        text = "#f1f1f1" if 0.2126 * red + 0.7152 * green + 0.0722 * blue < 0.45 else "#1f2328"
+        return f"background-color: {to_hex((red, green, blue))}; color: {text}"
+
+    return styler.map(css, subset=columns)
 
 
 def series_label(strategy: str, backend: str, source: str = "measured") -> str:
