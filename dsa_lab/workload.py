@@ -284,11 +284,11 @@ class ContextSpec:
 
     @property
     def short(self) -> str:
-        """For people: '64K', 'mixed 1K-64K', 'lognormal 8K, sigma 1.5' (`label` is the canonical name runs store)."""
+        """For people: '64K', 'mixed 1K-64K', 'lognormal 8K σ1.5' (`label` is the canonical name runs store)."""
         if self.distribution == "mixed":
             text = f"mixed {format_tokens(self.low)}-{format_tokens(self.high)}"
         elif self.distribution == "lognormal":
-            text = f"lognormal {format_tokens(self.median)}, sigma {self.sigma:g}"
+            text = f"lognormal {format_tokens(self.median)} σ{self.sigma:g}"
         else:
             text = format_tokens(self.low)
         return text if self.order == "shuffled" else f"{text}, {self.order}"

@@ -14,6 +14,8 @@ through `window.jupyterapp` (the server runs with `LabApp.expose_app_in_browser`
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import re
@@ -48,6 +50,11 @@ PROBE = ".dsa-lab-explorer-probe select"
 OUTPUT = ".dsa-lab-explorer-output"
 EXPLORER_ERROR = ".dsa-lab-error"
 TRACEBACK_MARK = "Traceback (most recent call last)"
+SELECTS = "select:not([multiple])"  # an explorer's Dropdowns (a SelectMultiple is a <select multiple>)
+# A chart is blank when its pixels barely vary: a white (or one-colour) PNG. A real chart's text and lines
+# give a standard deviation of tens (0-255 scale); a blank one 0, or below 1 with antialiased noise.
+MIN_PIXEL_STD = 2.0
+MIN_INK_SHARE = 0.002  # and at least this share of pixels differ from the background (the commonest colour)
 # Run → Run All Cells in JupyterLab 4 (the menu's own command, then the notebook's).
 RUN_ALL = ".lm-Menu-item[data-command='runmenu:run-all'], .lm-Menu-item[data-command='notebook:run-all-cells']"
 
@@ -78,6 +85,31 @@ def browser_missing() -> str | None:
         where = os.environ.get(CHROMIUM_ENV) or " or ".join(CHROMIUM_NAMES) + " on PATH"
         return f"no Chromium found ({where}); install it, e.g. `apt-get install chromium`"
     return None
+
+
+def image_problem(png: bytes) -> str | None:
+    """Why a chart's PNG is blank or unreadable, or None when it shows something (pixel variance and ink)."""
+    import numpy as np
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        pixels = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.float64)
+    except (UnidentifiedImageError, OSError) as err:
+        return f"not a readable image ({len(png)} bytes: {err})"
+    height, width, _ = pixels.shape
+    spread = float(pixels.std(axis=(0, 1)).max())
+    flat = pixels.reshape(-1, 3)
+    colours, counts = np.unique(flat, axis=0, return_counts=True)
+    ink = 1.0 - counts.max() / len(flat)
+    if spread < MIN_PIXEL_STD or ink < MIN_INK_SHARE:
+        return f"blank: {width}x{height} px, pixel std {spread:.2f}, {ink:.2%} of pixels off the background"
+    return None
+
+
+def data_url_png(src: str) -> bytes:
+    """The PNG an <img src="data:image/png;base64,..."> holds (b"" for any other source)."""
+    head, _, body = src.partition(",")
+    return base64.b64decode(body) if head.startswith("data:image/png;base64") else b""
 
 
 def free_port() -> int:
@@ -409,7 +441,27 @@ class NotebookPage:
     def move_probe(
         self, explorer: Any, timeout: float = 120.0, quiet: float = 1.5, images: int | None = None
     ) -> tuple[str, str]:
-        """Select another option of the explorer's probe; wait until its output changed and settled.
+        """Move the explorer's probe (`move_select`)."""
+        return self.move_select(explorer, explorer.locator(PROBE).first, timeout, quiet, images)
+
+    def selects(self, explorer: Any) -> list[Any]:
+        """The explorer's Dropdowns a user can move now: enabled, with another option to pick."""
+        found = explorer.locator(SELECTS)
+        chosen = []
+        for i in range(found.count()):
+            select = found.nth(i)
+            if select.is_enabled() and select.locator("option").count() > 1:
+                chosen.append(select)
+        return chosen
+
+    def images(self, explorer: Any) -> list[bytes]:
+        """The PNG of every chart the explorer shows (JupyterLab renders image/png as a data URL)."""
+        return [data_url_png(src or "") for src in explorer.locator("img").evaluate_all("els => els.map(e => e.src)")]
+
+    def move_select(
+        self, explorer: Any, select: Any, timeout: float = 120.0, quiet: float = 1.5, images: int | None = None
+    ) -> tuple[str, str]:
+        """Select another option of one of the explorer's Dropdowns; wait until its output changed and settled.
 
         Settled: the kernel is idle, every image in the output is decoded, and the output's DOM
         has not changed for `quiet` seconds of the page's own clock (an ipywidgets Output receives
@@ -418,17 +470,16 @@ class NotebookPage:
         longer than `quiet` between clearing the output and drawing into it; the caller asserts
         the count, so a redraw that never comes still fails there).
         Returns (old option, new option)."""
-        probe = explorer.locator(PROBE).first
         output = explorer.locator(OUTPUT).first
-        options = probe.locator("option").all_inner_texts()
+        options = select.locator("option").all_inner_texts()
         if len(options) < 2:
-            raise AssertionError(f"{self.name}: the explorer's probe offers {options!r}; it needs two options")
-        old_index = probe.evaluate("s => s.selectedIndex")
+            raise AssertionError(f"{self.name}: the explorer's control offers {options!r}; it needs two options")
+        old_index = select.evaluate("s => s.selectedIndex")
         new_index = (old_index + 1) % len(options)
-        moved = f"moving the probe from {options[old_index]!r} to {options[new_index]!r}"
+        moved = f"moving a control from {options[old_index]!r} to {options[new_index]!r}"
         before = output.inner_html()
         output.evaluate(_WATCH_JS)
-        probe.select_option(index=new_index)
+        select.select_option(index=new_index)
         try:
             self.page.wait_for_function(
                 "el => el.__dsaMutations > 0", arg=output.element_handle(), timeout=timeout * 1000, polling=100

@@ -1,9 +1,11 @@
 """Every notebook, opened in JupyterLab in a real (headless Chromium) browser, as users run it.
 
 JupyterLab serves `notebooks/` (so each kernel starts there), runs every notebook through
-Run → Run All Cells, and no cell may show an error; then each explorer's probe control is
-moved and its output must change, without the explorer's one-line error. Screenshots land
-in reports/browser/. Needs Chromium (Debian: `apt-get install chromium`) and the `playwright`
+Run → Run All Cells, and no cell may show an error; then each of an explorer's Dropdowns is
+moved in turn (those it offers: enabled, with a second option) and after every move its output
+must change, without the explorer's one-line error, and every chart must be a new picture that is
+not blank (`browser_support.image_problem`: pixel variance and ink; the canary shows it catches a
+blank PNG). Screenshots land in reports/browser/. Needs Chromium (Debian: `apt-get install chromium`) and the `playwright`
 package; without them the test skips, unless DSA_LAB_REQUIRE_BROWSER is set (as .ci/run does).
 """
 
@@ -26,6 +28,7 @@ from browser_support import (
     NotebookPage,
     browser_missing,
     find_chromium,
+    image_problem,
 )
 
 pytestmark = pytest.mark.browser
@@ -89,8 +92,8 @@ def lab(browser: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
 
 
 def canary_notebook() -> nbformat.NotebookNode:
-    """A notebook the check must judge right: a warning on stderr (fine), two explorers that
-    follow the convention (one shows the one-line error once moved), then an exception."""
+    """A notebook the check must judge right: a warning on stderr (fine), three explorers that
+    follow the convention (one shows the one-line error once moved, one a blank chart), then an exception."""
     explorer = textwrap.dedent("""
         import ipywidgets as w
         from IPython.display import HTML, display
@@ -109,7 +112,20 @@ def canary_notebook() -> nbformat.NotebookNode:
         display(explorer(["a", "b"], lambda v: print("value", v)))
         display(explorer(["valid", "invalid"], lambda v: display(HTML(
             '<span class="dsa-lab-error">invalid: pick another</span>' if v == "invalid" else "fine"))))
-    """)
+
+        import io
+        import matplotlib.pyplot as plt
+        from IPython.display import Image
+
+        def png(blank):
+            fig = plt.figure(figsize=(3, 2))
+            if not blank:
+                fig.gca().plot([0, 1], [0, 1])
+            buffer = io.BytesIO(); fig.savefig(buffer, format="png"); plt.close(fig)
+            return buffer.getvalue()
+
+        display(explorer(["chart", "blank"], lambda v: display(Image(png(v == "blank")))))
+    """)  # fmt: skip
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
     nb.cells = [
@@ -139,12 +155,17 @@ def test_the_browser_check_tells_errors_from_warnings_and_sees_explorers_move(
         assert outcome.not_run == ["cell 4 (\"print('never reached')\")"], outcome.not_run
         stderr = page.page.locator("[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()
         assert any("only a warning" in text for text in stderr), "the warning was not shown on stderr"
-        good, bad = page.explorers()
+        good, bad, blank = page.explorers()
         assert page.move_probe(good) == ("a", "b")
         assert "value b" in good.locator(OUTPUT).inner_text()
         assert good.locator(EXPLORER_ERROR).count() == 0
         assert page.move_probe(bad) == ("valid", "invalid")
         assert bad.locator(EXPLORER_ERROR).count() == 1, "the explorer's one-line error was not seen"
+        (chart,) = page.images(blank)
+        assert image_problem(chart) is None, image_problem(chart)
+        assert page.move_probe(blank, images=1) == ("chart", "blank")
+        (drawn,) = page.images(blank)
+        assert (image_problem(drawn) or "").startswith("blank:"), "the pixel check passed a blank chart"
     finally:
         if page is not None:
             page.close()
@@ -171,19 +192,42 @@ def test_notebook_runs_in_jupyterlab_and_its_explorers_respond(
         explorers = page.explorers()
         expected = EXPECTED_EXPLORERS.get(path.name[:2], 0)
         assert len(explorers) >= expected, f"{path.name}: {len(explorers)} explorer(s) on the page, expected {expected}"
+        changes = checked = 0
         for number, explorer in enumerate(explorers, start=1):
             charts = explorer.locator("img")
             charts_before = charts.count()
-            old, new = page.move_probe(explorer, images=charts_before)
+            assert charts_before > 0, f"{path.name}, explorer {number}: drew no chart before any move"
+            shown = page.images(explorer)
+            checked += len(shown)
+            problems = [p for p in map(image_problem, shown) if p]
+            assert not problems, f"{path.name}, explorer {number}, as first drawn: {problems}"
+            # every Dropdown it offers, in turn (counted anew: a control may offer more after another moved)
+            index = 0
+            while index < len(page.selects(explorer)):
+                select = page.selects(explorer)[index]
+                charts.evaluate_all("els => els.forEach(e => { e.__dsaOld = true; })")
+                old, new = page.move_select(explorer, select, images=charts_before)
+                changes += 1
+                where = f"{path.name}, explorer {number}, control {index + 1} moved from {old!r} to {new!r}"
+                errors = explorer.locator(EXPLORER_ERROR).all_inner_texts()
+                assert not errors, f"{where}: the explorer shows its error: {errors}"
+                assert TRACEBACK_MARK not in explorer.inner_text(), f"{where}: a traceback in the explorer's output"
+                assert charts.count() == charts_before, (
+                    f"{where}: {charts.count()} charts after the move, {charts_before} before"
+                )
+                stale = charts.evaluate_all("els => els.filter(e => e.__dsaOld).length")
+                assert stale == 0, f"{where}: {stale} chart(s) not redrawn"
+                drawn = page.images(explorer)
+                problems = [p for p in map(image_problem, drawn) if p]
+                for k, png in enumerate(drawn if problems else []):  # kept beside the screenshots, to look at
+                    (screenshots / f"{path.stem}-explorer{number}-move{changes}-chart{k + 1}.png").write_bytes(png)
+                assert not problems, f"{where}: {problems}"
+                assert drawn != shown, f"{where}: the charts are the same pictures as before the move"
+                checked += len(drawn)
+                shown = drawn
+                index += 1
             page.screenshot_explorer(explorer, screenshots / f"{path.stem}-explorer{number}.png")
-            where = f"{path.name}, explorer {number}, probe moved from {old!r} to {new!r}"
-            assert charts_before > 0, f"{path.name}, explorer {number}: drew no chart before the move"
-            assert charts.count() == charts_before, (
-                f"{where}: {charts.count()} charts after the move, {charts_before} before"
-            )
-            errors = explorer.locator(EXPLORER_ERROR).all_inner_texts()
-            assert not errors, f"{where}: the explorer shows its error: {errors}"
-            assert TRACEBACK_MARK not in explorer.inner_text(), f"{where}: a traceback in the explorer's output"
+        print(f"{path.name}: {len(explorers)} explorer(s), {changes} control moves, {checked} charts checked")
     finally:
         page.close()
         lab.shutdown_kernels()

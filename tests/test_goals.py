@@ -172,14 +172,17 @@ def test_a_missing_candidate_is_an_error(results: pd.DataFrame) -> None:
     assert other["candidate_us"].notna().sum() == 1 and np.isclose(other.loc[(16, "8192", 2), "ratio"], 10 / 15)
 
 
-def test_heatmap_ratio_cells_and_footer(points: pd.DataFrame) -> None:
+def test_heatmap_speedup_cells_and_footer(points: pd.DataFrame) -> None:
+    """The heatmap shows speedups (the best option's time / the candidate's: > 1 faster), the one ratio
+    direction of every chart, in the one speedup palette centred at 1 and as far either way in ratio."""
     fig = goals.plot_goal_ratio_heatmap(points.reset_index(), "NVIDIA H200", "measured on NVIDIA H200 | run x", "gluon")
     texts = [t.get_text() for t in fig.axes[0].texts]
-    assert "1.111\nnative\ndeepgemm-pr340" in texts  # two DeepGEMM backends win somewhere: the cell names it
-    assert "0.760\natom\ndeepgemm" in texts
+    assert "0.900\nnative\ndeepgemm-pr340" in texts  # two DeepGEMM backends win somewhere: the cell names it
+    assert "1.316\natom\ndeepgemm" in texts  # time ratio 0.76: gluon 1.316x faster
     assert style.footer_text(fig) == "measured on NVIDIA H200 | run x"
     norm = fig.axes[0].collections[0].norm
-    assert norm.vcenter == 1.0 and np.isclose(1.0 - norm.vmin, norm.vmax - 1.0)
+    assert norm.vcenter == 1.0 and np.isclose(1.0 / norm.vmin, norm.vmax)
+    assert fig.axes[0].collections[0].cmap.name == style.SPEEDUP_CMAP
     with pytest.raises(ValueError, match="no point has both"):
         goals.plot_goal_ratio_heatmap(points.reset_index().assign(ratio=np.nan), "H200", None, "gluon")
     html = goals.style_goal_points(points.reset_index()).to_html()

@@ -132,8 +132,9 @@ def test_measured_and_modeled_speedups_never_share_a_colour_scale(shipped_full_r
     fig = latency.plot_speedup(both, "NVIDIA H200", provenance_line="run x")
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert len(titles) == 4 and not any("modeled" in t for t in titles)  # measured panels only
-    measured_max = frames.speedup_over_strategy(results)["speedup"].max()
-    assert fig.axes[0].collections[0].norm.vmax == pytest.approx(max(measured_max, 1.05))
+    measured = frames.speedup_over_strategy(results)["speedup"]
+    assert fig.axes[0].collections[0].norm.vmax == pytest.approx(style.speedup_span(measured))
+    assert style.speedup_span(measured) >= measured.max() and 1 / style.speedup_span(measured) <= measured.min()
     modeled = latency.plot_modeled_speedup(both, "NVIDIA H200")
     (ax, _) = modeled.axes
     assert "modeled" in ax.get_title() and "not measured" in ax.get_title()
@@ -228,3 +229,87 @@ def test_the_footer_names_the_pr340_build_by_its_commit() -> None:
     provenance = {**PROVENANCE, "environment": {**PROVENANCE["environment"], "deepgemm_pr340_origin": origin}}
     assert style.provenance_line(provenance).endswith(", deepgemm-pr340 @57b90e0")
     assert "pr340" not in style.provenance_line(PROVENANCE)
+
+
+# ---------------------------------------------------------------- one visual language (issue 21)
+
+
+def test_no_backend_marker_is_a_glyph_with_another_meaning() -> None:
+    """The modeled X, vLLM's diamond and the unknown backend's triangle mean something else: no backend
+    declares them (PR #340 once drew its measured points with the modeled X)."""
+    markers = {name: style.backend_marker(name) for name in backend_names()}
+    reserved = {style.MODELED_MARKER, style.VLLM_MARKER["marker"], style.UNKNOWN_MARKER}
+    assert not reserved & set(markers.values()), markers
+    assert len(set(markers.values())) == len(markers)
+    colours = [style.backend_color(name) for name in backend_names()]
+    assert len(set(colours)) == len(colours)
+
+
+def _background(styler, row: int, column: str) -> str:
+    styler._compute()
+    j = list(styler.data.columns).index(column)
+    return dict(styler.ctx[(row, j)]).get("background-color", "")
+
+
+def _rgb(colour: str) -> tuple[float, float, float]:
+    return matplotlib.colors.to_rgb(colour)
+
+
+def test_one_speedup_palette_in_every_table() -> None:
+    """Faster than what it is held to is blue, slower red, the same white: in the headline, the decision
+    table and the comparison alike (the headline used Reds for good news, the heatmaps RdBu)."""
+    frame = pd.DataFrame({"speedup": [2.0, 1.0, 0.5, np.nan]})
+    styled = style.shade_speedups(frame.style, ["speedup"])
+    faster, same, slower = (_rgb(_background(styled, i, "speedup")) for i in range(3))
+    assert _background(styled, 3, "speedup") == ""  # an empty cell stays unshaded (not the colour map's black)
+    assert faster[2] > faster[0] + 0.2 and slower[0] > slower[2] + 0.2
+    assert min(same) > 0.9  # white-ish
+    assert style.speedup_norm([0.5, 2.0])(1.0) == pytest.approx(0.5)
+    assert matplotlib.colormaps[style.SPEEDUP_CMAP](0.9)[2] > 0.5  # the top of the scale is blue
+
+
+def test_tables_shade_speedups_blue_when_faster(shipped_full_run: store.Run) -> None:
+    results = shipped_full_run.results
+    table = frames.decisions(results, "deepgemm")
+    styled = latency.style_decisions(table)
+    row = int(table["speedup"].to_numpy().argmax())
+    r, _, b = _rgb(_background(styled, row, "speedup"))
+    assert b > r  # the largest speedup over vLLM's choice: blue
+    rows = headline.headline_table(results, 128, "65536", "deepgemm")
+    head = tour.style_headline(rows, "H200")
+    best = int(rows["speedup"].to_numpy().argmax())
+    r, _, b = _rgb(_background(head, best, "speedup"))
+    assert b > r
+
+
+def test_more_than_two_backends_colour_lines_by_backend() -> None:
+    """Four native lines in one blue cannot be told apart: past two backends a chart colours by backend
+    (its descriptor's colour) and draws the strategy as the line style."""
+    serving = store.load_run(resolve_data_path("h200/h200-serving-20261201")).results
+    point = frames.ok_rows(serving)
+    point = point[(point["batch"] == 128) & (point["context"] == "65536")]
+    point = point[(point["acceptance"] == "none") & (point["logits_width"] == "batch")]
+    point = point[(point["timed"] == "logits") & (point["timer"] == "events")]
+    assert point["backend"].nunique() > 2
+    fig = latency.plot_point(point, "deepgemm", "title")
+    native = {line.get_label(): line for line in fig.axes[1].get_lines() if line.get_label().startswith("native (")}
+    assert len(native) == point.loc[point["strategy"] == "native", "backend"].nunique() > 2
+    colours = {matplotlib.colors.to_hex(line.get_color()) for line in native.values()}
+    assert len(colours) == len(native) and all(line.get_linestyle() == "-" for line in native.values())
+    flatten = [line for line in fig.axes[1].get_lines() if line.get_label().startswith("flatten (")]
+    assert flatten and all(line.get_linestyle() == ":" for line in flatten)
+    two = point[point["backend"].isin(["deepgemm", "triton"])]
+    fig = latency.plot_point(two, "deepgemm", "title")
+    native = [line for line in fig.axes[1].get_lines() if line.get_label().startswith("native (")]
+    assert {matplotlib.colors.to_hex(line.get_color()) for line in native} == {style.STRATEGY_COLORS["native"]}
+
+
+def test_serving_values_get_human_labels() -> None:
+    assert style.context_title("lognormal:16384:1.2") == "lognormal 16K σ1.2"
+    assert style.context_title("mixed:2048-131072") == "mixed 2K-128K" and style.context_title("65536") == "64K"
+    assert style.axis_value_title("acceptance", "none") == "every draft accepted"
+    assert style.axis_value_title("acceptance", "v4flash-dspark-ascend13640:2") == (
+        "v4flash-dspark-ascend13640, first 2 (0.739, 0.478)"
+    )
+    assert style.axis_value_title("logits_width", "model:163840") == "logits 160K wide (vLLM's max_model_len)"
+    assert style.axis_value_title("batch", 128) == "128"

@@ -68,8 +68,8 @@ def test_shipped_runs_load_with_their_lengths(run) -> None:
         ("mixed:1K-64K", "mixed:1024-65536", "mixed 1K-64K"),
         ("mixed:1K-64K:sorted", "mixed:1024-65536:sorted", "mixed 1K-64K, sorted"),
         ("mixed:64-256:shuffled", "mixed:64-256", "mixed 64-256"),
-        ("lognormal:8K:1.50", "lognormal:8192:1.5", "lognormal 8K, sigma 1.5"),
-        ("LOGNORMAL:16384:2:sorted", "lognormal:16384:2.0:sorted", "lognormal 16K, sigma 2, sorted"),
+        ("lognormal:8K:1.50", "lognormal:8192:1.5", "lognormal 8K σ1.5"),
+        ("LOGNORMAL:16384:2:sorted", "lognormal:16384:2.0:sorted", "lognormal 16K σ2, sorted"),
     ],
 )
 def test_context_labels_are_canonical_and_round_trip(typed, label, short) -> None:

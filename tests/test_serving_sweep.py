@@ -125,7 +125,7 @@ def test_lognormal_and_sorted_contexts_are_ordered_titled_and_twinned() -> None:
         "lognormal:4096:1.5",
         "lognormal:16384:1.2",
     ]
-    assert context_title("lognormal:16384:1.2:sorted") == "lognormal 16K, sigma 1.2, sorted"
+    assert context_title("lognormal:16384:1.2:sorted") == "lognormal 16K σ1.2, sorted"
     assert uniform_twin("mixed:2048-131072:sorted") == "131072" and uniform_twin("lognormal:16384:1.2") == "16384"
 
 

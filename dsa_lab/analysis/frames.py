@@ -178,11 +178,13 @@ def recommend(
     vllm_backend: str | None = None,
     platform: Platform = SM90_DEEPGEMM,
     source: str | None = "measured",
+    strategies: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """The answer at every point: what vLLM 0.33 takes, the fastest option and which to use.
 
-    Options are the timed rows of `backends` (default: every backend in the frame) of `source`, native
-    twins left out (`native_twins`). `vllm_*` is vLLM's strategy on `platform` timed on `vllm_backend`
+    Options are the timed rows of `backends` (default: every backend in the frame) and `strategies`
+    (default: all) of `source`, native twins left out (`native_twins`); vLLM's choice is timed whatever
+    they leave out. `vllm_*` is vLLM's strategy on `platform` timed on `vllm_backend`
     (default: what vLLM runs); `best_*` the fastest option; `speedup` = vLLM's time / the best's;
     `beyond_spread` when vLLM's 25th percentile lies above the best's 75th. The recommendation
     (`recommended_*`) is the best option only beyond the spread: a tie within the measured spread keeps
@@ -192,13 +194,14 @@ def recommend(
     data = timed(frame, source)
     backends = sorted(data["backend"].unique()) if backends is None else list(backends)
     path = vllm_path(data, vllm_backend, platform, source)
-    table = path.merge(best_option(data, backends, source=source), on=POINT, how="inner")
+    table = path.merge(best_option(data, backends, strategies, source=source), on=POINT, how="inner")
     table["speedup"] = table["vllm_ms"] / table["best_ms"]
     table["beyond_spread"] = table["vllm_p25_ms"] > table["best_p75_ms"]
     keep = table["vllm_ms"].notna() & ~table["beyond_spread"]
     for what in ("strategy", "backend", "ms"):
         table[f"recommended_{what}"] = table[f"vllm_{what}"].where(keep, table[f"best_{what}"])
     mine = data[data["backend"].isin(backends)]
+    mine = mine if strategies is None else mine[mine["strategy"].isin(list(strategies))]
     options = mine.groupby(POINT)["strategy"].agg(lambda s: ", ".join(sorted(set(s)))).rename("options_timed")
     return by_point(table.merge(options.reset_index(), on=POINT, how="left"))
 

@@ -3,24 +3,39 @@
 CSS classes (what the browser test looks for): the explorer box carries
 `dsa-lab-explorer`, the control a test may move `dsa-lab-explorer-probe`, the output area
 `dsa-lab-explorer-output`, and an error line `dsa-lab-error`.
+
+Figures are rendered explicitly, never through `plt.show()` (ipykernel 7 may run a widget callback
+on its main thread rather than the thread that owns the cell, and the inline backend then flushes a
+blank figure or none): `show_figure` takes the figure out of pyplot's registry first, then draws it on
+an Agg canvas of its own and displays the PNG. The order matters: rendered while still registered,
+notebook 05's explorer drew a blank PNG after a move in 3 of 3 JupyterLab runs (the kernel's own
+bytes, not the browser's); closed first, every move drew (2 of 2 runs). Redraws never overlap
+(`DRAWING`), whichever thread a callback arrives on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import io
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from typing import Any
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
-from IPython.display import HTML, Markdown, display
+from IPython.display import HTML, Image, Markdown, display
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 EXPLORER_CLASS = "dsa-lab-explorer"
 PROBE_CLASS = "dsa-lab-explorer-probe"
 OUTPUT_CLASS = "dsa-lab-explorer-output"
 ERROR_CLASS = "dsa-lab-error"
+DRAWING = threading.RLock()  # one redraw at a time, whichever thread the kernel runs a callback on
 
 Draw = Callable[..., None]
+# The options each dependent control may offer, given every control's value: {name: [(label, value), ...]}.
+Allowed = Callable[[Mapping[str, Any]], Mapping[str, Sequence[Any]]]
 
 
 def show_error(err: Exception) -> None:
@@ -30,13 +45,65 @@ def show_error(err: Exception) -> None:
     )
 
 
+def figure_png(fig: Figure) -> bytes:
+    """The figure as the inline backend would show it (a tight box takes the footer in), as PNG bytes, drawn
+    on an Agg canvas of its own (no renderer shared with the backend's canvas)."""
+    FigureCanvasAgg(fig)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def show_figure(fig: Figure) -> None:
+    """Close `fig`, then display its PNG: the picture is in the output before the callback returns."""
+    plt.close(fig)  # out of pyplot's registry first: nothing else may draw or flush it while it renders
+    display(Image(data=figure_png(fig), format="png"))
+
+
 def _draw_safely(draw: Draw, values: Mapping[str, Any]) -> None:
-    """Run `draw`; a refused input (ValueError, the project's error type) becomes one line, not a traceback."""
+    """Run `draw`; a refused input (ValueError, the project's error type) becomes one line, not a traceback.
+    No figure it opened outlives the call: one left open would be flushed again, outside the explorer."""
+    before = set(plt.get_fignums())
     try:
         draw(**values)
     except ValueError as err:
-        plt.close("all")
         show_error(err)
+    finally:
+        for number in set(plt.get_fignums()) - before:
+            plt.close(number)
+
+
+def _option_values(options: Sequence[Any]) -> list[Any]:
+    return [o[1] if isinstance(o, tuple) else o for o in options]
+
+
+def _offer(control: widgets.ValueWidget, options: Sequence[Any]) -> bool:
+    """Give `control` these options, keeping its value where still offered (else the first); True if it changed."""
+    options = list(options)
+    allowed = _option_values(options)
+    control.disabled = len(allowed) <= 1  # one choice: shown, not offered
+    if tuple(control.options) == tuple(options):
+        return False
+    if isinstance(control, widgets.SelectMultiple):
+        kept = tuple(v for v in control.value if v in allowed)
+        control.options = options
+        control.value = kept or tuple(allowed)
+    else:
+        kept = control.value
+        control.options = options
+        if allowed:
+            control.value = kept if kept in allowed else allowed[0]
+    return True
+
+
+def _settle(controls: Mapping[str, widgets.ValueWidget], allowed: Allowed) -> None:
+    """Offer each dependent control what the others allow, until nothing changes (a chain settles in
+    as many passes as it has links)."""
+    for _ in range(len(controls) + 1):
+        values = {name: control.value for name, control in controls.items()}
+        if not any(_offer(controls[name], options) for name, options in allowed(values).items()):
+            return
+    raise RuntimeError("explorer: the allowed options did not settle")
 
 
 def explore(
@@ -46,15 +113,23 @@ def explore(
     probe: str,
     interactive: bool = True,
     rows: list[list[str]] | None = None,
+    allowed: Allowed | None = None,
 ) -> None:
     """Show an explorer: `draw(**values)` redraws whenever a control changes.
 
     `probe` names the control a browser test moves (a Dropdown). `rows` groups control
-    names into lines (default: all on one). With `interactive=False` (papermill), draw the
-    default view once as plain output.
+    names into lines (default: all on one). `allowed` names, for the current values, the options
+    each dependent control may offer: a combination that cannot run is never offered (a control
+    left one option is disabled). With `interactive=False` (papermill), draw the default view
+    once as plain output.
     """
     if probe not in controls:
         raise ValueError(f"probe={probe!r}: not one of the controls {sorted(controls)}")
+    for control in controls.values():
+        if isinstance(control, widgets.Text):
+            control.continuous_update = False  # redraw on Enter or leaving the box, not at every keystroke
+    if allowed is not None:
+        _settle(controls, allowed)
     values = {name: control.value for name, control in controls.items()}
     if not interactive:
         display(Markdown(f"**{title}** (default view; run `./lab jupyter` to move the controls)"))
@@ -63,10 +138,23 @@ def explore(
     controls[probe].add_class(PROBE_CLASS)
     output = widgets.Output()
     output.add_class(OUTPUT_CLASS)
+    settling = False
 
     def redraw(change: object = None) -> None:
-        with output:
+        nonlocal settling
+        if settling:  # a control being offered new options: one redraw once all have settled
+            return
+        with DRAWING, output:
             output.clear_output(wait=True)
+            if allowed is not None:
+                settling = True
+                try:
+                    _settle(controls, allowed)
+                except ValueError as err:  # e.g. a run chosen that does not load: named, the controls as they were
+                    show_error(err)
+                    return
+                finally:
+                    settling = False
             _draw_safely(draw, {name: control.value for name, control in controls.items()})
 
     for control in controls.values():

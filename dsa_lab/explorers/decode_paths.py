@@ -5,14 +5,13 @@ and the KV blocks and bytes each strategy reads."""
 from __future__ import annotations
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
 from dsa_lab.analysis.headline import strategy_reads
 from dsa_lab.analysis.readings import decision_reading
-from dsa_lab.explorers.base import dropdown, explore
+from dsa_lab.explorers.base import dropdown, explore, show_figure
 from dsa_lab.plots.metadata import plot_block_tables, plot_context_lens
-from dsa_lab.policy import FAMILY_LABELS, RELEASES, Platform, vllm_native_sizes
+from dsa_lab.policy import FAMILY_LABELS, POLICIES, RELEASES, Platform, PolicyQuery, vllm_native_sizes
 from dsa_lab.workload import DecodeBatch, random_inputs, with_padding
 
 MAX_REQUESTS = 8
@@ -46,7 +45,10 @@ def editor_batch(
         decode_lens = tuple(min(next_n, length) for length in seq_lens)
     else:
         decode_lens = parse_lengths("decode lengths", decode_text, len(seq_lens))
-    return with_padding(DecodeBatch(seq_lens, decode_lens, next_n), padding_requests, padding_tokens)
+    try:
+        return with_padding(DecodeBatch(seq_lens, decode_lens, next_n), padding_requests, padding_tokens)
+    except ValueError as err:  # named in the editor's words: the boxes the user typed into
+        raise ValueError(f"context lengths={context_text!r}, decode lengths={decode_text!r}: {err}") from None
 
 
 def decode_path_explorer(interactive: bool = True) -> None:
@@ -93,11 +95,12 @@ def decode_path_explorer(interactive: bool = True) -> None:
                 f"sizes {vllm_native_sizes(platform)}):"
             )
         )
-        display(costs.style.format({"KV bytes read": "{:,.0f} B", "× native bytes": "{:.2f}×"}))
-        plot_block_tables(batch, table)
-        plt.show()
-        plot_context_lens(batch, table)
-        plt.show()
+        display(costs.style.format({"KV bytes read": "{:,.0f} B", "× native bytes": "{:.2f}×"}, escape="html"))
+        taken = f"{RELEASES[release][0]} on {FAMILY_LABELS[family]}{'' if deep_gemm else ' without DeepGEMM'}: " + (
+            POLICIES[release](PolicyQuery(platform, next_n)).path
+        )
+        show_figure(plot_block_tables(batch, table, taken))
+        show_figure(plot_context_lens(batch, table))
 
     rows = [
         ["release", "family", "deep_gemm", "next_n"],

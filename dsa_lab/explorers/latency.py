@@ -1,26 +1,42 @@
-"""Notebook 02's explorer: latency against next_n at one batch and context of a run,
-with its spread, the speedup over what vLLM 0.33 picks, and the strategy to pick."""
+"""Notebook 02's explorer: latency against next_n at one point of a run (batch, context and the
+serving step's axes), with its spread, the speedup over what vLLM 0.33 picks, and the strategy to pick.
+
+The run is chosen among the study runs `dsa-lab runs` lists (the notebook's own first); each control
+offers only the values the run measured at the others' choice, so no combination comes up empty.
+vLLM's choice is the baseline whatever backends and strategies are shown: it is taken from the point's
+unfiltered rows.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 
-from dsa_lab.analysis.frames import context_order, ok_rows, recommend
-from dsa_lab.explorers.base import dropdown, explore
+from dsa_lab import axes, store
+from dsa_lab.analysis.frames import context_order, ok_rows, one_shape, recommend
+from dsa_lab.explorers.base import dropdown, explore, show_figure
 from dsa_lab.kernels import vllm_backend
+from dsa_lab.listing import list_runs
+from dsa_lab.paths import data_dir
 from dsa_lab.plots.latency import plot_point
-from dsa_lab.plots.style import STRATEGY_ORDER
+from dsa_lab.plots.style import STRATEGY_ORDER, axis_value_title, provenance_line
 
 VLLM_BACKEND = vllm_backend().name  # what vLLM 0.33 runs on SM90
+THIS_RUN = ""  # the run selector's value for the results the notebook handed over
+# The point's axes besides next_n (the chart's x axis), in the order the controls chain: each offers
+# what the run measured at the choices before it.
+POINT_AXES = tuple(a.name for a in axes.AXES if a.role == "point" and a.name != "next_n")
 
 
-def recommendations(point: pd.DataFrame) -> pd.DataFrame:
-    """Per next_n at one (batch, context): the strategy to use among the series shown, beside vLLM 0.33's
-    choice (`frames.recommend`: a tie within the measured spread keeps vLLM's)."""
-    table = recommend(point, vllm_backend=VLLM_BACKEND).set_index("next_n")
+def recommendations(point: pd.DataFrame, backends: list[str], strategies: list[str]) -> pd.DataFrame:
+    """Per next_n at one point: the strategy to use among `backends` × `strategies`, beside vLLM 0.33's
+    choice timed on every row of `point` (`frames.recommend`: a tie within the measured spread keeps vLLM's)."""
+    table = recommend(point, backends, VLLM_BACKEND, strategies=strategies).set_index("next_n")
     return pd.DataFrame(
         {
             "recommended": table["recommended_strategy"] + " (" + table["recommended_backend"] + ")",
@@ -33,55 +49,111 @@ def recommendations(point: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def latency_explorer(
-    results: pd.DataFrame, device_label: str, interactive: bool = True, caption: str | None = None
-) -> None:
-    """Batch, context, backends and strategies of a run's results → chart (with `caption`, the
-    run's provenance, under it) and recommendation table."""
-    data = ok_rows(results)
+def study_runs(exclude: Path | None = None) -> list[tuple[str, str]]:
+    """(label, path) of every measured study run `dsa-lab runs` lists under the data folder, newest first."""
+    try:
+        listed = list_runs(data_dir())
+    except (FileNotFoundError, ValueError):
+        return []
+    good = listed[(listed["purpose"] == "study") & (listed["source"] == "measured") & listed["problem"].isna()]
+    chosen = exclude.resolve() if exclude is not None else None
+    return [
+        (f"{row.run_id} ({row.device})", row.path) for row in good.itertuples() if Path(row.path).resolve() != chosen
+    ]
+
+
+def explorable(results: pd.DataFrame) -> pd.DataFrame:
+    """The measured timed rows of one shape (`frames.one_shape`): what the explorer can show."""
+    data = ok_rows(one_shape(results)[0])
     data = data[data["source"] == "measured"]
     if data.empty:
         raise ValueError("results: no measured timed rows to explore")
-    batches = sorted(int(b) for b in data["batch"].unique())
-    contexts = context_order(data["context"])
-    backends = sorted(data["backend"].unique())
-    strategies = [s for s in STRATEGY_ORDER if s in set(data["strategy"])]
-    controls = {
-        "batch": dropdown("batch", batches, batches[-1], "150px"),
-        "context": dropdown("context", contexts, contexts[-2] if len(contexts) > 1 else contexts[0], "220px"),
-        "backends": widgets.SelectMultiple(
-            options=backends, value=tuple(backends), description="backends", rows=len(backends)
-        ),
-        "strategies": widgets.SelectMultiple(
-            options=strategies, value=tuple(strategies), description="strategies", rows=len(strategies)
-        ),
-    }
+    return data
 
-    def draw(batch: int, context: str, backends: tuple[str, ...], strategies: tuple[str, ...]) -> None:
+
+def latency_explorer(
+    results: pd.DataFrame,
+    device_label: str,
+    interactive: bool = True,
+    caption: str | None = None,
+    run_path: str | Path | None = None,
+) -> None:
+    """A run's results → chart (with `caption`, the run's provenance, under it) and recommendation table
+    at the batch, context, serving axes, backends and strategies chosen. `run_path`: where `results` came
+    from, so that the run selector does not offer it twice."""
+    runs: dict[str, tuple[pd.DataFrame, str, str | None]] = {THIS_RUN: (explorable(results), device_label, caption)}
+
+    def run_data(key: str) -> tuple[pd.DataFrame, str, str | None]:
+        if key not in runs:
+            run = store.load_run(key)
+            label = run.provenance.get("device_name", run.provenance.get("device", "?"))
+            runs[key] = (explorable(run.results), label, provenance_line(run.provenance))
+        return runs[key]
+
+    others = study_runs(Path(run_path) if run_path else None)
+    first = runs[THIS_RUN][0]
+    controls: dict[str, widgets.ValueWidget] = {
+        "run": dropdown("run", [("this notebook's run", THIS_RUN), *others], THIS_RUN, "330px")
+    }
+    for name in POINT_AXES:
+        values = context_order(first[name]) if name == "context" else sorted(first[name].unique())
+        controls[name] = dropdown(name.replace("_", " "), [(axis_value_title(name, v), v) for v in values])
+    controls["batch"].value = int(first["batch"].max())
+    contexts = context_order(first["context"])
+    controls["context"].value = contexts[-2] if len(contexts) > 1 else contexts[0]
+    for name, options in (("backends", sorted(first["backend"].unique())), ("strategies", STRATEGY_ORDER)):
+        controls[name] = widgets.SelectMultiple(options=options, value=tuple(options), description=name, rows=4)
+
+    def at_point(values: Mapping[str, Any], upto: int = len(POINT_AXES)) -> pd.DataFrame:
+        """The run's rows at the values of the first `upto` point axes."""
+        data = run_data(values["run"])[0]
+        for name in POINT_AXES[:upto]:
+            data = data[data[name] == values[name]]
+        return data
+
+    def allowed(values: Mapping[str, Any]) -> dict[str, list[Any]]:
+        offered: dict[str, list[Any]] = {}
+        for i, name in enumerate(POINT_AXES):
+            present = at_point(values, i)[name]
+            ordered = context_order(present) if name == "context" else sorted(present.unique())
+            offered[name] = [(axis_value_title(name, v), v) for v in ordered]
+        point = at_point(values)
+        offered["backends"] = sorted(point["backend"].unique())
+        offered["strategies"] = [s for s in STRATEGY_ORDER if s in set(point["strategy"])]
+        return offered
+
+    def draw(run: str, backends: tuple[str, ...], strategies: tuple[str, ...], **point_values: Any) -> None:
         if not backends or not strategies:
             raise ValueError("backends / strategies: select at least one of each (ctrl-click to select several)")
-        point = data[
-            (data["batch"] == batch)
-            & (data["context"] == context)
-            & data["backend"].isin(backends)
-            & data["strategy"].isin(strategies)
-        ]
-        if point.empty:
-            raise ValueError(
-                f"batch={batch}, context={context!r}: nothing timed for {list(backends)} × {list(strategies)}"
-            )
-        plot_point(point, VLLM_BACKEND, f"B = {batch}, context {context} on {device_label} (measured)", caption)
-        plt.show()
-        table = recommendations(point)
+        data, device, run_caption = run_data(run)
+        point = at_point({"run": run, **point_values})
+        shown = point[point["backend"].isin(backends) & point["strategy"].isin(strategies)]
+        if shown.empty:
+            raise ValueError(f"{list(backends)} × {list(strategies)}: nothing timed at this point; select others")
+        where = ", ".join(
+            axis_value_title(n, point_values[n])
+            for n in POINT_AXES
+            if n in ("batch", "context") or data[n].nunique() > 1
+        )
+        title = f"B = {where} on {device} (measured)"
+        show_figure(plot_point(shown, VLLM_BACKEND, title, run_caption, baseline=point))
         display(
-            Markdown("Recommended strategy per next_n among the series shown, against vLLM 0.33 on SM90 + DeepGEMM:")
+            Markdown(
+                f"Recommended strategy per next_n among the series shown, against vLLM 0.33 on SM90 + DeepGEMM "
+                f"({VLLM_BACKEND}, timed whatever is shown):"
+            )
         )
         display(
-            table.style.format(
+            recommendations(point, list(backends), list(strategies)).style.format(
                 {"recommended µs": "{:.1f}", "vLLM µs": "{:.1f}", "speedup over vLLM": "{:.2f}×"},
                 na_rep="—",
                 escape="html",
             )
         )
 
-    explore("Latency explorer", controls, draw, probe="batch", interactive=interactive)
+    rows = [
+        ["run", "batch", "context"],
+        [n for n in POINT_AXES if n not in ("batch", "context")],
+        ["backends", "strategies"],
+    ]
+    explore("Latency explorer", controls, draw, probe="batch", interactive=interactive, rows=rows, allowed=allowed)

@@ -123,7 +123,7 @@ class DeepGemmPR340Backend(DeepGemmBackend):
 
     name = "deepgemm-pr340"
     label = "DeepGEMM PR #340"
-    marker = "X"
+    marker = "h"  # a hexagon: "X" is the modeled glyph (plots.style.MODELED_MARKER)
     color = "#e377c2"
     in_vllm = False  # no vLLM release calls it
     presets = ("h200-full",)  # SM90 only; its points are skipped (with the reason) where no build is pointed at

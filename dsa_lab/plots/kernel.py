@@ -16,7 +16,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from pandas.io.formats.style import Styler
 
@@ -30,19 +29,23 @@ from dsa_lab.plots.style import (
     MODELED_HATCH,
     MODELED_LINESTYLE,
     MODELED_MARKER,
+    SPEEDUP_CMAP,
     STRATEGY_ORDER,
     VLLM_MARKER,
     VLLM_RELEASE,
     add_footer,
     backend_marker,
     chart_text,
+    colour_by_backend,
     context_title,
     legend_outside,
     point_columns,
     provenance_line,
     series_label,
     series_style,
+    shade_speedups,
     sources_label,
+    speedup_norm,
     strategy_color,
     style_handles,
 )
@@ -90,6 +93,7 @@ def plot_backend_latency(
     if data.empty:
         raise ValueError(f"frame: no timed rows at batch={batch}, context={context}")
     series = sorted(data["series"].unique(), key=_series_key)
+    by_backend = colour_by_backend(data.loc[data["source"] == "measured", "backend"])
     fig, ax = plt.subplots(figsize=(11.5, 5.6), constrained_layout=True)
     modeled_greys = iter(sns.color_palette("Greys_r", 4))
     for name in series:
@@ -114,7 +118,7 @@ def plot_backend_latency(
             capsize=3,
             linewidth=1.8,
             label=f"{series_label(strategy, backend)}, measured",
-            **series_style(strategy, backend),
+            **series_style(strategy, backend, by_backend=by_backend),
         )
     best = best_option(data, baseline)
     if not best.empty:
@@ -159,7 +163,7 @@ def plot_speedup_heatmaps(
     values = comparison[[c for c, _ in panels]].to_numpy(dtype=float)
     if np.isnan(values).all():
         raise ValueError("comparison: no point has a baseline time to compare with")
-    norm = TwoSlopeNorm(vcenter=1.0, vmin=min(np.nanmin(values), 0.95), vmax=max(np.nanmax(values), 1.05))
+    norm = speedup_norm(values)
     contexts = context_order(comparison["context"])
     groups = comparison.groupby(["batch", "context"]).ngroups
     width = 2 * (3.5 + 0.6 * comparison["next_n"].nunique())
@@ -170,7 +174,15 @@ def plot_speedup_heatmaps(
         grid = grid.reindex(order)
         grid.index = [f"B={b}, {context_title(c)}" for b, c in grid.index]
         sns.heatmap(
-            grid, annot=True, fmt=".2f", cmap="RdBu", norm=norm, ax=ax, cbar=False, linewidths=0.5, linecolor="white"
+            grid,
+            annot=True,
+            fmt=".2f",
+            cmap=SPEEDUP_CMAP,
+            norm=norm,
+            ax=ax,
+            cbar=False,
+            linewidths=0.5,
+            linecolor="white",
         )
         ax.set(title=title, xlabel="next_n", ylabel="batch, context")
     fig.colorbar(axes[0].collections[0], ax=axes, label="speedup (×): other time / candidate time", shrink=0.8)
@@ -367,19 +379,16 @@ def style_comparison(table: pd.DataFrame) -> FoldedTable:
     speedups = ["speedup over vLLM", "speedup over the best"]
 
     def style(rows: pd.DataFrame) -> Styler:
-        return (
-            rows.style.format(
-                {
-                    **dict.fromkeys(["candidate µs", "vLLM µs", "best µs"], "{:.1f}"),
-                    "floor share": "{:.0f}%",
-                    **dict.fromkeys(speedups, "{:.2f}x"),
-                },
-                na_rep="—",
-                escape="html",
-            )
-            .background_gradient(subset=speedups, cmap="RdBu", vmin=0.5, vmax=1.5)
-            .hide(axis="index")
+        styled = rows.style.format(
+            {
+                **dict.fromkeys(["candidate µs", "vLLM µs", "best µs"], "{:.1f}"),
+                "floor share": "{:.0f}%",
+                **dict.fromkeys(speedups, "{:.2f}×"),
+            },
+            na_rep="—",
+            escape="html",
         )
+        return shade_speedups(styled, speedups).hide(axis="index")
 
     return top_rows(shown, style, ["speedup over vLLM"], "points where the candidate gains most over vLLM's path")
 

@@ -16,27 +16,31 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator, NullLocator
 from pandas.io.formats.style import Styler
 
-from dsa_lab.analysis.frames import SM90_DEEPGEMM, context_order, speedup_over_strategy, speedup_over_vllm, vllm_choice
+from dsa_lab.analysis.frames import SM90_DEEPGEMM, context_order, speedup_over_strategy, speedup_over_vllm, vllm_path
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.plots.style import (
     MODELED,
+    MODELED_CMAP,
     MODELED_HATCH,
+    SPEEDUP_CMAP,
     STRATEGY_ORDER,
     VLLM_MARKER,
     VLLM_RELEASE,
     add_footer,
     chart_text,
+    colour_by_backend,
     context_title,
     legend_outside,
     point_columns,
     series_label,
     series_style,
+    shade_speedups,
+    speedup_norm,
     strategy_color,
 )
 from dsa_lab.plots.tables import FoldedTable, top_rows
@@ -84,6 +88,7 @@ def plot_vs_vllm(
         constrained_layout=True,
     )
     series = sorted(data.groupby(["strategy", "backend"]).groups, key=lambda k: (k[1], STRATEGY_ORDER.index(k[0])))
+    by_backend = colour_by_backend(data["backend"])
     for (i, batch), (j, context) in ((r, c) for r in enumerate(batches) for c in enumerate(contexts)):
         ax = axes[i, j]
         part = data[(data["batch"] == batch) & (data["context"] == context)]
@@ -96,7 +101,7 @@ def plot_vs_vllm(
                 markersize=4.5,
                 linewidth=1.6,
                 label=series_label(strategy, name),
-                **series_style(strategy, name),
+                **series_style(strategy, name, by_backend=by_backend),
             )
         if i == 0:
             ax.set_title(f"context {context_title(context)}", fontsize=10)
@@ -134,15 +139,14 @@ def plot_speedup(
 ) -> Figure:
     """Heatmaps of the speedup over `baseline` for one `source` (measured or modeled: never on
     one colour scale), a panel per (backend, strategy): rows batch x context, columns next_n;
-    blue = faster than `baseline`, red = slower."""
+    blue = faster than `baseline`, red = slower (`style.SPEEDUP_CMAP`, centred at 1)."""
     table = speedup_over_strategy(frame, baseline)
     table = table[table["source"] == source]
     if table.empty:
         raise ValueError(f"frame: no {source} point has both '{baseline}' and another strategy timed ok")
     panels = list(table.groupby(["backend", "strategy"], sort=True))
     panels.sort(key=lambda kv: (kv[0][0], STRATEGY_ORDER.index(kv[0][1])))
-    lo, hi = float(table["speedup"].min()), float(table["speedup"].max())
-    norm = TwoSlopeNorm(vcenter=1.0, vmin=min(lo, 0.95), vmax=max(hi, 1.05))
+    norm = speedup_norm(table["speedup"])
     contexts = context_order(table["context"])
     columns = min(2, len(panels))
     rows = -(-len(panels) // columns)
@@ -158,7 +162,7 @@ def plot_speedup(
             grid,
             annot=True,
             fmt=".2f",
-            cmap="RdBu",
+            cmap=SPEEDUP_CMAP,
             norm=norm,
             ax=ax,
             linewidths=0.5,
@@ -204,7 +208,7 @@ def plot_modeled_speedup(frame: pd.DataFrame, device: str, baseline: str = "flat
         grid,
         annot=True,
         fmt=".2f",
-        cmap="Purples",
+        cmap=MODELED_CMAP,
         vmin=1.0,
         ax=ax,
         linewidths=0.5,
@@ -250,37 +254,45 @@ def style_decisions(table: pd.DataFrame) -> FoldedTable:
     )
 
     def style(rows: pd.DataFrame) -> Styler:
-        return (
-            rows.style.format(
-                {"vLLM µs": "{:.1f}", "fastest µs": "{:.1f}", "speedup": "{:.2f}x"}, na_rep="—", escape="html"
-            )
-            .background_gradient(subset=["speedup"], cmap="Reds", vmin=1.0)
-            .hide(axis="index")
+        styled = rows.style.format(
+            {"vLLM µs": "{:.1f}", "fastest µs": "{:.1f}", "speedup": "{:.2f}×"}, na_rep="—", escape="html"
         )
+        return shade_speedups(styled, ["speedup"]).hide(axis="index")
 
     return top_rows(
-        shown, style, ["speedup"], "points where vLLM's choice is furthest from the fastest", tie_format="{:.2f}x"
+        shown, style, ["speedup"], "points where vLLM's choice is furthest from the fastest", tie_format="{:.2f}×"
     )
 
 
-def plot_point(point: pd.DataFrame, vllm_backend: str, title: str, caption: str | None = None) -> Figure:
-    """The latency explorer's view of one (batch, context): left, median µs against next_n with IQR bars,
-    vLLM's choice (its strategy on `vllm_backend`) as hollow diamonds; right, the speedup over vLLM's
-    choice. `caption`: the run's provenance, drawn under the figure."""
+def plot_point(
+    point: pd.DataFrame,
+    vllm_backend: str,
+    title: str,
+    caption: str | None = None,
+    baseline: pd.DataFrame | None = None,
+) -> Figure:
+    """The latency explorer's view of one point: left, median µs against next_n with IQR bars, vLLM's
+    choice (its strategy on `vllm_backend`, from `baseline`: the point's rows before any were left out;
+    default `point`) as hollow diamonds; right, the speedup over vLLM's choice. `caption`: the run's
+    provenance, drawn under the figure. More than two backends: lines coloured by backend."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")
-    vllm = point[(point["backend"] == vllm_backend) & (point["strategy"] == point["next_n"].map(vllm_choice))]
-    vllm_us = vllm.set_index("next_n")["kernel_us"]
+    rows = point if baseline is None else baseline
+    path = vllm_path(rows, vllm_backend).dropna(subset=["vllm_ms"])
+    vllm_us = path.set_index("next_n")["vllm_ms"] * 1e3
+    by_backend = colour_by_backend(point["backend"])
     for (strategy, backend), part in sorted(
-        point.groupby(["strategy", "backend"]), key=lambda kv: STRATEGY_ORDER.index(kv[0][0])
+        point.groupby(["strategy", "backend"]), key=lambda kv: (STRATEGY_ORDER.index(kv[0][0]), kv[0][1])
     ):
         part = part.sort_values("next_n")
-        style = series_style(strategy, backend)
+        style = series_style(strategy, backend, by_backend=by_backend)
         spread = [part["kernel_us"] - part["p25_ms"] * 1e3, part["p75_ms"] * 1e3 - part["kernel_us"]]
         label = series_label(strategy, backend)
         left.errorbar(part["next_n"], part["kernel_us"], yerr=spread, capsize=3, label=label, **style)
         right.plot(part["next_n"], part["next_n"].map(vllm_us) / part["kernel_us"], label=label, **style)
-    if not vllm.empty:
-        left.scatter(vllm["next_n"], vllm["kernel_us"], label=f"what {VLLM_RELEASE} runs", **VLLM_MARKER)
+    if not path.empty:
+        left.scatter(path["next_n"], vllm_us.to_numpy(), label=f"what {VLLM_RELEASE} runs", **VLLM_MARKER)
+    else:
+        right.text(0.5, 0.5, f"{VLLM_RELEASE}'s choice was not timed here", ha="center", transform=right.transAxes)
     right.axhline(1.0, color="grey", lw=1)
     left.set(xlabel="next_n", ylabel="kernel time, µs (median, IQR bars)", title="latency")
     right.set(

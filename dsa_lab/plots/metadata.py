@@ -63,8 +63,9 @@ def _table_panel(
     ax.tick_params(axis="y", labelrotation=0)
 
 
-def plot_block_tables(batch: DecodeBatch, block_table: torch.Tensor) -> Figure:
-    """Native (one row per request) beside flatten (one row per query token, rows repeated)."""
+def plot_block_tables(batch: DecodeBatch, block_table: torch.Tensor, taken: str | None = None) -> Figure:
+    """Native (one row per request) beside flatten (one row per query token, rows repeated); `taken`, a
+    line under the title: which of them a release takes for this batch (the decode-path explorer's)."""
     native = build_native_metadata(batch, block_table)
     flatten = build_flatten_metadata(batch, block_table)
     bs = batch.block_size
@@ -92,6 +93,7 @@ def plot_block_tables(batch: DecodeBatch, block_table: torch.Tensor) -> Figure:
     fig.suptitle(
         f"Block tables (physical block ids) for {batch.describe()}\n"
         f"KV blocks read: native {blocks_read(native, bs)}, flatten {blocks_read(flatten, bs)}"
+        + (f"\n{taken}" if taken else "")
     )
     fig.legend(
         handles=[Patch(color=UNUSED_COLOR, label="not read (beyond context / padding)")],

@@ -2,10 +2,19 @@
 
 - **strategy ↔ colour**: native blue, atom green, flatten red, in every notebook.
 - **backend ↔ marker**: each backend declares its own (`LogitsBackend.marker`: DeepGEMM a circle,
-  our Triton kernel a square, the reference a triangle, Gluon a plus).
+  our Triton kernel a square, the reference a triangle, Gluon a plus, PR #340 a hexagon); none is the
+  modeled glyph, vLLM's diamond or the unknown backend's triangle (the contract test holds that).
+- **more than two backends ↔ colour by backend** (`colour_by_backend`): four native lines in one blue
+  cannot be told apart, so a chart of more backends colours each by its descriptor's colour and
+  draws the strategy as the line style (native solid, atom dash-dot, flatten dotted).
 - **measured ↔ solid, modeled ↔ dashed or hatched**: measured lines are solid with filled
   markers; modeled ones (roofline times, never timed) are dashed with hollow X markers,
   modeled bars hatched, and their labels say 'modeled'.
+- **better or worse than vLLM's choice ↔ one diverging palette, one ratio direction**: every
+  ratio is a speedup (the other time / this time: > 1 faster), every shaded speedup is
+  `SPEEDUP_CMAP` centred at 1 (blue faster, red slower, white the same: `speedup_norm`,
+  `shade_speedups`), in heatmaps, tables and the report's index (`BETTER_BACKGROUND`). Modeled
+  speedups keep a palette of their own (`MODELED_CMAP`): they never share a scale with measured ones.
 - **vLLM's choice**: a hollow black diamond (the point's own colour shows through); the best
   option measured: a black ring.
 - **provenance**: every chart of measured data carries a footer naming the GPU, the run, the
@@ -20,19 +29,30 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
+from matplotlib import colormaps
 from matplotlib.axes import Axes
+from matplotlib.colors import TwoSlopeNorm, to_hex
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from pandas.io.formats.style import Styler
 
 from dsa_lab import axes
+from dsa_lab.acceptance import AcceptanceSpec
 from dsa_lab.env_info import version_line
 from dsa_lab.kernels import backend_names, get_backend
+from dsa_lab.plan import LogitsWidth
 from dsa_lab.policy import RELEASES
-from dsa_lab.workload import ContextSpec
+from dsa_lab.workload import ContextSpec, format_tokens
 
 STRATEGY_ORDER = ("native", "atom", "flatten")
 STRATEGY_COLORS = {"native": "#1f77b4", "atom": "#2ca02c", "flatten": "#d62728"}
+STRATEGY_LINESTYLES = {"native": "-", "atom": "-.", "flatten": ":"}  # a strategy's look once colour is the backend's
+MAX_STRATEGY_COLOURED = 2  # backends a chart may hold and still colour its lines by strategy
+SPEEDUP_CMAP = "RdBu"  # the one diverging palette: blue faster than vLLM's choice (speedup > 1), red slower
+BETTER_BACKGROUND = "#d1e5f0"  # the palette's light blue: a table cell that beats vLLM's choice
+MODELED_CMAP = "Purples"  # modeled speedups: a scale of their own
 MEASURED_LINESTYLE = "-"
 MODELED_LINESTYLE = "--"
 MODELED_MARKER = "X"
@@ -49,8 +69,38 @@ UNKNOWN_MARKER = "v"  # a backend name no registered backend has (a modeled row'
 
 
 def context_title(label: str) -> str:
-    """'65536' -> '64K'; 'mixed:1024-65536' -> 'mixed 1K-64K' (tokens cached per request)."""
+    """'65536' -> '64K'; 'mixed:1024-65536' -> 'mixed 1K-64K'; 'lognormal:16384:1.2' -> 'lognormal 16K σ1.2'
+    (tokens cached per request): the one human label of a context, in every chart, table and explorer."""
     return ContextSpec.parse(label).short
+
+
+def acceptance_title(label: str) -> str:
+    """'none' -> 'every draft accepted'; 'accept:0.8,0.6' -> 'accept 0.8, 0.6'; a published curve keeps its
+    name and shows its rates ('v4flash-vllm41044 (0.7, 0.287)'; 'NAME:K': 'NAME, first K (...)')."""
+    spec = AcceptanceSpec.parse(label)
+    if spec.rates is None:
+        return "every draft accepted"
+    rates = ", ".join(f"{r:.3g}" for r in spec.rates)
+    if spec.name is None:
+        return f"accept {rates}"
+    name, _, count = spec.name.partition(":")
+    return f"{name}{f', first {count}' if count else ''} ({rates})"
+
+
+def width_title(label: str) -> str:
+    """'batch' -> 'logits as wide as the longest context'; 'model:163840' -> "logits 160K wide (vLLM's max_model_len)"."""
+    width = LogitsWidth.parse(label)
+    if width.model_len is None:
+        return "logits as wide as the longest context"
+    return f"logits {format_tokens(width.model_len)} wide (vLLM's max_model_len)"
+
+
+AXIS_TITLES = {"context": context_title, "acceptance": acceptance_title, "logits_width": width_title}
+
+
+def axis_value_title(name: str, value: object) -> str:
+    """How a chart, table or explorer writes one value of a point axis for people (the stored label otherwise)."""
+    return AXIS_TITLES[name](str(value)) if name in AXIS_TITLES else str(value)
 
 
 def point_columns(table: pd.DataFrame) -> list[str]:
@@ -74,10 +124,21 @@ def backend_marker(backend: str) -> str:
     return get_backend(backend).marker if backend in backend_names() else UNKNOWN_MARKER
 
 
-def series_style(strategy: str, backend: str, modeled: bool = False) -> dict[str, object]:
+def backend_color(backend: str) -> str:
+    """The colour the backend declares (`LogitsBackend.color`)."""
+    return get_backend(backend).color if backend in backend_names() else OTHER_COLOR
+
+
+def colour_by_backend(backends: Iterable[str]) -> bool:
+    """Whether a chart of these backends colours its lines by backend (more than `MAX_STRATEGY_COLOURED`)."""
+    return len(set(backends)) > MAX_STRATEGY_COLOURED
+
+
+def series_style(strategy: str, backend: str, modeled: bool = False, by_backend: bool = False) -> dict[str, object]:
     """matplotlib keyword arguments for the line of one (strategy, backend) series.
 
-    Measured: solid, filled marker. Modeled: dashed, hollow X marker (say 'modeled' in its label).
+    Measured: solid, filled marker; `by_backend` (`colour_by_backend`): the backend's colour, the strategy
+    as the line style. Modeled: dashed, hollow X marker (say 'modeled' in its label).
     """
     if modeled:
         return {
@@ -86,7 +147,39 @@ def series_style(strategy: str, backend: str, modeled: bool = False) -> dict[str
             "linestyle": MODELED_LINESTYLE,
             "markerfacecolor": "none",
         }
+    if by_backend:
+        linestyle = STRATEGY_LINESTYLES.get(strategy, MEASURED_LINESTYLE)
+        return {"color": backend_color(backend), "marker": backend_marker(backend), "linestyle": linestyle}
     return {"color": strategy_color(strategy), "marker": backend_marker(backend), "linestyle": MEASURED_LINESTYLE}
+
+
+def speedup_span(values: Any) -> float:
+    """How far from 1 a speedup scale reaches (≥ 1.25), the same factor either way: 2 means 0.5× … 2×."""
+    finite = np.asarray(values, dtype=float)
+    finite = finite[np.isfinite(finite) & (finite > 0)]
+    return max(1.25, float(np.exp(np.abs(np.log(finite)).max()))) if finite.size else 1.25
+
+
+def speedup_norm(values: Any) -> TwoSlopeNorm:
+    """The colour scale of a speedup heatmap: centred at 1 (white), as far either way in ratio."""
+    span = speedup_span(values)
+    return TwoSlopeNorm(vcenter=1.0, vmin=1 / span, vmax=span)
+
+
+def shade_speedups(styler: Styler, columns: list[str]) -> Styler:
+    """A table's speedup columns shaded as the heatmaps are (`SPEEDUP_CMAP` on `speedup_norm`, one scale for
+    all of them): blue faster than what it is held to, red slower, white the same; an empty cell unshaded."""
+    norm = speedup_norm(styler.data[columns].to_numpy(dtype=float))
+    cmap = colormaps[SPEEDUP_CMAP]
+
+    def css(value: Any) -> str:
+        if not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
+            return ""
+        red, green, blue, _ = cmap(norm(value))
+        text = "#f1f1f1" if 0.2126 * red + 0.7152 * green + 0.0722 * blue < 0.45 else "#1f2328"
+        return f"background-color: {to_hex((red, green, blue))}; color: {text}"
+
+    return styler.map(css, subset=columns)
 
 
 def series_label(strategy: str, backend: str, source: str = "measured") -> str:
@@ -96,15 +189,24 @@ def series_label(strategy: str, backend: str, source: str = "measured") -> str:
     return f"{strategy} ({backend})"
 
 
-def style_handles(strategies: Iterable[str], backends: Iterable[str]) -> tuple[list[Line2D], list[str]]:
-    """Legend entries that explain the code once: a colour per strategy, a marker per backend."""
+def style_handles(
+    strategies: Iterable[str], backends: Iterable[str], by_backend: bool = False
+) -> tuple[list[Line2D], list[str]]:
+    """Legend entries that explain the code once: a colour per strategy, a marker per backend; `by_backend`:
+    a line style per strategy, a colour and marker per backend."""
     handles: list[Line2D] = []
     labels: list[str] = []
     for strategy in strategies:
-        handles.append(Line2D([], [], color=strategy_color(strategy), linewidth=3))
+        look = (
+            {"color": "0.3", "linestyle": STRATEGY_LINESTYLES.get(strategy, MEASURED_LINESTYLE), "linewidth": 2}
+            if by_backend
+            else {"color": strategy_color(strategy), "linewidth": 3}
+        )
+        handles.append(Line2D([], [], **look))
         labels.append(strategy)
     for backend in backends:
-        handles.append(Line2D([], [], color="0.3", marker=backend_marker(backend), linestyle="none"))
+        colour = backend_color(backend) if by_backend else "0.3"
+        handles.append(Line2D([], [], color=colour, marker=backend_marker(backend), linestyle="none"))
         labels.append(backend)
     return handles, labels
 

@@ -33,9 +33,11 @@ from dsa_lab.plots.style import (
     VLLM_RELEASE,
     add_footer,
     chart_text,
+    colour_by_backend,
     legend_outside,
     series_label,
     series_style,
+    shade_speedups,
 )
 
 NOT_SEEN = "#f0f0f0"
@@ -178,7 +180,7 @@ def plot_modeled_bytes(frame: pd.DataFrame, batch: int, context: str) -> Figure:
     ax.legend(fontsize=8.5, loc="upper left", frameon=False)
     ax.set_title(
         f"Bytes one indexer step moves, modeled (dsa_lab.plan.LaunchPlan.cost), not measured\n"
-        f"B = {batch} requests, context {context}, {shape['cache_dtype'].upper()} cache "
+        f"B = {batch} requests, context {context_title(str(context))}, {shape['cache_dtype'].upper()} cache "
         f"({shape['bytes_per_token']} B/token), H = {shape['heads']}, D = {shape['head_dim']}",
         fontsize=10.5,
     )
@@ -206,9 +208,10 @@ def plot_headline(
     series = sorted(
         data.groupby(["strategy", "backend"]), key=lambda kv: (order[kv[0][1]], STRATEGY_ORDER.index(kv[0][0]))
     )
+    by_backend = colour_by_backend(data["backend"])
     for (strategy, backend), part in series:
         part = part.set_index("next_n").reindex(next_ns)  # a next_n the series lacks breaks its line
-        style = series_style(strategy, backend)
+        style = series_style(strategy, backend, by_backend=by_backend)
         main = backend == first  # the kernel vLLM runs; others drawn lighter
         ax.plot(
             next_ns,
@@ -288,7 +291,8 @@ def plot_headline(
 
 
 def style_headline(table: pd.DataFrame, device_label: str) -> Styler:
-    """The headline table for display: µs, the best option's pieces, speedups shaded (white: vLLM is best)."""
+    """The headline table for display: µs, the best option's pieces, speedups shaded in the one speedup palette
+    (`style.shade_speedups`: white, vLLM is best; blue, the best option is faster)."""
     shown = pd.DataFrame(
         {
             "next_n": table["next_n"],
@@ -318,10 +322,9 @@ def style_headline(table: pd.DataFrame, device_label: str) -> Styler:
         f"floor µs ({MODELED})": "{:.0f}",
         "best / floor": "{:.2f}×",
     }
-    top = max(2.0, float(np.nanmax(table["speedup"]))) if table["speedup"].notna().any() else 2.0
+    styled = shown.style.format({k: v for k, v in formats.items() if k in shown}, na_rep="—", escape="html")
     return (
-        shown.style.format({k: v for k, v in formats.items() if k in shown}, na_rep="—", escape="html")
-        .background_gradient(subset=["speedup"], cmap="Reds", vmin=1.0, vmax=top)
+        shade_speedups(styled, ["speedup"])
         .set_caption(f"Measured on {html_text(device_label)}: vLLM 0.33's choice against the fastest option timed")
         .hide(axis="index")
     )

@@ -23,10 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
 from dsa_lab import axes, store
@@ -38,7 +36,7 @@ from dsa_lab.kernels import family_of
 from dsa_lab.markup import html_text
 from dsa_lab.model.roofline import gpu_for_device
 from dsa_lab.paths import resolve_data_path, shown_path
-from dsa_lab.plots.style import add_footer, chart_text, context_title, point_columns
+from dsa_lab.plots.style import SPEEDUP_CMAP, add_footer, chart_text, context_title, point_columns, speedup_norm
 from dsa_lab.plots.tables import FoldedTable, folded
 from dsa_lab.profiling.ncu_tables import METRICS
 from dsa_lab.profiling.runs import load_profile_run
@@ -345,25 +343,21 @@ def ncu_comparison(path: str, candidate: str) -> pd.DataFrame:
 # ---------------------------------------------------------------- drawn and styled for notebook 03
 
 
-def _ratio_norm(values: np.ndarray) -> TwoSlopeNorm:
-    """Diverging at 1.0, symmetric, so that equal distances from 1 get equal colours."""
-    span = max(np.nanmax(np.abs(values - 1.0)), 0.05)
-    return TwoSlopeNorm(vcenter=1.0, vmin=1.0 - span, vmax=1.0 + span)
-
-
 def plot_goal_ratio_heatmap(points: pd.DataFrame, device: str, provenance_line: str | None, candidate: str) -> Figure:
-    """The candidate's native time / the best DeepGEMM option's at every point (`goal_points`):
-    rows batch x context, columns next_n, diverging colours centred at 1.0 (blue: the candidate faster).
-    Each cell names the option it is held to: its strategy, and its backend when more than one wins somewhere."""
+    """The candidate's speedup over the best DeepGEMM option at every point (`goal_points`: the best's
+    time / the candidate's, > 1 faster, the one ratio direction of every chart): rows batch x context,
+    columns next_n, the one speedup palette (`style.SPEEDUP_CMAP`, blue: the candidate faster). Each cell
+    names the option it is held to: its strategy, and its backend when more than one wins somewhere."""
     shown = points.dropna(subset=["ratio"])
+    shown = shown.assign(speedup=1.0 / shown["ratio"])
     if shown.empty:
         raise ValueError("points: no point has both a candidate and a DeepGEMM time (column 'ratio' all NaN)")
     several = shown["best_backend"].nunique() > 1
     text = [
-        f"{r.ratio:.3f}\n{r.best_strategy}" + (f"\n{r.best_backend}" if several else "") for r in shown.itertuples()
+        f"{r.speedup:.3f}\n{r.best_strategy}" + (f"\n{r.best_backend}" if several else "") for r in shown.itertuples()
     ]
     keys = ["batch", "context"]
-    grid = shown.pivot_table(index=keys, columns="next_n", values="ratio")
+    grid = shown.pivot_table(index=keys, columns="next_n", values="speedup")
     notes = shown.assign(text=text).pivot(index=keys, columns="next_n", values="text")
     contexts = context_order(shown["context"])
     order = [(b, c) for b in sorted(shown["batch"].unique()) for c in contexts if (b, c) in grid.index]
@@ -378,19 +372,19 @@ def plot_goal_ratio_heatmap(points: pd.DataFrame, device: str, provenance_line: 
         annot=notes.to_numpy(),
         fmt="",
         annot_kws={"fontsize": 8},
-        cmap="RdBu_r",
-        norm=_ratio_norm(grid.to_numpy(dtype=float)),
+        cmap=SPEEDUP_CMAP,
+        norm=speedup_norm(grid.to_numpy(dtype=float)),
         ax=ax,
         linewidths=0.5,
         linecolor="white",
-        cbar_kws={"label": f"{candidate} native / best DeepGEMM option (×)"},
+        cbar_kws={"label": f"best DeepGEMM option / {candidate} native (×, > 1: {candidate} faster)"},
     )
     ax.set(xlabel="next_n", ylabel="batch, context")
     ax.tick_params(axis="y", rotation=0)
     title = (
-        f"{candidate} native / the best DeepGEMM option on {chart_text(device)} (measured; the fastest strategy over "
-        f"every DeepGEMM backend timed)\nbelow 1 (blue): {candidate} faster. Each cell: the ratio and the "
-        "option it is held to; empty: a side was not timed"
+        f"{candidate} native's speedup over the best DeepGEMM option on {chart_text(device)} (measured; the fastest "
+        f"strategy over every DeepGEMM backend timed)\nabove 1 (blue): {candidate} faster. Each cell: the speedup and "
+        "the option it is held to; empty: a side was not timed"
     )
     fig.suptitle(title)
     return add_footer(fig, provenance_line)
