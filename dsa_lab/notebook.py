@@ -3,8 +3,9 @@ the measured data. `dsa-lab report` collects both from the executed notebooks (`
 `FALLBACK_MIME`) and lists them on the index; nothing here decides which run to show
 (`dsa_lab.analysis.runs` does). Everything a run says (ids, device names, paths, problems) is shown as
 text: escaped for Markdown or HTML (`dsa_lab.markup`), never live markup. Beside them, what each
-notebook would otherwise write again: its setup (`setup_notebook`), a cell's note (`note`), and the
-words of an SM100 section (`show_sm100`)."""
+notebook would otherwise write again: its setup (`setup_notebook`), a cell's note (`note`), a section's
+run (`announce_section`), a second run's provenance (`show_run`) and the words of an SM100 section
+(`show_sm100`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from IPython.display import Markdown, display
 
+from dsa_lab import store
 from dsa_lab.analysis.runs import ChosenProfile, ChosenRun, relative_to_data
 from dsa_lab.env_info import LIBRARY_KEYS
 from dsa_lab.markup import md_code, md_text
@@ -137,6 +139,27 @@ def announce(chosen: ChosenRun, label: str) -> None:
         **_libraries(provenance.get("environment") or {}),
     }
     show_provenance(record, label if chosen.measured else f"{label}: {chosen.device_label}")
+
+
+def announce_section(chosen: ChosenRun | None, why: str | None, label: str) -> None:
+    """A section's run as `analysis.runs.section_run` gives it: why it is not the run asked for (as text),
+    then `announce` when there is a run."""
+    if why:
+        display(Markdown(f"*{md_text(why)}*"))
+    if chosen is not None:
+        announce(chosen, label)
+
+
+def show_run(run: store.Run, label: str) -> None:
+    """`show_provenance` for a second run a chart reads beside the announced one (its id, source, date, commit)."""
+    provenance = run.provenance
+    record = {
+        "run_id": provenance["run_id"],
+        "source": run.source,
+        "created": provenance["created"],
+        "git_sha": provenance["git"].get("sha"),
+    }
+    show_provenance(record, label)
 
 
 def show_ignored(ignored: list[tuple[str, str]], what: str = "run") -> None:

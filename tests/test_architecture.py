@@ -6,6 +6,7 @@ and provenance only; no run id is pinned in the package."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -46,6 +47,7 @@ LAYERS = (
     ),
 )
 MAX_LINES = 500
+MAX_CELL_LINES = 12
 CODE_SUFFIXES = {".py", ".sh", ".diff", ".patch", ".ipynb", ".c", ".cu", ".cpp", ".h"}
 
 
@@ -183,6 +185,18 @@ def test_no_package_module_is_over_500_lines() -> None:
         for path in PACKAGE.rglob("*.py")
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
+    assert not long, long
+
+
+def test_no_notebook_code_cell_is_over_12_lines_but_the_parameters() -> None:
+    """A cell reads get -> draw -> note (issue 17); the parameters cell is papermill's list of knobs."""
+    long = []
+    for path in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        code = [c for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"]
+        for index, cell in enumerate(code):
+            tags = cell.get("metadata", {}).get("tags", [])
+            if "parameters" not in tags and (n := len("".join(cell["source"]).splitlines())) > MAX_CELL_LINES:
+                long.append(f"{path.name} code cell {index}: {n} lines")
     assert not long, long
 
 

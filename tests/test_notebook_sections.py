@@ -11,12 +11,12 @@ import pytest
 from tqdm import TqdmWarning
 
 from dsa_lab import notebook
-from dsa_lab.analysis import agreement, e2e, headline, profiles
+from dsa_lab.analysis import agreement, e2e, frames, headline, modeled, profiles
 from dsa_lab.analysis.modeled import Sm100Frame
-from dsa_lab.analysis.runs import latency_run
+from dsa_lab.analysis.runs import latency_run, repeat_run
 from dsa_lab.invariance import LOGITS_COLUMN, StrategiesDisagree
 from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS
-from dsa_lab.workload import ragged_decode_batch, random_inputs, with_padding
+from dsa_lab.workload import ContextSpec, ragged_decode_batch, random_inputs, with_padding
 
 SHIPPED = "h200/h200-harness-20261130"  # a small measured run (80 points)
 
@@ -143,3 +143,49 @@ def test_e2e_sections() -> None:
     reading = e2e.published_reading(published)
     assert "**50.0 µs** for DeepGEMM" in reading and "**55.0 µs** (modeled, +10%)" in reading
     assert "At the 1 smaller points the model is launch-bound and +11% to +11% high" in reading
+
+
+def test_announce_section_says_why_as_text_then_announces(shown: list[str]) -> None:
+    notebook.announce_section(None, "run *x* lacks the section", "serving run")
+    assert shown == [r"*run \*x\* lacks the section*"]  # escaped: the run's words are text, not markup
+    shown.clear()
+    notebook.announce_section(latency_run(SHIPPED), "", "serving run")
+    assert any(text.startswith("data used (serving run): run_id=h200-harness-20261130") for text in shown)
+
+
+def test_repeat_run_and_its_provenance(shown: list[str]) -> None:
+    assert repeat_run("") is None
+    assert repeat_run("h200/no-such-run") is None
+    repeat = repeat_run(SHIPPED)
+    assert repeat is not None and repeat.provenance["run_id"] == "h200-harness-20261130"
+    notebook.show_run(repeat, "repeat run (spread)")
+    assert shown == [
+        f"data used (repeat run (spread)): run_id=h200-harness-20261130, source=measured, "
+        f"created={repeat.provenance['created']}, git_sha={repeat.provenance['git'].get('sha')}"
+    ]
+
+
+def test_decision_backend_keeps_the_one_asked_for_else_says_which() -> None:
+    results = _results()
+    assert frames.decision_backend(results, "deepgemm", "run-a") == ("deepgemm", None)
+    more = pd.concat([results, results.assign(backend="triton"), results.assign(backend="triton", batch=16)])
+    backend, why = frames.decision_backend(more, "gluon", "run-a")
+    assert backend == "triton"  # the most timed
+    assert why == "*Backend `gluon` has no timed rows in this run; deciding on `triton` (timed: triton, deepgemm).*"
+    with pytest.raises(ValueError, match="run run-a: no point timed ok"):
+        frames.decision_backend(results.assign(status="error"), "deepgemm", "run-a")
+
+
+def test_sm100_point_and_backend() -> None:
+    results = _results()
+    measured = Sm100Frame(results, True, "NVIDIA B200", "Measured on a B200")
+    at = modeled.sm100_point(measured, None, 128, "64K")
+    assert (at.batch, at.context) == (8, "1024") and at.frame is results  # the SM100 run's nearest point
+    rows = results.assign(source="modeled", backend="triton")
+    model = Sm100Frame(rows, False, "B200 (modeled)", "modeled")
+    alone = modeled.sm100_point(model, None, 128, "64K")
+    assert (alone.batch, alone.context) == (128, ContextSpec.parse("64K").label) and alone.frame is rows
+    beside = modeled.sm100_point(model, results, 4, "1024")
+    assert (beside.batch, beside.context) == (4, "1024") and len(beside.frame) == 2 * len(results)
+    assert modeled.sm100_backend(measured) == "deepgemm"  # what vLLM runs, when it was timed
+    assert modeled.sm100_backend(model) == "triton"  # else the first timed

@@ -154,12 +154,14 @@ def test_a_run_path_that_does_not_cover_the_section_is_said_and_passed_over(newe
 
 
 def section_notebook(path: Path, heading: str) -> nbformat.NotebookNode:
-    """The notebook's parameters and setup cells and one section (`heading` to the next '## ' heading)."""
+    """The notebook's parameters and setup cells (the code before its first '## ' heading) and one section
+    (`heading` to the next '## ' heading)."""
     nb = nbformat.read(path, as_version=4)
     start = next(i for i, c in enumerate(nb.cells) if c.source.startswith(heading))
     end = next((i for i in range(start + 1, len(nb.cells)) if nb.cells[i].source.startswith(("## ", "### "))), None)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    nb.cells = [*code[:2], *nb.cells[start:end]]
+    first = next(i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and c.source.startswith("## "))
+    setup = [c for c in nb.cells[:first] if c.cell_type == "code"]
+    nb.cells = [*setup, *nb.cells[start:end]]
     return nb
 
 

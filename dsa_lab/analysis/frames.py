@@ -215,6 +215,21 @@ def decisions(frame: pd.DataFrame, backend: str, platform: Platform = SM90_DEEPG
     return recommend(frame, [backend], backend, platform, source=None)
 
 
+def decision_backend(results: pd.DataFrame, wanted: str, run_name: object) -> tuple[str, str | None]:
+    """The backend whose strategies a decision table compares: `wanted` when it has rows timed 'ok', else the
+    most-timed one, with a note saying so. `run_name` names the run in the error when nothing was timed."""
+    timed_backends = results.loc[results["status"] == "ok", "backend"].value_counts()
+    if timed_backends.empty:
+        raise ValueError(f"run {run_name}: no point timed ok, nothing to decide")
+    if wanted in timed_backends.index:
+        return wanted, None
+    backend = timed_backends.index[0]
+    return backend, (
+        f"*Backend `{wanted}` has no timed rows in this run; deciding on `{backend}` "
+        f"(timed: {', '.join(timed_backends.index)}).*"
+    )
+
+
 def speedup_over_vllm(
     frame: pd.DataFrame, backend: str | None = None, platform: Platform = SM90_DEEPGEMM
 ) -> pd.DataFrame:

@@ -21,6 +21,7 @@ import pandas as pd
 from dsa_lab import axes
 from dsa_lab.analysis.frames import POINT, measured_ok, ok_rows
 from dsa_lab.analysis.runs import SM100_SWEEP_HOW, ChosenRun, sm100_evidence, sm100_run
+from dsa_lab.analysis.versus import pick_point
 from dsa_lab.bench.point import Point
 from dsa_lab.kernels import modeled_backends, vllm_backend
 from dsa_lab.markup import md_code, md_text
@@ -282,3 +283,32 @@ def sm100_frame(
         f"{', '.join(gpus)} ceilings). {SM100_SWEEP_HOW}"
     )
     return Sm100Frame(calibrated_rows(points, gpus, seed), False, f"{', '.join(gpus)} (modeled)", note, None, ignored)
+
+
+@dataclass(frozen=True)
+class Sm100Point:
+    """The rows and the (batch, context) an SM100 section's per-strategy chart draws."""
+
+    frame: pd.DataFrame
+    batch: int
+    context: str
+
+
+def sm100_point(sm100: Sm100Frame, results: pd.DataFrame | None, batch: int, context: str) -> Sm100Point:
+    """Where an SM100 section looks: a measured SM100 run at its point nearest (batch, context)
+    (`versus.pick_point`); modeled rows beside the measured `results` at their chosen point, or alone at
+    (batch, context) when there are no measured results (the CPU stand-in)."""
+    if sm100.measured:
+        shown_batch, shown_context, _ = pick_point(sm100.frame, batch, context)
+        return Sm100Point(sm100.frame, shown_batch, shown_context)
+    if results is None:
+        return Sm100Point(sm100.frame, batch, ContextSpec.parse(context).label)
+    shown_batch, shown_context, _ = pick_point(results, batch, context)
+    return Sm100Point(pd.concat([results, sm100.frame], ignore_index=True), shown_batch, shown_context)
+
+
+def sm100_backend(sm100: Sm100Frame) -> str:
+    """The backend of an SM100 decision table: what vLLM runs there when it was timed, else the first timed."""
+    timed = list(sm100.frame.loc[sm100.frame["status"] == "ok", "backend"].unique())
+    preferred = vllm_backend().name
+    return preferred if preferred in timed else timed[0]

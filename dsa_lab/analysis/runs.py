@@ -289,6 +289,14 @@ def kernel_run(run_path: str, device: str, backend: str, seed: int = 0) -> Chose
     return _stored_or_stand_in(run_path, device, needs, accept, stand_in, "nb03")
 
 
+def repeat_run(repeat_path: str) -> store.Run | None:
+    """Notebook 02's second call over a subset (run-to-run spread): the run at `repeat_path` under data/,
+    None when no path is given or nothing is there."""
+    if not repeat_path or not resolve_data_path(repeat_path).exists():
+        return None
+    return store.load_run(resolve_data_path(repeat_path))
+
+
 @dataclass
 class ChosenProfile:
     """A profile run picked for notebook 04 (see `ChosenRun`)."""
