@@ -595,7 +595,7 @@ def test_notebook_renders_a_shipped_run_with_counters(tmp_path: Path, monkeypatc
     )
     assert len(images) == 5  # timeline, phases, the explorer's timeline, DRAM vs unique, tensor pipe
     assert "NVIDIA H200 (synthetic test run)" in text and "CPU reference" not in text
-    assert "dram_read_per_unique" in text
+    assert "DRAM / unique KV" in text and "<function" not in text  # human headers; no stray repr
 
 
 def test_a_profile_run_stored_before_the_merge_reads_under_the_harness_names() -> None:
