@@ -147,3 +147,12 @@ def test_the_index_without_data_says_so_and_nothing_else(tmp_path, monkeypatch: 
     assert "is not in this checkout's data folder" in box and "dsa-lab bench --preset h200-full" in box
     assert "Green:" not in index and 'href="headline.md"' not in index  # no legend, no link, for a table not there
     assert "<table" not in index and 'href="figures/"' in index
+
+
+def test_the_ragged_kernel_table_is_folded_and_escaped() -> None:
+    from dsa_lab.plots import kernel
+
+    table = pd.DataFrame({"backend": ["<b>x</b>", "deepgemm"], "ratio": [1.234, float("nan")]})
+    html = kernel.style_ragged(table).to_html()
+    assert html.startswith("<details><summary>") and "(2 rows)" in html  # one line, the rows under it
+    assert "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html and "1.23" in html and "—" in html

@@ -49,7 +49,7 @@ from dsa_lab.plots.style import (
     strategy_color,
     style_handles,
 )
-from dsa_lab.plots.tables import FoldedTable, top_rows
+from dsa_lab.plots.tables import FoldedTable, folded, top_rows
 from dsa_lab.policy import Platform
 
 
@@ -410,3 +410,13 @@ def style_outcomes(results: pd.DataFrame) -> FoldedTable:
         return rows.style.format(escape="html").hide(axis="index")
 
     return FoldedTable(counts, full, style, "Points per backend and outcome")
+
+
+def style_ragged(table: pd.DataFrame) -> FoldedTable:
+    """`analysis.workloads.ragged_kernels` for display, folded under one line: the reading above says what it
+    holds; every value formatted and escaped."""
+
+    def style(rows: pd.DataFrame) -> Styler:
+        return rows.style.format(precision=2, na_rep="—", escape="html").hide(axis="index")
+
+    return folded(table, style, "The candidate against each kernel's fastest option, every ragged point")
