@@ -311,7 +311,7 @@ code { font-size: 90%; } details { margin: .3em 0; } summary { cursor: pointer; 
 {{ headline_table|safe }}
 {{ headline_reading|safe }}
 {{ answers_html|safe }}
-<p class="meta">{% if headline_table %}Green: vLLM 0.33's choice is slower than the fastest option by more than the measured spread.
+<p class="meta">{% if headline_table %}Blue: vLLM 0.33's choice is slower than the fastest option by more than the measured spread.
 The table as Markdown: <a href="headline.md">headline.md</a>. {% endif %}Every chart as PNG and SVG: <a href="figures/">figures/</a>.</p>
 
 <h2>Notebooks</h2>

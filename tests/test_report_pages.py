@@ -145,7 +145,7 @@ def test_the_index_without_data_says_so_and_nothing_else(tmp_path, monkeypatch: 
     index = (tmp_path / "index.html").read_text()
     box = re.search(r"<div class='fallback'>(.*?)</div>", index, flags=re.S).group(1)
     assert "is not in this checkout's data folder" in box and "dsa-lab bench --preset h200-full" in box
-    assert "Green:" not in index and 'href="headline.md"' not in index  # no legend, no link, for a table not there
+    assert "Blue:" not in index and 'href="headline.md"' not in index  # no legend, no link, for a table not there
     assert "<table" not in index and 'href="figures/"' in index
 
 
