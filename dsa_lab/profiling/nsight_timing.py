@@ -23,7 +23,6 @@ import importlib.metadata
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,9 +32,9 @@ import torch
 from dsa_lab.bench.check import run_launches
 from dsa_lab.bench.point import SweepSpec
 from dsa_lab.bench.timing import L2Flusher, Measurement, time_callable
-from dsa_lab.bench.walk import Visit, prepare, walk
+from dsa_lab.bench.walk import Visit, prepare
 from dsa_lab.errors import check_range
-from dsa_lab.profiling.sweep import check_visit, point_config
+from dsa_lab.profiling.sweep import checked_visits, record_error
 
 METRIC = "gpu__time_duration.sum"  # what the CUPTI tool collects (its only metric)
 DEFAULT_RUNS = 5
@@ -151,30 +150,13 @@ def run_nsight(
     `run_torch`; `nsight` is the loaded module (`load_nsight()` when None)."""
     check_range("runs", runs, 2, 10_000)
     nsight = load_nsight() if nsight is None else nsight
-    started = time.perf_counter()
     flush = L2Flusher(device) if spec.timing.cold_l2 else None
     rows, configs = [], []
-    for visit in walk(spec.points(), spec, device):
-        point = visit.point
-        config = point_config(visit, device, "nsight")
-        configs.append(config)
-        label = f"{point.backend} {point.strategy} B={point.batch} L={point.context} n={point.next_n}"
-        if visit.skip or visit.error:
-            config.update(status="skipped" if visit.skip else "error", reason=visit.skip or visit.error)
-            continue
-        if budget_s is not None and time.perf_counter() - started > budget_s:
-            config.update(status="skipped", reason=f"time budget of {budget_s:g} s spent")
-            continue
+    for visit, config, label in checked_visits(spec, device, "nsight", configs, log, budget_s):
         try:
-            config["rel_err"], refused = check_visit(visit, spec, device)
-            if refused:
-                config.update(status="failed", reason=refused)
-                log(f"refused {label}: {refused}")
-                continue
             harness, timed = _time_both(visit, spec, device, nsight, flush, runs)
         except (ValueError, RuntimeError) as err:  # unsupported, unavailable, a failing kernel or nsight's refusal
-            config.update(status="error", reason=f"{type(err).__name__}: {err}")
-            log(f"error {label}: {config['reason']}")
+            record_error(config, label, err, log)
             continue
         config["status"] = "profiled"
         ratio = harness.median_ms * 1e6 / timed["nsight_mean_ns"] if timed["nsight_mean_ns"] > 0 else float("nan")

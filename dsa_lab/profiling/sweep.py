@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,23 +121,21 @@ def _trace_point(spec: SweepSpec) -> tuple[int, str, int]:
     return max(spec.batch), spec.context[0], 4 if 4 in spec.next_n else max(spec.next_n)
 
 
-def run_torch(
+def checked_visits(
     spec: SweepSpec,
     device: torch.device,
-    settings: ProfileSettings = ProfileSettings(),
-    trace_dir: Path | None = None,
-    log: Callable[[str], None] = print,
+    tool: str,
+    configs: list[dict[str, Any]],
+    log: Callable[[str], None],
     budget_s: float | None = None,
-) -> ProfileRun:
-    """torch.profiler over the grid, in grid order. Points not started within `budget_s` are
-    recorded as skipped, so a slow compile cannot eat the time of what follows."""
+) -> Iterator[tuple[Visit, dict[str, Any], str]]:
+    """The grid's points a profiling tool runs, in grid order, each as (visit, its config, its label): every
+    point's config joins `configs`, and a point skipped by the walk, not started within `budget_s`, refused
+    by the harness's check or failing in it is recorded there and not yielded."""
     started = time.perf_counter()
-    kernels, phases, configs = [], [], []
-    traced: dict[str, list[LaunchPlan]] = {}
-    trace_key = _trace_point(spec)
     for visit in walk(spec.points(), spec, device):
         point = visit.point
-        config = point_config(visit, device, "torch")
+        config = point_config(visit, device, tool)
         configs.append(config)
         label = f"{point.backend} {point.strategy} B={point.batch} L={point.context} n={point.next_n}"
         if visit.skip or visit.error:
@@ -148,14 +146,41 @@ def run_torch(
             continue
         try:
             config["rel_err"], refused = check_visit(visit, spec, device)
-            if refused:
-                config.update(status="failed", reason=refused)
-                log(f"refused {label}: {refused}")
-                continue
+        except (ValueError, RuntimeError) as err:  # unsupported, unavailable, or a failing kernel
+            record_error(config, label, err, log)
+            continue
+        if refused:
+            config.update(status="failed", reason=refused)
+            log(f"refused {label}: {refused}")
+            continue
+        yield visit, config, label
+
+
+def record_error(config: dict[str, Any], label: str, err: Exception, log: Callable[[str], None]) -> None:
+    """A point whose tool failed: its config says so, and the log names it."""
+    config.update(status="error", reason=f"{type(err).__name__}: {err}")
+    log(f"error {label}: {config['reason']}")
+
+
+def run_torch(
+    spec: SweepSpec,
+    device: torch.device,
+    settings: ProfileSettings = ProfileSettings(),
+    trace_dir: Path | None = None,
+    log: Callable[[str], None] = print,
+    budget_s: float | None = None,
+) -> ProfileRun:
+    """torch.profiler over the grid, in grid order. Points not started within `budget_s` are
+    recorded as skipped, so a slow compile cannot eat the time of what follows."""
+    kernels, phases, configs = [], [], []
+    traced: dict[str, list[LaunchPlan]] = {}
+    trace_key = _trace_point(spec)
+    for visit, config, label in checked_visits(spec, device, "torch", configs, log, budget_s):
+        point = visit.point
+        try:
             result = profile_step(visit.inputs, visit.plan, visit.backend, _table_config(config), topk=settings.topk)
         except (ValueError, RuntimeError) as err:  # unsupported, unavailable, or a failing kernel
-            config.update(status="error", reason=f"{type(err).__name__}: {err}")
-            log(f"error {label}: {config['reason']}")
+            record_error(config, label, err, log)
             continue
         config["status"] = "profiled"
         kernels.append(result.kernels)
