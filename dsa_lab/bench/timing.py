@@ -281,23 +281,7 @@ def _time_events(fn: Callable[[], object], device: torch.device, config: TimingC
             torch.cuda.synchronize(device)
         spin = GpuSpin(device)
         lead_us = spin.lead_for(float(np.median(warm_host)))
-        rule, host = StoppingRule(config), []
-        while (stop := rule.reason()) is None:
-            pairs = []
-            for _ in range(config.sync_every):
-                if flush is not None:
-                    flush()
-                spin(lead_us)
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                issued = time.perf_counter()
-                begin.record()
-                fn()
-                end.record()
-                host.append((time.perf_counter() - issued) * 1e6)
-                pairs.append((begin, end))
-            torch.cuda.synchronize(device)
-            for begin, end in pairs:
-                rule.add(begin.elapsed_time(end))
+        rule, host, stop = _event_samples(fn, device, config, flush, spin, lead_us)
         del flush
     return summarize(rule.samples, host, "cuda", timing_method(device, config), stop, config, lead_us)
 
@@ -393,25 +377,39 @@ def _time_step_graph(step: Callable[[], object], device: torch.device, config: T
         torch.cuda.synchronize(device)
         spin = GpuSpin(device)
         lead_us = spin.lead_for(0.0)
-        rule, host = StoppingRule(config), []
-        while (stop := rule.reason()) is None:
-            pairs = []
-            for _ in range(config.sync_every):
-                if flush is not None:
-                    flush()
-                spin(lead_us)
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                issued = time.perf_counter()
-                begin.record()
-                graph.replay()
-                end.record()
-                host.append((time.perf_counter() - issued) * 1e6)
-                pairs.append((begin, end))
-            torch.cuda.synchronize(device)
-            for begin, end in pairs:
-                rule.add(begin.elapsed_time(end))
+        rule, host, stop = _event_samples(graph.replay, device, config, flush, spin, lead_us)
         del graph, flush
     return summarize(rule.samples, host, "cuda", name, stop, config, lead_us)
+
+
+def _event_samples(
+    fn: Callable[[], object],
+    device: torch.device,
+    config: TimingConfig,
+    flush: Callable[[], None] | None,
+    spin: GpuSpin,
+    lead_us: float,
+) -> tuple[StoppingRule, list[float], str]:
+    """Samples of `fn` between CUDA events until `config`'s stopping rule says enough: each behind an L2
+    flush (when `flush`) and a spin of `lead_us`, synchronised every `sync_every`; (rule, host µs, why)."""
+    rule, host = StoppingRule(config), []
+    while (stop := rule.reason()) is None:
+        pairs = []
+        for _ in range(config.sync_every):
+            if flush is not None:
+                flush()
+            spin(lead_us)
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            issued = time.perf_counter()
+            begin.record()
+            fn()
+            end.record()
+            host.append((time.perf_counter() - issued) * 1e6)
+            pairs.append((begin, end))
+        torch.cuda.synchronize(device)
+        for begin, end in pairs:
+            rule.add(begin.elapsed_time(end))
+    return rule, host, stop
 
 
 def _median_ms_of_read(device: torch.device, gib: int) -> float:
