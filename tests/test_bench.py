@@ -90,13 +90,14 @@ class _NarrowBackend(_Injected):
 
 
 class _SleepyBackend(_Injected):
-    """Right, but each call takes 10 s at next_n = 3 (a kernel that hangs, as Python sees it)."""
+    """Right, but each call takes `SLEEP_S` at next_n = 3 (a kernel that hangs, as Python sees it)."""
 
     name = "test-sleepy"
+    SLEEP_S = 60.0  # far above any deadline the tests set, and above what a busy CI machine adds around them
 
     def logits(self, q, *args, **kwargs):
         if q.shape[1] == 3:
-            time.sleep(10.0)
+            time.sleep(self.SLEEP_S)
         return super().logits(q, *args, **kwargs)
 
 
@@ -696,9 +697,10 @@ def test_a_hung_point_times_out_and_the_sweep_goes_on(tmp_path, injected):
     spec = tiny(backend=("test-sleepy",), strategy=("native",), next_n=(1, 3), batch=(1, 2))
     started = time.perf_counter()
     summary = run_sweep(spec, tmp_path / "run", "cpu", point_timeout_s=0.5, progress=False)
-    assert time.perf_counter() - started < 8  # two sleepy points of 10 s+ each, cut at 0.5 s
+    assert time.perf_counter() - started < _SleepyBackend.SLEEP_S  # two sleepy points, each cut at 0.5 s
     by = {(r["batch"], r["next_n"]): r for r in store.read_points(tmp_path / "run")}
     assert by[(1, 3)]["status"] == "error" and "timed out after 0.5 s (--point-timeout)" in by[(1, 3)]["message"]
+    assert by[(1, 3)]["elapsed_s"] < _SleepyBackend.SLEEP_S / 4  # the point itself was cut, not slept through
     assert by[(2, 1)]["status"] == "ok" and summary.stop_reason == "complete"
 
 
@@ -706,7 +708,7 @@ def test_max_minutes_holds_against_a_hung_point(tmp_path, injected):
     spec = tiny(backend=("test-sleepy",), strategy=("native",), next_n=(3,), batch=(1, 2, 3))
     started = time.perf_counter()
     summary = run_sweep(spec, tmp_path / "run", "cpu", max_minutes=0.01, progress=False)  # 0.6 s
-    assert time.perf_counter() - started < 6  # a point of 10 s+, cut when the 0.6 s budget ends
+    assert time.perf_counter() - started < _SleepyBackend.SLEEP_S  # a sleepy point, cut when the 0.6 s budget ends
     assert summary.stop_reason == "max_minutes" and summary.recorded_now == 0  # cut by the budget: re-runs later
     assert store.read_provenance(tmp_path / "run" / store.PROVENANCE_FILE)["progress"]["stop_reason"] == "max_minutes"
 
