@@ -164,7 +164,7 @@ def test_the_headline_reading_escapes_the_device_and_the_run() -> None:
 
 def test_styled_tables_escape_names_from_a_run() -> None:
     """Backend names from results.parquet used to be live through a pandas Styler."""
-    from dsa_lab.plots import latency, tour
+    from dsa_lab.plots import latency, serving, tour
     from dsa_lab.studies import goals
 
     decision = pd.DataFrame(
@@ -206,11 +206,16 @@ def test_styled_tables_escape_names_from_a_run() -> None:
         }
     )
     ncu.attrs["tensor_counter"] = HOSTILE
+    summary = pd.DataFrame({"workload": [HOSTILE], "options used": [HOSTILE], "best speedup": [2.0]})
     for styled in (
         latency.style_decisions(decision),
         tour.style_headline(best, HOSTILE),
         goals.style_ncu_comparison(ncu),
         goals.style_goal_summary(pd.DataFrame({"n": [HOSTILE], "ratio_min": [1.0], "ratio_max": [1.0]})),
+        serving.style_answer_summary(summary, [HOSTILE]),
+        serving.style_answer_summary(summary, []),  # the rows folded, under the head's one line
+        serving.style_reversal_counts(pd.DataFrame({"uniform": [HOSTILE], "ragged": [HOSTILE], "cells": [1]})),
+        latency.style_verdicts(pd.DataFrame({"backend": [HOSTILE, "x"], "verdict": [HOSTILE, "same"]})),
     ):
         page = styled.to_html()
         assert not LIVE.search(page) and "&lt;img" in page

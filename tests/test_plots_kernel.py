@@ -191,6 +191,35 @@ def test_plot_backend_latency(with_modeled: pd.DataFrame) -> None:
     assert markers["atom (triton), measured"] == "s" and markers["atom (deepgemm), measured"] == "o"
 
 
+def test_plot_backend_latency_panels_draws_each_context_beside_the_others(results: pd.DataFrame) -> None:
+    fig = kernel.plot_backend_latency_panels(results, 2, ["1024", "4096"], "NVIDIA H200", "run synthetic | H200")
+    left, right = fig.axes
+    assert [left.get_title(), right.get_title()] == ["context 1K", "context 4K"]
+    assert "µs" in left.get_ylabel() and right.get_ylabel() == ""  # one label: each panel its own time axis
+    longer = {c.get_label(): np.asarray(c.lines[0].get_ydata(), float) for c in right.containers}
+    shorter = {c.get_label(): np.asarray(c.lines[0].get_ydata(), float) for c in left.containers}
+    assert np.allclose(longer["native (triton), measured"], 3 * shorter["native (triton), measured"])
+    (legend,) = fig.legends  # one legend for both panels, each series once
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert len(texts) == len(set(texts)) and "native (triton), measured" in texts
+    assert any(t.startswith("best deepgemm option") for t in texts)
+    assert "batch=2" in fig.get_suptitle() and style.footer_text(fig) == "run synthetic | H200"
+    with pytest.raises(ValueError, match="no timed rows at batch=2, context=8192"):
+        kernel.plot_backend_latency_panels(results, 2, ["1024", "8192"], "NVIDIA H200")
+    with pytest.raises(ValueError, match="contexts: none to draw"):
+        kernel.plot_backend_latency_panels(results, 2, [], "NVIDIA H200")
+
+
+def test_the_modeled_and_measured_times_fold_under_the_chart(with_modeled: pd.DataFrame) -> None:
+    folded = kernel.style_modeled_vs_measured(with_modeled, 2, "1024", TRITON, "deepgemm")
+    html = folded.to_html()
+    assert html.startswith("<details><summary><b>The modeled and measured times the chart draws (µs)</b>")
+    assert "30.0" in html and "native (triton), measured" in html  # triton native at next_n = 5, to 0.1 µs
+    hostile = with_modeled.assign(backend=with_modeled["backend"].replace({"triton": "<b>x</b>"}))
+    html = kernel.style_modeled_vs_measured(hostile, 2, "1024", ("<b>x</b>", "native"), "deepgemm").to_html()
+    assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html  # a backend name from a run is text
+
+
 def test_plot_speedup_heatmaps(results: pd.DataFrame) -> None:
     fig = kernel.plot_speedup_heatmaps(versus.kernel_comparison(results, TRITON), "NVIDIA H200", None, TRITON)
     left, right = fig.axes[:2]

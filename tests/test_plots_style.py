@@ -314,3 +314,11 @@ def test_serving_values_get_human_labels() -> None:
     )
     assert style.axis_value_title("logits_width", "model:163840") == "logits 160K wide (vLLM's max_model_len)"
     assert style.axis_value_title("batch", 128) == "128"
+
+
+def test_run_to_run_verdicts_fold_under_the_line_that_totals_them() -> None:
+    comparison = pd.DataFrame({"backend": ["deepgemm"] * 3 + ["triton"], "verdict": ["same", "same", "unsure", "same"]})
+    folded = latency.style_verdicts(comparison)
+    assert folded.what == "compare's verdict at 4 shared points: same 3, unsure 1"
+    assert folded.full.loc["deepgemm"].to_dict() == {"same": 2, "unsure": 1}
+    assert folded.to_html().startswith("<details><summary><b>compare&#x27;s verdict at 4 shared points")

@@ -249,3 +249,15 @@ def test_the_answer_grids_outline_where_the_ragged_answer_differs() -> None:
     assert "gluon\n1.60×" in texts and "deepgemm\n1.00×" in texts
     with pytest.raises(ValueError, match="workload='8K': not in the table"):
         plot_answers(table, ["64K", "8K"], "H200")
+
+
+def test_the_summary_shows_the_drawn_workloads_and_folds_every_one() -> None:
+    from dsa_lab.plots.serving import style_answer_summary, style_reversal_counts
+
+    answers = workloads.answers(two_workloads())
+    summary = workloads.answer_summary(answers)
+    folded = style_answer_summary(summary, ["mixed 2K-128K"])
+    assert folded.head["workload"].tolist() == ["mixed 2K-128K"] and len(folded.full) == len(summary) == 2
+    assert "1.60×" in folded.to_html()  # the uniform batch's best speedup, in the folded rows
+    counts = style_reversal_counts(workloads.reversal_counts(answers))
+    assert counts.head.empty and counts.full[["cells", "answer differs"]].values.tolist() == [[2, 1]]

@@ -19,6 +19,8 @@ from dsa_lab.policy import FAMILY_LABELS, POLICIES, RELEASES, Platform, PolicyQu
 from dsa_lab.policy_steps import step_path
 from dsa_lab.workload import ContextSpec, DecodeBatch
 
+DECISIONS_NAMED = 5  # the points where vLLM's choice loses most, named in words by `decisions_reading`
+
 
 def _points(count: int) -> str:
     return f"{count} point{'' if count == 1 else 's'}"
@@ -50,14 +52,14 @@ def decisions_reading(table: pd.DataFrame, device: str, backend: str) -> str:
             f"In {_points(len(missing))} vLLM's choice was not timed here (e.g. next_n={first['next_n']}: "
             f"'{first['vllm_strategy']}', timed: {first['options_timed']})."
         )
-    for row in beaten.head(5).itertuples():
+    for row in beaten.head(DECISIONS_NAMED).itertuples():
         lines.append(
             f"- next_n={row.next_n}, batch={row.batch}, context {_short(row.context)}: vLLM takes **{row.vllm_strategy}** "
             f"({row.vllm_ms * 1e3:.1f} µs); **{row.best_strategy}** takes {row.best_ms * 1e3:.1f} µs, "
             f"{row.speedup:.2f}x faster."
         )
-    if len(beaten) > 5:
-        lines.append(f"- ... and {len(beaten) - 5} more (see the table below).")
+    if len(beaten) > DECISIONS_NAMED:
+        lines.append(f"- ... and {len(beaten) - DECISIONS_NAMED} more (see the table below).")
     per_n = beaten.groupby("next_n")["speedup"].agg(["count", "max"])
     if not per_n.empty:
         parts = [f"next_n={n}: {_points(int(r['count']))}, up to {r['max']:.2f}x" for n, r in per_n.iterrows()]

@@ -9,7 +9,7 @@ Nothing here times, models or reads anything.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -75,28 +75,13 @@ def _finish(fig: Figure, title: str, provenance_line: str | None) -> Figure:
     return add_footer(fig, provenance_line)
 
 
-def plot_backend_latency(
-    frame: pd.DataFrame,
-    batch: int,
-    context: str,
-    device: str,
-    provenance_line: str | None = None,
-    baseline: str | None = None,
-    platform: Platform = SM90_DEEPGEMM,
-) -> Figure:
-    """Kernel time vs next_n at one (batch, context): a line per backend + strategy (IQR as error
-    bars), the best `baseline` option ringed, vLLM 0.33's path as black diamonds; modeled rows
-    dashed grey and labelled."""
-    baseline = vllm_backend().name if baseline is None else baseline
-    data = ok_rows(frame)
-    data = data[(data["batch"] == batch) & (data["context"] == context)]
-    if data.empty:
-        raise ValueError(f"frame: no timed rows at batch={batch}, context={context}")
-    series = sorted(data["series"].unique(), key=_series_key)
-    by_backend = colour_by_backend(data.loc[data["source"] == "measured", "backend"])
-    fig, ax = plt.subplots(figsize=(11.5, 5.6), constrained_layout=True)
+def _draw_backend_latency(
+    ax: Any, data: pd.DataFrame, baseline: str, platform: Platform, by_backend: Mapping[str, Any]
+) -> None:
+    """One (batch, context)'s lines on `ax`: a line per backend + strategy (IQR as error bars), the best
+    `baseline` option ringed, vLLM 0.33's path as black diamonds; modeled rows dashed grey and labelled."""
     modeled_greys = iter(sns.color_palette("Greys_r", 4))
-    for name in series:
+    for name in sorted(data["series"].unique(), key=_series_key):
         part = data[data["series"] == name].sort_values("next_n")
         strategy, backend = part["strategy"].iloc[0], part["backend"].iloc[0]
         if (part["source"] == "modeled").all():
@@ -139,10 +124,75 @@ def plot_backend_latency(
             f"native for next_n in {native}, else flatten",
         )
     ax.set_xticks(sorted(data["next_n"].unique()))
-    ax.set(xlabel="next_n (query rows per request)", ylabel="kernel time per decode step (µs, median)", ylim=(0, None))
+    ax.set(xlabel="next_n (query rows per request)", ylim=(0, None))
+
+
+def _latency_rows(frame: pd.DataFrame, batch: int, context: str) -> pd.DataFrame:
+    data = ok_rows(frame)
+    data = data[(data["batch"] == batch) & (data["context"] == context)]
+    if data.empty:
+        raise ValueError(f"frame: no timed rows at batch={batch}, context={context}")
+    return data
+
+
+def _measured_backends(data: pd.DataFrame) -> str:
+    return " vs ".join(dict.fromkeys(data.loc[data["source"] == "measured", "backend"])) or "modeled"
+
+
+def plot_backend_latency(
+    frame: pd.DataFrame,
+    batch: int,
+    context: str,
+    device: str,
+    provenance_line: str | None = None,
+    baseline: str | None = None,
+    platform: Platform = SM90_DEEPGEMM,
+) -> Figure:
+    """Kernel time vs next_n at one (batch, context): a line per backend + strategy (IQR as error
+    bars), the best `baseline` option ringed, vLLM 0.33's path as black diamonds; modeled rows
+    dashed grey and labelled."""
+    baseline = vllm_backend().name if baseline is None else baseline
+    data = _latency_rows(frame, batch, context)
+    fig, ax = plt.subplots(figsize=(11.5, 5.0), constrained_layout=True)
+    _draw_backend_latency(
+        ax, data, baseline, platform, colour_by_backend(data.loc[data["source"] == "measured", "backend"])
+    )
+    ax.set_ylabel("kernel time per decode step (µs, median)")
     legend_outside(ax)
-    backends = " vs ".join(dict.fromkeys(data.loc[data["source"] == "measured", "backend"])) or "modeled"
-    title = f"Kernel time, {backends}, on {chart_text(device)} ({sources_label(data)}): batch={batch}, context={context_title(context)}"
+    title = (
+        f"Kernel time, {_measured_backends(data)}, on {chart_text(device)} ({sources_label(data)}): "
+        f"batch={batch}, context={context_title(context)}"
+    )
+    return _finish(fig, title, provenance_line)
+
+
+def plot_backend_latency_panels(
+    frame: pd.DataFrame,
+    batch: int,
+    contexts: Sequence[str],
+    device: str,
+    provenance_line: str | None = None,
+    baseline: str | None = None,
+) -> Figure:
+    """`plot_backend_latency` at one batch for several contexts, a panel each side by side in one figure
+    (each its own time axis: contexts differ in bytes), one legend beside them all."""
+    if not contexts:
+        raise ValueError("contexts: none to draw (give at least one context the frame timed)")
+    baseline = vllm_backend().name if baseline is None else baseline
+    panels = [_latency_rows(frame, batch, context) for context in contexts]
+    every = pd.concat(panels)
+    by_backend = colour_by_backend(every.loc[every["source"] == "measured", "backend"])
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(4.2 * len(panels) + 3.6, 5.0), squeeze=False, constrained_layout=True
+    )
+    legend: dict[str, Any] = {}
+    for ax, data, context in zip(axes.flat, panels, contexts):
+        _draw_backend_latency(ax, data, baseline, SM90_DEEPGEMM, by_backend)
+        ax.set_title(f"context {context_title(context)}", fontsize=10)
+        legend.update(zip(*reversed(ax.get_legend_handles_labels())))
+    axes.flat[0].set_ylabel("kernel time per decode step (µs, median)")
+    legend_outside(fig, list(legend.values()), list(legend))
+    title = f"Kernel time, {_measured_backends(every)}, on {chart_text(device)} ({sources_label(every)}): batch={batch}"
     return _finish(fig, title, provenance_line)
 
 
@@ -167,7 +217,7 @@ def plot_speedup_heatmaps(
     contexts = context_order(comparison["context"])
     groups = comparison.groupby(["batch", "context"]).ngroups
     width = 2 * (3.5 + 0.6 * comparison["next_n"].nunique())
-    fig, axes = plt.subplots(1, 2, figsize=(width, max(3.5, 1.6 + 0.4 * groups)), constrained_layout=True)
+    fig, axes = plt.subplots(1, 2, figsize=(width, max(3.5, 1.4 + 0.3 * groups)), constrained_layout=True)
     for ax, (column, title) in zip(axes, panels):
         grid = comparison.pivot_table(index=["batch", "context"], columns="next_n", values=column)
         order = [(b, c) for b in sorted(comparison["batch"].unique()) for c in contexts if (b, c) in grid.index]
@@ -410,6 +460,19 @@ def style_outcomes(results: pd.DataFrame) -> FoldedTable:
         return rows.style.format(escape="html").hide(axis="index")
 
     return FoldedTable(counts, full, style, "Points per backend and outcome")
+
+
+def style_modeled_vs_measured(
+    frame: pd.DataFrame, batch: int, context: str, candidate: tuple[str, str], baseline: str
+) -> FoldedTable:
+    """`analysis.versus.modeled_vs_measured` at (batch, context) for display, folded under one line: the
+    chart draws the same times; values to 0.1 µs, headers (backend names from the run) escaped."""
+
+    def style(rows: pd.DataFrame) -> Styler:
+        return rows.style.format("{:.1f}", na_rep="—").format_index(escape="html", axis=1)
+
+    table = modeled_vs_measured(frame, batch, context, candidate, baseline)
+    return folded(table, style, "The modeled and measured times the chart draws (µs)")
 
 
 def style_ragged(table: pd.DataFrame) -> FoldedTable:

@@ -22,6 +22,7 @@ from matplotlib.ticker import FixedLocator, NullLocator
 from pandas.io.formats.style import Styler
 
 from dsa_lab.analysis.frames import SM90_DEEPGEMM, context_order, speedup_over_strategy, speedup_over_vllm, vllm_path
+from dsa_lab.analysis.readings import DECISIONS_NAMED
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.plots.style import (
     MODELED,
@@ -43,7 +44,7 @@ from dsa_lab.plots.style import (
     speedup_norm,
     strategy_color,
 )
-from dsa_lab.plots.tables import FoldedTable, top_rows
+from dsa_lab.plots.tables import FoldedTable, folded, top_rows
 from dsa_lab.policy import Platform
 from dsa_lab.workload import ContextSpec
 
@@ -81,7 +82,7 @@ def plot_vs_vllm(
     fig, axes = plt.subplots(
         len(batches),
         len(contexts),
-        figsize=(3.3 * len(contexts) + 2.6, max(4.5, 2.3 * len(batches) + 1)),
+        figsize=(3.3 * len(contexts) + 2.6, max(4.5, 1.65 * len(batches) + 1)),
         sharex=True,
         sharey=True,
         squeeze=False,
@@ -151,7 +152,7 @@ def plot_speedup(
     columns = min(2, len(panels))
     rows = -(-len(panels) // columns)
     width = columns * (3.2 + 0.5 * table["next_n"].nunique()) + 1.5
-    height = max(3.8, rows * (1.6 + 0.3 * table.groupby(["batch", "context"]).ngroups))
+    height = max(3.8, rows * (1.3 + 0.19 * table.groupby(["batch", "context"]).ngroups))
     fig, axes = plt.subplots(rows, columns, figsize=(width, height), squeeze=False, constrained_layout=True)
     for index, (ax, ((backend, strategy), part)) in enumerate(zip(axes.flat, panels)):
         grid = part.pivot_table(index=["batch", "context"], columns="next_n", values="speedup")
@@ -168,7 +169,7 @@ def plot_speedup(
             linewidths=0.5,
             linecolor="white",
             cbar=False,
-            annot_kws={"fontsize": 8},
+            annot_kws={"fontsize": 7.5},
             yticklabels=index % columns == 0,
         )
         label = series_label(strategy, backend, source)
@@ -203,7 +204,7 @@ def plot_modeled_speedup(frame: pd.DataFrame, device: str, baseline: str = "flat
     rows = list(grid.index)
     names = [backend.removeprefix("model (").removesuffix(")") for backend, _ in rows]  # 'B200, deepgemm'
     grid.index = [f"{strategy} · {name} ({MODELED})" for (_, strategy), name in zip(rows, names)]
-    fig, ax = plt.subplots(figsize=(4.5 + 0.8 * grid.shape[1], 1.9 + 0.55 * len(grid)), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(4.5 + 0.8 * grid.shape[1], 1.6 + 0.5 * len(grid)), constrained_layout=True)
     sns.heatmap(
         grid,
         annot=True,
@@ -259,9 +260,8 @@ def style_decisions(table: pd.DataFrame) -> FoldedTable:
         )
         return shade_speedups(styled, ["speedup"]).hide(axis="index")
 
-    return top_rows(
-        shown, style, ["speedup"], "points where vLLM's choice is furthest from the fastest", tie_format="{:.2f}×"
-    )
+    what = "points where vLLM's choice is furthest from the fastest"
+    return top_rows(shown, style, ["speedup"], what, top=DECISIONS_NAMED, tie_format="{:.2f}×")
 
 
 def plot_point(
@@ -306,6 +306,21 @@ def plot_point(
     return add_footer(fig, caption)
 
 
+def style_verdicts(comparison: pd.DataFrame) -> FoldedTable:
+    """`analysis.compare.compare_runs`' verdicts counted per backend, folded under the one line that totals
+    them (the histogram above shows the ratios): escaped, backend names coming from the runs."""
+    counts = comparison.groupby(["backend", "verdict"]).size().unstack("verdict", fill_value=0)
+    totals = counts.sum().sort_values(ascending=False)
+    what = f"compare's verdict at {int(totals.sum())} shared points: " + ", ".join(
+        f"{verdict} {int(n)}" for verdict, n in totals.items()
+    )
+
+    def style(rows: pd.DataFrame) -> Styler:
+        return rows.style.format_index(escape="html", axis=0).format_index(escape="html", axis=1)
+
+    return folded(counts, style, what)
+
+
 def plot_run_to_run(
     comparison: pd.DataFrame, device: str, label_a: str, label_b: str, provenance_line: str | None = None
 ) -> Figure:
@@ -313,7 +328,7 @@ def plot_run_to_run(
     data = comparison.assign(change_pct=(comparison["ratio"] - 1.0) * 100.0)
     backends = sorted(data["backend"].unique())
     greys = dict(zip(backends, sns.color_palette("Greys_r", len(backends) + 2)))
-    fig, ax = plt.subplots(figsize=(10, 3.8), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(10, 3.3), constrained_layout=True)
     sns.histplot(
         data=data,
         x="change_pct",

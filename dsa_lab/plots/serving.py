@@ -13,8 +13,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
+from pandas.io.formats.style import Styler
 
 from dsa_lab.plots.style import add_footer, chart_text, legend_outside, strategy_color
+from dsa_lab.plots.tables import FoldedTable, folded
 
 CELL_ALPHA = 0.55
 
@@ -63,3 +65,24 @@ def plot_answers(
         fontsize=11,
     )
     return add_footer(fig, provenance_line)
+
+
+def style_answer_summary(summary: pd.DataFrame, drawn: Sequence[str]) -> FoldedTable:
+    """`analysis.workloads.answer_summary` for display: the rows of the workloads the grids draw (`drawn`)
+    above every workload's, folded; values formatted and escaped (workload labels come from the run)."""
+
+    def style(rows: pd.DataFrame) -> Styler:
+        return rows.style.format({"best speedup": "{:.2f}×"}, escape="html").hide(axis="index")
+
+    head = summary[summary["workload"].isin(drawn)]
+    return FoldedTable(head, summary, style, "The workloads the grids below draw")
+
+
+def style_reversal_counts(counts: pd.DataFrame) -> FoldedTable:
+    """`analysis.workloads.reversal_counts` for display, folded under one line (the reading below says the same
+    per pair in words); escaped, workload labels coming from the run."""
+
+    def style(rows: pd.DataFrame) -> Styler:
+        return rows.style.format(escape="html").hide(axis="index")
+
+    return folded(counts, style, "Cells per uniform and ragged pair, and where the answer differs")

@@ -80,7 +80,7 @@ def plot_cta_phases(phases: pd.DataFrame, device: str, provenance_line: str | No
     cases = list(dict.fromkeys(phases["case"]))
     names = list(dict.fromkeys(phases["phase"]))
     colors = dict(zip(names, sns.color_palette("deep", len(names))))
-    fig, ax = plt.subplots(figsize=(11.5, 1.4 + 0.5 * len(cases)), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(11.5, 1.2 + 0.36 * len(cases)), constrained_layout=True)
     for phase in names:
         part = phases[phases["phase"] == phase].set_index("case").reindex(cases)
         ax.barh(
