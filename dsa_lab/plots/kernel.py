@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from pandas.io.formats.style import Styler
 
@@ -75,11 +76,10 @@ def _finish(fig: Figure, title: str, provenance_line: str | None) -> Figure:
     return add_footer(fig, provenance_line)
 
 
-def _draw_backend_latency(
-    ax: Any, data: pd.DataFrame, baseline: str, platform: Platform, by_backend: Mapping[str, Any]
-) -> None:
-    """One (batch, context)'s lines on `ax`: a line per backend + strategy (IQR as error bars), the best
-    `baseline` option ringed, vLLM 0.33's path as black diamonds; modeled rows dashed grey and labelled."""
+def _draw_backend_latency(ax: Axes, data: pd.DataFrame, baseline: str, platform: Platform, by_backend: bool) -> None:
+    """One (batch, context)'s lines on `ax`: a line per backend + strategy (IQR as error bars; coloured by
+    backend when `by_backend`), the best `baseline` option ringed, vLLM 0.33's path as black diamonds;
+    modeled rows dashed grey and labelled."""
     modeled_greys = iter(sns.color_palette("Greys_r", 4))
     for name in sorted(data["series"].unique(), key=_series_key):
         part = data[data["series"] == name].sort_values("next_n")
