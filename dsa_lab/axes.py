@@ -231,6 +231,9 @@ NAMES = tuple(BY_NAME)
 POINT_KEYS = tuple(a.name for a in AXES if a.role in ("point", "shape"))  # what an answer is computed per
 SHAPE_KEYS = tuple(a.name for a in AXES if a.role == "shape")
 SERIES_KEYS = tuple(a.name for a in AXES if a.role == "series")  # what competes at a point
+# The point axes added for serving workloads (acceptance, logits width, timed unit, timer): a run that measured
+# several values of them holds several workloads at each (batch, context, next_n).
+SETTING_KEYS = tuple(a.name for a in AXES if a.role == "point" and not a.stored_always)
 WORKLOAD_KEYS = tuple(a.name for a in AXES if a.workload)
 # The order `SweepSpec.points` walks a grid: the inputs' axes outermost (each workload built once),
 # then the step's other axes, then the options that run on it.

@@ -62,22 +62,25 @@ def headline_point(notebook: Path) -> tuple[str, int, str]:
 def headline_findings(run_path: str, batch: int, context: str) -> Findings:
     """What vLLM 0.33 takes and what is fastest per next_n at one shape of one measured run."""
     from dsa_lab.analysis import headline
-    from dsa_lab.analysis.frames import one_shape
+    from dsa_lab.analysis.frames import one_view
     from dsa_lab.analysis.runs import latency_run
     from dsa_lab.analysis.versus import pick_point
-    from dsa_lab.analysis.workloads import default_axes
 
     try:
-        chosen = latency_run(run_path) if _run_present(run_path) else None
+        chosen = latency_run(run_path) if not run_path or _run_present(run_path) else None
         if chosen is None or not chosen.measured:
+            what = (
+                f"The measured run {md_code(run_path)} is"
+                if run_path
+                else "No measured run covering the study's grid is"
+            )
             text = (
-                f"The measured run {md_code(run_path)} is not in this checkout's data folder, so there is no "
-                "headline. Make one on an H200 with `dsa-lab bench --preset h200-full`."
+                f"{what} not in this checkout's data folder, so there is no headline. Make one on an H200 with "
+                "`dsa-lab bench --preset h200-full`."
             )
             return Findings(None, f"<div class='fallback'>{render_markdown(text)}</div>", text + "\n")
         run_id = chosen.run.provenance["run_id"]
-        results = one_shape(chosen.run.results)[0]
-        results = results[default_axes(results)]
+        results = one_view(chosen.run.results)[0]
         batch, context, _ = pick_point(results, batch, context)  # a run of the user's may lack the tour's shape
         table = headline.headline_table(results, batch, context)
         reading = headline.headline_reading(table, chosen.device_label, run_id, batch, context)
@@ -164,7 +167,8 @@ def headline_markdown(table: pd.DataFrame, device_label: str, run_id: str, batch
     """The headline table in Markdown, with its provenance line."""
     lines = [
         f"Paged MQA logits, one decode step, B = {batch}, context {int(context) // 1024}K, FP8; the workload: a "
-        "uniform batch (every request that context), logits only at the batch's width, CUDA events; measured on {md_text(device_label)} (run {md_code(run_id)}), median µs.",
+        "uniform batch (every request that context), logits only at the batch's width, CUDA events; "
+        f"measured on {md_text(device_label)} (run {md_code(run_id)}), median µs.",
         "",
         "| next_n | vLLM 0.33 takes | µs | fastest measured | µs | speedup |",
         "|---|---|---|---|---|---|",

@@ -3,6 +3,7 @@ report` runs it) and from notebooks/ (JupyterLab's working directory), and draws
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -126,30 +127,29 @@ def test_02_without_a_shipped_run_shows_a_banner_and_falls_back(empty_data: Path
     assert len(outputs(nb, "image/png")) >= 5  # explorer, latency x2, speedup x2, roofline
 
 
-def test_02_reads_the_newest_measured_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = preset("ci").with_axes(next_n=(1, 3), context=("96",))
-    old = tmp_path / "data" / "h200" / "run-old"
-    new = tmp_path / "data" / "h200" / "run-new"
-    scratch = tmp_path / "data" / "h200" / "run-scratch"  # the newest, but a try-out: never shown
-    for run_dir in (old, new, scratch):
-        run_sweep(spec, run_dir, "cpu", progress=False)
-    for run_dir in (old, new):
-        store.update_provenance(run_dir, scratch=False)  # CPU runs standing in for study runs
-    store.update_provenance(old, created="2000-01-01T00:00:00+00:00")  # unambiguously older
-    store.update_provenance(scratch, created="2100-01-01T00:00:00+00:00")
+def test_02_reads_the_newest_measured_run_covering_the_study_grid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shipped = REPO / "data" / "h200" / "h200-full-20261129"
+    old, new, scratch = (tmp_path / "data" / "h200" / name for name in ("run-old", "run-new", "run-scratch"))
+    for run_dir, created in ((old, "2000-01-01"), (new, "2026-12-02"), (scratch, "2100-01-01")):
+        shutil.copytree(shipped, run_dir)
+        store.update_provenance(run_dir, run_id=run_dir.name, created=f"{created}T00:00:00+00:00")
+    store.update_provenance(scratch, scratch=True)  # the newest, but a try-out: never shown
+    small = tmp_path / "data" / "h200" / "run-small"  # newer still, measured, but only the ci preset's grid
+    run_sweep(preset("ci").with_axes(next_n=(1,), context=("96",)), small, "cpu", progress=False)
+    store.update_provenance(small, scratch=False, created="2099-01-01T00:00:00+00:00")
     unfinished = tmp_path / "data" / "h200" / "run-unfinished"  # provenance but no results yet
     unfinished.mkdir()
     (unfinished / store.PROVENANCE_FILE).write_text((new / store.PROVENANCE_FILE).read_text())
     monkeypatch.setenv(DATA_ENV, str(tmp_path / "data"))
-    nb = execute(NB02, tmp_path / "out.ipynb", REPO / "notebooks", run_path="", repeat_path="")
+    nb = execute(NB02, tmp_path / "out.ipynb", REPO / "notebooks", repeat_path="")  # run_path: its default, ""
     used = outputs(nb, PROVENANCE_MIME)
-    assert [p["run_id"] for p in used] == ["run-new"] and used[0]["source"] == "measured"
+    assert used[0]["run_id"] == "run-new" and used[0]["source"] == "measured" and used[0]["label"] == "latency run"
     assert used[0]["path"] == "h200/run-new"  # relative to the data folder: no machine paths
     assert not outputs(nb, FALLBACK_MIME)
     text = text_of(nb)
     assert "Ignored run" in text and "run-unfinished" in text
-    assert "has no timed rows in this run; deciding on `reference`" in text
-    assert "**reference on cpu (measured)**: 2 points" in text
 
 
 def test_03_without_a_run_of_the_candidate_shows_a_banner_and_falls_back(empty_data: Path, tmp_path: Path) -> None:

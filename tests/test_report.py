@@ -257,3 +257,4 @@ def test_index_opens_with_the_headline_of_the_shipped_run(notebooks: Path, tmp_p
     assert "measured on NVIDIA H200" in findings and "h200-full-20261129" in findings
     markdown = (out / "headline.md").read_text()
     assert "| 3 | flatten (deepgemm) | 829 | atom 4[pad 1] (deepgemm) | 515 | 1.61× |" in markdown
+    assert "measured on NVIDIA H200 (run `h200-full-20261129`)" in markdown  # its provenance, not a placeholder

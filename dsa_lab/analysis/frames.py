@@ -81,6 +81,32 @@ def one_shape(results: pd.DataFrame, shape: Mapping[str, object] | None = None) 
     return axes.select(results, wanted), note
 
 
+def one_workload(results: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The rows of one serving setting (`axes.SETTING_KEYS`: acceptance, logits width, timed unit, timer), so a
+    chart of (batch, context, next_n) holds one time per series; and a note naming the rest when the run holds
+    several ('' when it holds one). The setting kept is each axis's old-run value (no acceptance profile, the
+    batch's width, logits, CUDA events), else the first the run holds."""
+    kept, others = {}, []
+    for name in axes.SETTING_KEYS:
+        values = list(dict.fromkeys(results[name])) if name in results else []
+        if len(values) > 1:
+            old = axes.axis(name).old_value
+            kept[name] = old if old in values else values[0]
+            others.append(f"{name} {', '.join(str(v) for v in values if v != kept[name])}")
+    if not kept:
+        return results, ""
+    shown = ", ".join(f"{k}={v}" for k, v in kept.items())
+    note = f"This run holds several settings; these charts show {shown} (also measured: {'; '.join(others)})."
+    return axes.select(results, kept), note
+
+
+def one_view(results: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """`one_shape`, then `one_workload`: what a chart of (batch, context, next_n) draws, and the notes of both."""
+    shaped, shape_note = one_shape(results)
+    shown, workload_note = one_workload(shaped)
+    return shown, " ".join(n for n in (shape_note, workload_note) if n)
+
+
 def vllm_choice(next_n: int, platform: Platform = SM90_DEEPGEMM) -> str:
     """vLLM 0.33's path for a uniform step of next_n rows, as a run's strategy: 'native' or 'flatten'.
 

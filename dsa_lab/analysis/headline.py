@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from dsa_lab import kernels
-from dsa_lab.analysis.frames import POINT, SM90_DEEPGEMM, by_point, measured_ok, one_shape, recommend, vllm_choice
+from dsa_lab.analysis.frames import POINT, SM90_DEEPGEMM, by_point, measured_ok, one_view, recommend, vllm_choice
 from dsa_lab.analysis.modeled import SM90_NATIVE_SIZES
 from dsa_lab.analysis.versus import pick_point
 from dsa_lab.cache import bytes_per_token
@@ -295,9 +295,9 @@ class HeadlineSection:
 
 
 def headline_section(results: pd.DataFrame, batch: int, context: str) -> HeadlineSection:
-    """The headline section of a run at (batch, context): `frames.one_shape`, `versus.pick_point`,
+    """The headline section of a run at (batch, context): `frames.one_view`, `versus.pick_point`,
     `vllm_backend`, then `headline_table`, each one's note kept in order."""
-    shown, shape_note = one_shape(results)  # a chart shows one shape
+    shown, shape_note = one_view(results)  # a chart shows one shape and one serving setting
     point_batch, point_context, point_note = pick_point(shown, batch, context)
     backend, backend_note = vllm_backend(shown)
     table = headline_table(shown, point_batch, point_context, backend)

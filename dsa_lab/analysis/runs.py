@@ -10,6 +10,7 @@ flags. Runs that were skipped because they are broken are listed with the reason
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -168,11 +169,16 @@ def _cpu_stand_in(
 
 
 def stored_run(
-    run_path: str, device: str, needs: str, accept: Callable[[store.Run], bool]
+    run_path: str,
+    device: str,
+    needs: str,
+    accept: Callable[[store.Run], bool],
+    section: Section | None = None,
 ) -> tuple[ChosenRun | None, list[tuple[str, str]]]:
     """`run_path` (relative to data/) if it is there, else the newest measured run of `device` that
-    `accept` takes, else None; and the runs passed over. A `run_path` that is there but not accepted
-    is an error naming what is `needs`ed; one that is absent is listed among the passed-over runs."""
+    `accept` takes and that covers `section` (when one is given), else None; and the runs passed over. A
+    `run_path` that is there but not accepted is an error naming what is `needs`ed (one asked for by name
+    need not cover the section); one that is absent is listed among the passed-over runs."""
     if run_path and resolve_data_path(run_path).is_dir():
         run = store.load_run(resolve_data_path(run_path))
         if not accept(run):
@@ -181,7 +187,8 @@ def stored_run(
                 f"this notebook needs a {needs}"
             )
         return _measured(run, []), []
-    run, ignored = newest_measured_run(device, accept)
+    covers = accept if section is None else (lambda run: accept(run) and section.covers(run))
+    run, ignored = newest_measured_run(device, covers)
     ignored = _absent(run_path) + ignored
     return (_measured(run, ignored) if run is not None else None), ignored
 
@@ -193,9 +200,10 @@ def _stored_or_stand_in(
     accept: Callable[[store.Run], bool],
     stand_in: Callable[[], object],
     prefix: str,
+    section: Section | None = None,
 ) -> ChosenRun:
     """`stored_run`, else a CPU reference sweep of `stand_in()`, labelled as such."""
-    chosen, ignored = stored_run(run_path, device, needs, accept)
+    chosen, ignored = stored_run(run_path, device, needs, accept, section)
     if chosen is not None:
         return chosen
     missing = (
@@ -214,9 +222,11 @@ class Section:
 
     name: str
     needs: Mapping[str, tuple[object, ...]]
+    grid: bool = False  # every combination of the needed values timed ok (a sweep's grid), not each one somewhere
 
     def lacks(self, run: store.Run) -> dict[str, list[str]]:
-        """Per axis, the needed values no ok row of `run` holds (empty: the run covers the section)."""
+        """Per axis, the needed values no ok row of `run` holds, and for a `grid` section the combinations none
+        holds (under 'cells', the first three and a count), empty when the run covers the section."""
         ok = run.results[run.results["status"] == "ok"]
         gaps = {}
         for name, values in self.needs.items():
@@ -224,14 +234,26 @@ class Section:
             missing = [str(v) for v in values if str(v) not in held]
             if missing:
                 gaps[name] = missing
+        if self.grid and not gaps:
+            held_cells = set(ok[list(self.needs)].astype(str).itertuples(index=False, name=None))
+            wanted = itertools.product(*([str(v) for v in values] for values in self.needs.values()))
+            missing = [
+                ", ".join(f"{k}={v}" for k, v in zip(self.needs, cell)) for cell in wanted if cell not in held_cells
+            ]
+            if missing:
+                gaps["cells"] = missing[:3] + ([f"and {len(missing) - 3} more"] if len(missing) > 3 else [])
         return gaps
 
     def covers(self, run: store.Run) -> bool:
         return run.source == "measured" and not self.lacks(run)
 
     def describe(self) -> str:
-        """'measured run timing backend B; context 65536, mixed:2048-131072; timed logits'."""
-        return "measured run timing " + "; ".join(f"{k} {', '.join(map(str, v))}" for k, v in self.needs.items())
+        """'measured run timing backend B; context 65536, mixed:2048-131072; timed logits' ('... at every
+        combination' for a `grid` section)."""
+        every = " at every combination" if self.grid else ""
+        return (
+            "measured run timing " + "; ".join(f"{k} {', '.join(map(str, v))}" for k, v in self.needs.items()) + every
+        )
 
 
 SERVING = Section(
@@ -265,14 +287,25 @@ def section_run(section: Section, run_path: str = "", device: str = "h200") -> t
     return _measured(run, ignored), "; ".join(notes) + ("." if notes else "")
 
 
+def latency_section() -> Section:
+    """What notebooks 00, 02 and 05 and the index's headline read: what vLLM runs, timed at every batch and
+    context of the study's grid (`bench.point.STUDY_GRID`, the h200-full preset's)."""
+    from dsa_lab.bench.point import STUDY_GRID
+
+    needs = {"backend": (vllm_backend().name,), "batch": STUDY_GRID["batch"], "context": STUDY_GRID["context"]}
+    return Section("latency sweep", needs, grid=True)
+
+
 def latency_run(run_path: str = "", device: str = "h200", seed: int = 0) -> ChosenRun:
-    """Notebook 02's data: `run_path` if it is there, else the newest measured run, else a CPU stand-in."""
+    """Notebook 02's data: `run_path` if it is there, else the newest measured run covering the study's grid
+    (`latency_section`; the shipped sweep when there is none newer), else a CPU stand-in."""
     from dsa_lab.bench.point import preset
 
     def stand_in() -> object:
         return preset("ci").with_axes(next_n=(1, 2, 3, 4), context=("128", "mixed:64-256"), seed=seed)
 
-    return _stored_or_stand_in(run_path, device, f"measured {device.upper()} run", lambda run: True, stand_in, "nb02")
+    needs = f"measured {device.upper()} run"
+    return _stored_or_stand_in(run_path, device, needs, lambda run: True, stand_in, "nb02", latency_section())
 
 
 def kernel_run(run_path: str, device: str, backend: str, seed: int = 0) -> ChosenRun:

@@ -98,7 +98,7 @@ def plot_step_breakdown(steps: pd.DataFrame, components: Sequence[str]) -> Figur
 
 def plot_tokens_per_second(throughput: pd.DataFrame, contexts: Sequence[int]) -> Figure:
     """Tokens per second against next_n, one panel per context, a line per strategy."""
-    fig, axes = plt.subplots(1, len(contexts), figsize=(4.2 * len(contexts), 3.9), constrained_layout=True)
+    fig, axes = plt.subplots(1, len(contexts), figsize=(4.2 * len(contexts), 3.5), constrained_layout=True)
     axes = np.atleast_1d(axes)
     for ax, context in zip(axes, contexts):
         part = throughput[throughput["context"] == context]

@@ -82,7 +82,7 @@ def plot_vs_vllm(
     fig, axes = plt.subplots(
         len(batches),
         len(contexts),
-        figsize=(3.3 * len(contexts) + 2.6, max(4.5, 1.65 * len(batches) + 1)),
+        figsize=(3.3 * len(contexts) + 2.6, max(4.5, 1.55 * len(batches) + 1)),
         sharex=True,
         sharey=True,
         squeeze=False,

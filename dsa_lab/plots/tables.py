@@ -14,7 +14,7 @@ from html import escape
 import pandas as pd
 from pandas.io.formats.style import Styler
 
-TOP_ROWS = 8
+TOP_ROWS = 5  # a folded table's head: the few rows that carry its finding; every row is under it
 
 
 @dataclass

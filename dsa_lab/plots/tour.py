@@ -201,7 +201,7 @@ def plot_headline(
     data = data[(data["batch"] == batch) & (data["context"] == context)]
     if data.empty:
         raise ValueError(f"results: no measured rows with status 'ok' at batch={batch}, context={context!r}")
-    fig, ax = plt.subplots(figsize=(12, 5.0), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(12, 4.7), constrained_layout=True)
     next_ns = sorted(data["next_n"].unique())
     first = table["vllm_backend"].iloc[0]
     order = {backend: i for i, backend in enumerate([first, *sorted(set(data["backend"]) - {first})])}

@@ -365,7 +365,7 @@ def plot_goal_ratio_heatmap(points: pd.DataFrame, device: str, provenance_line: 
     grid.index = [f"B={b}, L={context_title(c)}" for b, c in grid.index]
     rows, columns = grid.shape
     fig, ax = plt.subplots(
-        figsize=(3.5 + 1.0 * columns, 1.4 + (0.62 if several else 0.5) * rows), constrained_layout=True
+        figsize=(3.5 + 1.0 * columns, 1.4 + (0.56 if several else 0.5) * rows), constrained_layout=True
     )
     sns.heatmap(
         grid,
