@@ -304,8 +304,10 @@ def latency_run(run_path: str = "", device: str = "h200", seed: int = 0) -> Chos
     def stand_in() -> object:
         return preset("ci").with_axes(next_n=(1, 2, 3, 4), context=("128", "mixed:64-256"), seed=seed)
 
-    needs = f"measured {device.upper()} run"
-    return _stored_or_stand_in(run_path, device, needs, lambda run: True, stand_in, "nb02", latency_section())
+    section = latency_section()
+    grid = " × ".join(f"{k} {', '.join(map(str, v))}" for k, v in section.needs.items())
+    needs = f"measured {device.upper()} run covering the study's grid ({grid})"
+    return _stored_or_stand_in(run_path, device, needs, lambda run: True, stand_in, "nb02", section)
 
 
 def kernel_run(run_path: str, device: str, backend: str, seed: int = 0) -> ChosenRun:
