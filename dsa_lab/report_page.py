@@ -20,7 +20,7 @@ import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import nbformat
@@ -31,6 +31,9 @@ from nbconvert import HTMLExporter
 from dsa_lab.file_writes import write_atomic
 from dsa_lab.markup import html_text, md_code, md_text, render_markdown
 from dsa_lab.workload import ContextSpec
+
+if TYPE_CHECKING:
+    from dsa_lab.analysis.runs import ChosenRun
 
 HEADLINE_NOTEBOOK = "00"  # the tour: its parameters name the headline's run and shape
 THUMB_WIDTH = 360
@@ -76,18 +79,29 @@ def headline_findings(run_path: str, batch: int, context: str) -> Findings:
             )
             text = (
                 f"{what} not in this checkout's data folder, so there is no headline. Make one on an H200 with "
-                "`dsa-lab bench --preset h200-full`."
+                "`dsa-lab bench --preset h200-full`." + _passed_over(chosen)
             )
             return Findings(None, f"<div class='fallback'>{render_markdown(text)}</div>", text + "\n")
         run_id = chosen.run.provenance["run_id"]
         results = one_view(chosen.run.results)[0]
         batch, context, _ = pick_point(results, batch, context)  # a run of the user's may lack the tour's shape
         table = headline.headline_table(results, batch, context)
-        reading = headline.headline_reading(table, chosen.device_label, run_id, batch, context)
+        reading = headline.headline_reading(table, chosen.device_label, run_id, batch, context) + _passed_over(chosen)
     except (ValueError, OSError) as err:  # a damaged run (store.RunFormatError names its file): a failed card
         return failed_findings(run_path, err)
     markdown = headline_markdown(table, chosen.device_label, run_id, batch, context)
     return Findings(table, render_markdown(reading), markdown)
+
+
+def _passed_over(chosen: ChosenRun | None) -> str:
+    """Markdown naming the broken runs the newest-run search passed over ('' when none): a damaged run of the
+    user's is said on the card, never skipped in silence."""
+    from dsa_lab.paths import shown_path
+
+    if chosen is None or not chosen.ignored:
+        return ""
+    runs = "; ".join(f"{md_code(shown_path(path))}: {md_text(problem)}" for path, problem in chosen.ignored)
+    return f"\n\n*Runs passed over: {runs}.*"
 
 
 @dataclass

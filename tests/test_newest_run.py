@@ -92,3 +92,12 @@ def test_notebook_02s_headline_and_the_index_read_the_newer_run(user_data: Path,
     assert any("image/png" in data for data in outputs)
     findings = report_page.headline_findings("", 128, "65536")  # the index's headline, the tour's run_path ""
     assert f"run `{NEWER}`" in findings.markdown
+
+
+def test_the_index_names_a_broken_newer_run_it_passed_over(user_data: Path) -> None:
+    results = user_data / "h200" / NEWER / store.RESULTS_FILE
+    results.write_bytes(results.read_bytes()[:500])  # the user's newest run, torn
+    findings = report_page.headline_findings("", 128, "65536")
+    assert "run `h200-full-20261129`" in findings.markdown  # the next one that covers the grid
+    assert "Runs passed over:" in findings.reading_html and NEWER in findings.reading_html
+    assert "results.parquet" in findings.reading_html  # why, naming the file
