@@ -247,13 +247,11 @@ class Section:
     def covers(self, run: store.Run) -> bool:
         return run.source == "measured" and not self.lacks(run)
 
-    def describe(self) -> str:
+    def describe(self, what: str = "measured run") -> str:
         """'measured run timing backend B; context 65536, mixed:2048-131072; timed logits' ('... at every
-        combination' for a `grid` section)."""
+        combination' for a `grid` section); `what` names the run ('measured H200 run')."""
         every = " at every combination" if self.grid else ""
-        return (
-            "measured run timing " + "; ".join(f"{k} {', '.join(map(str, v))}" for k, v in self.needs.items()) + every
-        )
+        return f"{what} timing " + "; ".join(f"{k} {', '.join(map(str, v))}" for k, v in self.needs.items()) + every
 
 
 SERVING = Section(
@@ -305,8 +303,7 @@ def latency_run(run_path: str = "", device: str = "h200", seed: int = 0) -> Chos
         return preset("ci").with_axes(next_n=(1, 2, 3, 4), context=("128", "mixed:64-256"), seed=seed)
 
     section = latency_section()
-    grid = " × ".join(f"{k} {', '.join(map(str, v))}" for k, v in section.needs.items())
-    needs = f"measured {device.upper()} run covering the study's grid ({grid})"
+    needs = section.describe(f"measured {device.upper()} run")
     return _stored_or_stand_in(run_path, device, needs, lambda run: True, stand_in, "nb02", section)
 
 

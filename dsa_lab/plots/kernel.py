@@ -53,6 +53,8 @@ from dsa_lab.plots.style import (
 from dsa_lab.plots.tables import FoldedTable, folded, top_rows
 from dsa_lab.policy import Platform
 
+LATENCY_LABEL = "kernel time per decode step (µs, median)"  # the time axis of the latency charts
+
 
 def caption(provenance: Mapping[str, Any]) -> str:
     """Provenance line for a figure: source, GPU, run id, date, git and versions (`style.provenance_line`)."""
@@ -157,7 +159,7 @@ def plot_backend_latency(
     _draw_backend_latency(
         ax, data, baseline, platform, colour_by_backend(data.loc[data["source"] == "measured", "backend"])
     )
-    ax.set_ylabel("kernel time per decode step (µs, median)")
+    ax.set_ylabel(LATENCY_LABEL)
     legend_outside(ax)
     title = (
         f"Kernel time, {_measured_backends(data)}, on {chart_text(device)} ({sources_label(data)}): "
@@ -190,7 +192,7 @@ def plot_backend_latency_panels(
         _draw_backend_latency(ax, data, baseline, SM90_DEEPGEMM, by_backend)
         ax.set_title(f"context {context_title(context)}", fontsize=10)
         legend.update(zip(*reversed(ax.get_legend_handles_labels())))
-    axes.flat[0].set_ylabel("kernel time per decode step (µs, median)")
+    axes.flat[0].set_ylabel(LATENCY_LABEL)
     legend_outside(fig, list(legend.values()), list(legend))
     title = f"Kernel time, {_measured_backends(every)}, on {chart_text(device)} ({sources_label(every)}): batch={batch}"
     return _finish(fig, title, provenance_line)
