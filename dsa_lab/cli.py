@@ -17,16 +17,16 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {  # command -> (module with register_cli, help)
     "env": ("dsa_lab.env_info", "versions, GPU, policy platform and which kernel backends run here"),
-    "policy": ("dsa_lab.policy_cli", "which vLLM version flattens the indexer decode batch, where"),
+    "policy": ("dsa_lab.policy.cli", "which vLLM version flattens the indexer decode batch, where"),
     "bench": ("dsa_lab.bench.cli", "check and time a grid of decode points into a run folder (resumable)"),
     "profile": (
         "dsa_lab.profiling.cli",
         "profile a grid of decode points: torch.profiler tables, Nsight Compute counters",
     ),
     "compare": ("dsa_lab.analysis.compare", "compare two runs point by point; exit 1 on a regression"),
-    "runs": ("dsa_lab.listing", "list the runs stored under a data folder"),
+    "runs": ("dsa_lab.store.listing", "list the runs stored under a data folder"),
     "model": ("dsa_lab.model.cli", "modeled time of indexer decode steps on a GPU (calibrated on the H200)"),
-    "report": ("dsa_lab.report", "execute the notebooks (papermill) into an HTML report"),
+    "report": ("dsa_lab.report.execute", "execute the notebooks (papermill) into an HTML report"),
 }
 INTERRUPTED = 130  # the shell's code for a process ended by Ctrl-C
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from dsa_lab.kernels import backend_names, external, get_backend, vllm_backend
-from dsa_lab.policy import CAPABILITY_FAMILIES, CDNA_BY_GFX, Platform
+from dsa_lab.policy.vllm import CAPABILITY_FAMILIES, CDNA_BY_GFX, Platform
 
 
 def _declared(field: str) -> tuple[str, ...]:

@@ -37,10 +37,10 @@ mkdir -p "$OUT"
 {
   echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1)"
   "$PY" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-  timeout --signal=INT "$TOTAL_TIMEOUT" "$PY" -m dsa_lab.profile --tool torch,ncu --preset h200-full \
+  timeout --signal=INT "$TOTAL_TIMEOUT" "$PY" -m dsa_lab.profiling --tool torch,ncu --preset h200-full \
     --backend "$BACKENDS" --strategy all --batch 128,64 --context 64K --next-n 4,2,8,1,3 \
     --repeats 1 --torch-budget "$TORCH_BUDGET" --ncu-timeout "$NCU_TIMEOUT" --out "$OUT/profile"
-  echo "== dsa_lab.profile exit $?"
+  echo "== dsa_lab.profiling exit $?"
 } 2>&1 | tee "$OUT/log.txt"
 if [ -d "$OUT/profile" ]; then
   tar czf "$OUT/profile.tar.gz" -C "$OUT" profile && rm -rf "$OUT/profile"

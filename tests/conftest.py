@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dsa_lab import store
 from dsa_lab.paths import resolve_data_path
+from dsa_lab.store import folders as store
 
 SHIPPED_FULL = "h200/h200-full-20261129"  # the shipped H200 sweep
 

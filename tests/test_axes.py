@@ -11,12 +11,13 @@ import argparse
 import pandas as pd
 import pytest
 
-from dsa_lab import axes, store
+from dsa_lab import axes
 from dsa_lab.analysis import compare
 from dsa_lab.bench import cli as bench_cli
 from dsa_lab.bench.point import Point, SweepSpec, preset
 from dsa_lab.bench.sweep import _recorded_form
 from dsa_lab.profiling.ncu_tables import CONFIG_KEYS
+from dsa_lab.store import folders as store
 
 
 def test_every_axis_is_a_point_field_a_spec_field_a_flag_a_column_and_a_profile_key() -> None:

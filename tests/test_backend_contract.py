@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsa_lab import axes, store
+from dsa_lab import axes
 from dsa_lab.bench.point import PRESETS, preset
 from dsa_lab.bench.sweep import run_sweep
 from dsa_lab.bench.timing import TimingConfig
@@ -20,6 +20,7 @@ from dsa_lab.kernels import backend_names, baseline_backend, get_backend, vllm_b
 from dsa_lab.kernels.registry import ModelTraits, Numerics
 from dsa_lab.metadata import build_native_metadata
 from dsa_lab.model.gpus import ARCH_MAJORS
+from dsa_lab.store import folders as store
 from dsa_lab.workload import DecodeBatch, random_inputs
 
 CPU = torch.device("cpu")

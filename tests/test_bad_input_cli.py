@@ -14,10 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsa_lab import store
 from dsa_lab.cli import main
-from dsa_lab.listing import list_runs
-from dsa_lab.provenance import build_provenance
+from dsa_lab.store import folders as store
+from dsa_lab.store.listing import list_runs
+from dsa_lab.store.provenance import build_provenance
 
 FAST_BENCH = "bench --preset ci --backend reference --batch 1 --context 64 --next-n 1 --strategy native --no-progress --device cpu".split()
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,9 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsa_lab import axes, store
+from dsa_lab import axes
 from dsa_lab.analysis.compare import VERDICT_SAMPLES, NothingCompared, compare_runs
 from dsa_lab.cli import main
+from dsa_lab.store import folders as store
 
 AXES = {
     "backend": "reference",

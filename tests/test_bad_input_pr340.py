@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dsa_lab import env_info, store
+from dsa_lab import env_info
 from dsa_lab.cli import main
 from dsa_lab.kernels import deepgemm_pr340 as pr
+from dsa_lab.store import folders as store
 
 HOSTILE = {  # what a build's __init__.py does at import -> what the reason must say
     "sys.exit(3)": ("import sys\nsys.exit(3)\n", "exit 3"),

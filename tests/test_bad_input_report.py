@@ -16,10 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsa_lab import notebook, report, report_page, store
 from dsa_lab.analysis import headline, runs
 from dsa_lab.cli import main
 from dsa_lab.markup import md_code, md_text, render_markdown
+from dsa_lab.notebook import display as notebook
+from dsa_lab.report import execute as report
+from dsa_lab.report import page as report_page
+from dsa_lab.store import folders as store
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTILE = "<img src=x onerror=alert(1)><script>alert(2)</script>"

@@ -12,11 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsa_lab import axes, store
+from dsa_lab import axes
 from dsa_lab.kernels import backend_names
-from dsa_lab.listing import list_runs
 from dsa_lab.profiling.runs import ignored_note, load_profile_run, scan_profile_runs, shipped_or_cpu_reference
 from dsa_lab.profiling.torch_profile import read_trace
+from dsa_lab.store import folders as store
+from dsa_lab.store.listing import list_runs
 
 ROW = {
     "point_key": "k",

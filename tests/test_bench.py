@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import torch
 
-from dsa_lab import axes, store
+from dsa_lab import axes
 from dsa_lab.bench import cli as bench_cli
 from dsa_lab.bench import inputs as bench_inputs
 from dsa_lab.bench import numerics, sweep, timing, walk
@@ -34,6 +34,7 @@ from dsa_lab.cache import build_paged_cache, gather_request_keys, random_paged_c
 from dsa_lab.cli import main
 from dsa_lab.kernels import registry
 from dsa_lab.kernels.reference import ReferenceBackend, paged_mqa_logits
+from dsa_lab.store import folders as store
 from dsa_lab.workload import ContextSpec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,10 +21,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from dsa_lab import listing, store
 from dsa_lab.cli import main
-from dsa_lab.notebook_git import refresh_entry, refresh_index
+from dsa_lab.notebook.git_hook import refresh_entry, refresh_index
 from dsa_lab.paths import DATA_ENV, SCRATCH_ENV
+from dsa_lab.store import folders as store
+from dsa_lab.store import listing as listing
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = "notebooks/01_decode_paths.ipynb"
@@ -99,7 +100,7 @@ def test_lab_jupyter_roots_at_the_repository_and_opens_notebooks(tmp_path: Path)
     args = done.stdout.split("jupyter ", 1)[1].split()
     assert "--ServerApp.root_dir=." in args and "--LabApp.default_url=/lab/tree/notebooks" in args
     assert "--ServerApp.ip=127.0.0.1" in args and args[-1] == "--no-browser"
-    assert "--ContentsManager.post_save_hook=dsa_lab.notebook_git.refresh_index" in args
+    assert "--ContentsManager.post_save_hook=dsa_lab.notebook.git_hook.refresh_index" in args
     mine = _lab(copy, venv, "jupyter", "--ServerApp.root_dir=/elsewhere")  # a root of the user's own: theirs only
     assert "--ServerApp.root_dir=." not in mine.stdout and "default_url" not in mine.stdout
 

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsa_lab import store
 from dsa_lab.analysis.compare import compare_runs, summarize
 from dsa_lab.cli import main
-from dsa_lab.provenance import build_provenance
+from dsa_lab.store import folders as store
+from dsa_lab.store.provenance import build_provenance
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "data" / "h200" / "h200-full-20261129"

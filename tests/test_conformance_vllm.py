@@ -2,7 +2,7 @@
 
 vLLM is imported at module top on purpose: without it this module must fail, not skip.
 
-(a) `dsa_lab.policy.vllm_0_33_0` against vLLM itself on the whole grid (GPU x DeepGEMM x
+(a) `dsa_lab.policy.vllm.vllm_0_33_0` against vLLM itself on the whole grid (GPU x DeepGEMM x
     next_n x adaptive verification x model architecture x MXFP4 cache). For each cell vLLM
     wires the model's indexer backend as its model code does (V3.2's indexer cache, V4's
     attention layer -> indexer -> cache, V4.1's cache built by its own `__init__`), builds
@@ -60,7 +60,8 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 from dsa_lab.acceptance import AcceptanceSpec
 from dsa_lab.cache import quantize_fp8
 from dsa_lab.metadata import build_flatten_metadata, build_native_metadata
-from dsa_lab.policy import (
+from dsa_lab.policy.steps import step_route, step_uses_native
+from dsa_lab.policy.vllm import (
     MODEL_ARCHS,
     Platform,
     PolicyQuery,
@@ -74,7 +75,6 @@ from dsa_lab.policy import (
     use_flattening_0_33,
     vllm_0_33_0,
 )
-from dsa_lab.policy_steps import step_route, step_uses_native
 from dsa_lab.workload import DecodeBatch, ragged_decode_batch, uniform_batch, with_padding
 
 # DeepSeek-V4's ROCm attention layer lives in a module that reads the GPU arch when imported;
@@ -793,9 +793,10 @@ def test_the_shipped_serving_runs_routes_are_what_vllm_builds(monkeypatch) -> No
     """Every acceptance point the H200 serving run stored: the point's own seeded decode lengths
     (`bench.point.Point.decode_lens`, B = 128) through vLLM 0.33's split and `build()` on SM90 + DeepGEMM
     with adaptive verification (drafts admitted per request) give the route the run recorded (`vllm_route`)."""
-    from dsa_lab import axes, store
+    from dsa_lab import axes
     from dsa_lab.bench.point import Point
     from dsa_lab.paths import resolve_data_path
+    from dsa_lab.store import folders as store
 
     run = store.load_run(resolve_data_path("h200/h200-serving-20261201"))
     rows = run.results[run.results["acceptance"] != "none"].drop_duplicates("next_n")

@@ -10,7 +10,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from dsa_lab import store  # noqa: E402
 from dsa_lab.analysis import e2e  # noqa: E402
 from dsa_lab.explorers import e2e as explorer_module  # noqa: E402
 from dsa_lab.explorers.e2e import e2e_explorer  # noqa: E402
@@ -24,6 +23,7 @@ from dsa_lab.model.decode_step import (  # noqa: E402
 )
 from dsa_lab.paths import resolve_data_path  # noqa: E402
 from dsa_lab.plots import e2e as plots  # noqa: E402
+from dsa_lab.store import folders as store  # noqa: E402
 
 H200_RUN = "h200/h200-full-20261129"  # the shipped H200 sweep the measured indexer times come from
 

@@ -14,9 +14,11 @@ import pandas as pd
 import pytest
 
 import tests.test_backend_contract as contract
-from dsa_lab import env_info, run_format, store
+from dsa_lab import env_info
 from dsa_lab.cli import main
 from dsa_lab.kernels import external, registry
+from dsa_lab.store import folders as store
+from dsa_lab.store import format as run_format
 
 matplotlib.use("Agg")
 

@@ -8,7 +8,6 @@ import math
 
 import pytest
 
-from dsa_lab import store
 from dsa_lab.cli import main
 from dsa_lab.kernels import get_backend, modeled_backends
 from dsa_lab.model import calibration
@@ -16,6 +15,7 @@ from dsa_lab.model.gpus import GPUS, get_gpu
 from dsa_lab.model.indexer import FITS, flatten_dram_share, predict
 from dsa_lab.paths import resolve_data_path
 from dsa_lab.profiling.runs import load_profile_run
+from dsa_lab.store import folders as store
 
 PROFILE_RUN = "h200/profiles/profile-20261129T112211Z"
 H200_RUN = "h200/h200-full-20261129"  # the sweep the fits and the measured ceilings come from

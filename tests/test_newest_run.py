@@ -12,11 +12,12 @@ import nbformat
 import papermill
 import pytest
 
-from dsa_lab import report_page, store
 from dsa_lab.analysis.frames import one_view
 from dsa_lab.analysis.runs import Section, latency_run, latency_section
-from dsa_lab.notebook import PROVENANCE_MIME
+from dsa_lab.notebook.display import PROVENANCE_MIME
 from dsa_lab.paths import DATA_ENV, resolve_data_path
+from dsa_lab.report import page as report_page
+from dsa_lab.store import folders as store
 from tests.test_serving_answers import section_notebook
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 from tqdm import TqdmWarning
 
-from dsa_lab import notebook
 from dsa_lab.analysis import agreement, e2e, frames, headline, modeled, profiles
 from dsa_lab.analysis.modeled import Sm100Frame
 from dsa_lab.analysis.runs import latency_run, repeat_run
 from dsa_lab.invariance import LOGITS_COLUMN, StrategiesDisagree
 from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS
+from dsa_lab.notebook import display as notebook
 from dsa_lab.workload import ContextSpec, ragged_decode_batch, random_inputs, with_padding
 
 SHIPPED = "h200/h200-harness-20261130"  # a small measured run (80 points)

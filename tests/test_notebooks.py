@@ -10,10 +10,10 @@ import nbformat
 import papermill
 import pytest
 
-from dsa_lab import store
 from dsa_lab.bench.sweep import preset, run_sweep
-from dsa_lab.notebook import FALLBACK_MIME, PROVENANCE_MIME
+from dsa_lab.notebook.display import FALLBACK_MIME, PROVENANCE_MIME
 from dsa_lab.paths import DATA_ENV
+from dsa_lab.store import folders as store
 
 pytestmark = pytest.mark.notebook
 

@@ -14,7 +14,6 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from dsa_lab import store  # noqa: E402
 from dsa_lab.analysis import frames, headline, readings  # noqa: E402
 from dsa_lab.analysis import profiles as analysis_profiles  # noqa: E402
 from dsa_lab.analysis.modeled import modeled_rows_like  # noqa: E402
@@ -23,7 +22,8 @@ from dsa_lab.kernels import backend_names  # noqa: E402
 from dsa_lab.model.roofline import get_gpu  # noqa: E402
 from dsa_lab.paths import resolve_data_path  # noqa: E402
 from dsa_lab.plots import kernel, latency, profiles, style, tour  # noqa: E402
-from dsa_lab.policy import RELEASES  # noqa: E402
+from dsa_lab.policy.vllm import RELEASES  # noqa: E402
+from dsa_lab.store import folders as store  # noqa: E402
 
 PROFILES = "h200/profiles"
 TRITON = ("triton", "native")  # the candidate whose mixed-context gap the shipped run explains

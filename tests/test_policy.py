@@ -9,7 +9,8 @@ import torch
 
 from dsa_lab.cli import main
 from dsa_lab.env_info import detect_platform, environment_facts
-from dsa_lab.policy import (
+from dsa_lab.policy.steps import step_path, step_uses_native
+from dsa_lab.policy.vllm import (
     POLICIES,
     RELEASES,
     Decision,
@@ -24,7 +25,6 @@ from dsa_lab.policy import (
     pr52164,
     vllm_0_33_0,
 )
-from dsa_lab.policy_steps import step_path, step_uses_native
 
 SM90 = Platform("sm90", True)
 SM100 = Platform("sm100", True)

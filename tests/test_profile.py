@@ -20,7 +20,7 @@ from dsa_lab.decode import run_decode
 from dsa_lab.kernels import get_backend, registry
 from dsa_lab.kernels.reference import ReferenceBackend
 from dsa_lab.plan import LaunchPlan
-from dsa_lab.profile import (
+from dsa_lab.profiling import (
     PHASES,
     NcuUnavailable,
     ProfileSettings,
@@ -218,7 +218,7 @@ def test_metric_query_and_command() -> None:
     offered = query_metric_names("/opt/ncu", "gh100", run=_fake_run(listing))
     kept, dropped = usable_metrics(["dram__bytes_read.sum", "sm__pipe_tensor_op_gmma_cycles_active.avg.pct"], offered)
     assert kept == ["dram__bytes_read.sum"] and dropped == ["sm__pipe_tensor_op_gmma_cycles_active.avg.pct"]
-    command = ncu_command("/opt/ncu", kept, ["python", "-m", "dsa_lab.profile", "--ncu-target"], launch_count=40)
+    command = ncu_command("/opt/ncu", kept, ["python", "-m", "dsa_lab.profiling", "--ncu-target"], launch_count=40)
     assert command[:2] == ["/opt/ncu", "--csv"] and "--profile-from-start" in command and "kernel" in command
     assert command[command.index("--metrics") + 1] == "dram__bytes_read.sum" and "--export" not in command
     kept = ncu_command("/opt/ncu", kept, ["python"], launch_count=40, export=Path("/r/ncu_x.ncu-rep"))
@@ -481,7 +481,7 @@ if "bogus__metric.sum" in metrics:
     sys.exit(1)
 assert args[args.index("--profile-from-start") + 1] == "off"
 target = args[args.index("--force-overwrite") + 1:]
-assert target[1:4] == ["-m", "dsa_lab.profile", "--ncu-target"], target
+assert target[1:4] == ["-m", "dsa_lab.profiling", "--ncu-target"], target
 assert json.load(open(target[target.index("--grid") + 1]))["backend"] == ["fake"]
 manifest = {manifest}
 with open(target[target.index("--manifest") + 1], "w") as handle:
@@ -544,10 +544,10 @@ def test_notebook_renders_a_shipped_run_with_counters(tmp_path: Path, monkeypatc
     import nbformat
     import papermill
 
-    from dsa_lab import store
     from dsa_lab.profiling.runs import write_tables
     from dsa_lab.profiling.sweep import ProfileRun
     from dsa_lab.profiling.target import TargetPlan, run_target
+    from dsa_lab.store import folders as store
 
     monkeypatch.setitem(registry._BACKENDS, OneTwoBackend.name, OneTwoBackend())  # atom runs 3 as 2 + 1
     spec = grid(backend=("reference", OneTwoBackend.name), next_n=(1, 3))

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from dsa_lab.report import build_report, find_notebooks, parse_parameter, register_cli
+from dsa_lab.report.execute import build_report, find_notebooks, parse_parameter, register_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ def notebooks(tmp_path: Path) -> Path:
     folder.mkdir()
     _write(
         folder / "01_good.ipynb",
-        "from dsa_lab.notebook import show_provenance\n"
+        "from dsa_lab.notebook.display import show_provenance\n"
         "show_provenance({'run_id': 'r1', 'source': 'measured', 'device': device}, 'tiny run')",
         "print(f'seed={seed} device={device} marker=GOOD-OUTPUT')",
         "%matplotlib inline\nimport matplotlib.pyplot as plt\nplt.plot([1, 2], [3, 4]); plt.title('A CHART'); plt.show()",
@@ -228,7 +228,7 @@ def test_policy_grid_and_blocks_read() -> None:
     from dsa_lab.analysis.headline import blocks_read
     from dsa_lab.metadata import build_flatten_metadata, build_native_metadata
     from dsa_lab.plots.policy import policy_grid
-    from dsa_lab.policy import PATHS, Platform, decision_matrix
+    from dsa_lab.policy.vllm import PATHS, Platform, decision_matrix
     from dsa_lab.workload import random_inputs, uniform_batch
 
     matrix = decision_matrix(["vllm_0_33_0"], [Platform("sm90", True)], range(1, 7))

@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from dsa_lab import notebook, report_page
+from dsa_lab.notebook import display as notebook
 from dsa_lab.paths import DATA_ENV
 from dsa_lab.plots import profile_tables
 from dsa_lab.plots.tables import top_rows
+from dsa_lab.report import page as report_page
 from dsa_lab.studies import lab_notes
 
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -135,7 +136,7 @@ def test_figures_are_named_by_their_cell_never_by_a_path(tmp_path) -> None:
 
 
 def test_the_index_without_data_says_so_and_nothing_else(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dsa_lab import report
+    from dsa_lab.report import execute as report
 
     monkeypatch.setenv(DATA_ENV, str(tmp_path / "empty"))
     (tmp_path / "empty").mkdir()

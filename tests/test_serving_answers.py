@@ -13,12 +13,13 @@ import pandas as pd
 import papermill
 import pytest
 
-from dsa_lab import report, store
 from dsa_lab.analysis import workloads
 from dsa_lab.analysis.runs import SERVING, Section, section_run
-from dsa_lab.notebook import PROVENANCE_MIME
+from dsa_lab.notebook.display import PROVENANCE_MIME
 from dsa_lab.paths import DATA_ENV, resolve_data_path
-from dsa_lab.report import RUN_PARAMETERS, NotebookOutcome, build_report, register_cli
+from dsa_lab.report import execute as report
+from dsa_lab.report.execute import RUN_PARAMETERS, NotebookOutcome, build_report, register_cli
+from dsa_lab.store import folders as store
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_PATH = "h200/h200-serving-20261201"  # the shipped serving run, relative to data/
@@ -194,7 +195,7 @@ def test_the_index_reads_the_newer_run_and_every_card_names_its_run(newer_data: 
     cells = [
         nbformat.v4.new_code_cell('device = "cpu"', metadata={"tags": ["parameters"]}),
         nbformat.v4.new_code_cell(
-            "from dsa_lab.notebook import show_provenance\n"
+            "from dsa_lab.notebook.display import show_provenance\n"
             "show_provenance({'run_id': 'r1', 'path': 'h200/r1', 'source': 'measured'}, 'tiny run')"
         ),
     ]

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from dsa_lab import store
 from dsa_lab.bench.estimate import START_S, estimate, estimate_seconds
 from dsa_lab.bench.point import SERVING_ACCEPTANCE, SweepSpec, preset
 from dsa_lab.cli import main
 from dsa_lab.kernels import family_of, preset_backends, vllm_backend
 from dsa_lab.paths import resolve_data_path
+from dsa_lab.store import folders as store
 
 ISSUE13 = "h200/h200-issue13-20261130"  # four backends, B 1-128, 32K and 64K, next_n 1-8, every strategy
 

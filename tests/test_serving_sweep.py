@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from dsa_lab import axes, store
+from dsa_lab import axes
 from dsa_lab.acceptance import AcceptanceSpec
 from dsa_lab.analysis.compare import compare_runs, summarize
 from dsa_lab.analysis.frames import context_order, mixed_context_gap, recommend, uniform_twin, vllm_path
@@ -26,7 +26,8 @@ from dsa_lab.bench.walk import skip_reason
 from dsa_lab.kernels import registry
 from dsa_lab.kernels.reference import ReferenceBackend
 from dsa_lab.plots.style import context_title
-from dsa_lab.policy import Platform
+from dsa_lab.policy.vllm import Platform
+from dsa_lab.store import folders as store
 
 FAST = TimingConfig(warmup=1, min_samples=2, max_samples=3, max_seconds=0.01, window=2)
 CPU = torch.device("cpu")

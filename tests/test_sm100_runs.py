@@ -13,13 +13,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dsa_lab import store
 from dsa_lab.analysis import modeled
 from dsa_lab.analysis.frames import vllm_choice, vllm_path
 from dsa_lab.analysis.runs import sm100_evidence, sm100_run
 from dsa_lab.bench.point import STUDY_GRID, preset
 from dsa_lab.bench.sweep import run_sweep
 from dsa_lab.paths import DATA_ENV
+from dsa_lab.store import folders as store
 
 
 def _as_device(run_dir: Path, name: str, capability: str, created: str) -> None:

@@ -7,9 +7,10 @@ import json
 import pandas as pd
 import pytest
 
-from dsa_lab import file_writes, store
-from dsa_lab.listing import list_runs
-from dsa_lab.provenance import build_provenance
+from dsa_lab.store import folders as store
+from dsa_lab.store import writes as file_writes
+from dsa_lab.store.listing import list_runs
+from dsa_lab.store.provenance import build_provenance
 
 
 def provenance(run_id: str, source: str = "measured") -> dict:

@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 import torch
 
-from dsa_lab import store
 from dsa_lab.analysis import headline
 from dsa_lab.analysis.headline import blocks_read
 from dsa_lab.metadata import build_metadata
 from dsa_lab.plots import tour
+from dsa_lab.store import folders as store
 from dsa_lab.workload import DecodeBatch
 
 # ---------------------------------------------------------------- KV-tile reads

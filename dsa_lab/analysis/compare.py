@@ -36,9 +36,9 @@ import numpy as np
 import pandas as pd
 
 from dsa_lab import axes
-from dsa_lab.file_writes import write_text_atomic
 from dsa_lab.paths import check_output_path
-from dsa_lab.store import Run, load_run
+from dsa_lab.store.folders import Run, load_run
+from dsa_lab.store.writes import write_text_atomic
 
 VERDICTS = ("slower", "unsure", "nan", "faster", "same")  # the order a report lists them in
 DEFAULT_THRESHOLD = 0.05

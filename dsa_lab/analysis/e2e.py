@@ -22,8 +22,8 @@ from dsa_lab.model import calibration
 from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS, DEEPSEEK_V32, DEPLOYMENT, decode_step, tokens_per_step
 from dsa_lab.model.gpus import get_gpu
 from dsa_lab.model.indexer import atom_sizes, predict
-from dsa_lab.policy import Platform, PolicyQuery
-from dsa_lab.policy_steps import step_path
+from dsa_lab.policy.steps import step_path
+from dsa_lab.policy.vllm import Platform, PolicyQuery
 
 CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072, 262144)
 # What the notebook compares, by label: each strategy on what vLLM runs (DeepGEMM), vLLM 0.33's own

@@ -30,7 +30,7 @@ from dsa_lab.model.gpus import ARCH_MAJORS
 from dsa_lab.model.roofline import GpuSpec, floor_ms, get_gpu, modeled_time
 from dsa_lab.paths import resolve_data_path, shown_path
 from dsa_lab.plan import ANY_NEXT_N, LaunchPlan
-from dsa_lab.policy import Platform
+from dsa_lab.policy.vllm import Platform
 from dsa_lab.workload import ContextSpec
 
 SM90_NATIVE_SIZES = vllm_backend().native_sizes_on(ARCH_MAJORS["sm90"])  # SM90 DeepGEMM's (what vLLM runs there)

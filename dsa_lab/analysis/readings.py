@@ -15,8 +15,8 @@ from dsa_lab.kernels import vllm_backend
 from dsa_lab.markup import md_code, md_text
 from dsa_lab.model.indexer import BLOCK_TOKENS
 from dsa_lab.model.roofline import GpuSpec
-from dsa_lab.policy import FAMILY_LABELS, POLICIES, RELEASES, Platform, PolicyQuery
-from dsa_lab.policy_steps import step_path
+from dsa_lab.policy.steps import step_path
+from dsa_lab.policy.vllm import FAMILY_LABELS, POLICIES, RELEASES, Platform, PolicyQuery
 from dsa_lab.workload import ContextSpec, DecodeBatch
 
 DECISIONS_NAMED = 5  # the points where vLLM's choice loses most, named in words by `decisions_reading`

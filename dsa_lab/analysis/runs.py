@@ -3,9 +3,9 @@
 Notebooks call one function here (`latency_run`, `kernel_run`, `profile_run`, `sm100_run`)
 instead of carrying their own discovery cells. The answer says whether it is a measurement of the
 GPU asked for; when it is not, `missing` says what was absent and which command makes it,
-and the notebook shows that as a banner (`dsa_lab.notebook.announce`) that the report index
+and the notebook shows that as a banner (`dsa_lab.notebook.display.announce`) that the report index
 flags. Runs that were skipped because they are broken are listed with the reason
-(`dsa_lab.notebook.show_ignored`, which shows everything a run says as text, never live markup).
+(`dsa_lab.notebook.display.show_ignored`, which shows everything a run says as text, never live markup).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from dsa_lab import store
 from dsa_lab.kernels import vllm_backend
-from dsa_lab.listing import list_runs
 from dsa_lab.model.roofline import GpuSpec, get_gpu, gpu_for_device
 from dsa_lab.paths import resolve_data_path, shown_path
+from dsa_lab.store import folders as store
+from dsa_lab.store.listing import list_runs
 
 CPU_STAND_IN = "CPU reference, not H200"
 SWEEP_HOW = "Make one on an H200 with `dsa-lab bench --preset h200-full --root data` (see scripts/h200_sweep.sh)."

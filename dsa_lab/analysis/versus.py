@@ -24,7 +24,7 @@ from dsa_lab.analysis.frames import (
     vllm_path,
 )
 from dsa_lab.kernels import vllm_backend
-from dsa_lab.policy import RELEASES, Platform
+from dsa_lab.policy.vllm import RELEASES, Platform
 from dsa_lab.workload import ContextSpec
 
 MODELED_LABEL = "modeled (roofline, not measured)"

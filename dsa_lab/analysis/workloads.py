@@ -301,8 +301,8 @@ def _markdown(frame: pd.DataFrame) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Issue 19's closing numbers from a serving run: the answers per workload, the cells whose answer differs
     between uniform and ragged batches (the pairs `pairings` makes), and every option's logits + top-k step."""
-    from dsa_lab import store
     from dsa_lab.paths import resolve_data_path
+    from dsa_lab.store import folders as store
 
     parser = argparse.ArgumentParser(prog="python -m dsa_lab.analysis.workloads", description=main.__doc__)
     parser.add_argument("run", help="a run folder, or a path relative to data/ (e.g. h200/RUN_ID)")

@@ -94,9 +94,9 @@ def _grid_given(args: argparse.Namespace) -> bool:
 
 def run_dir_from_args(args: argparse.Namespace, device: Any, prefix: str, sub: str | None = None) -> Path:
     """--out as given, else ROOT/<device>/[sub/]<run-id>, the run id one plain folder name (no '/' or '..')."""
-    from dsa_lab import store
     from dsa_lab.env_info import device_name
     from dsa_lab.paths import scratch_dir
+    from dsa_lab.store import folders as store
 
     if args.out is not None:
         return Path(args.out)
@@ -110,7 +110,7 @@ def run_dir_from_args(args: argparse.Namespace, device: Any, prefix: str, sub: s
 
 def scratch_run(args: argparse.Namespace, device: Any) -> bool:
     """A run is scratch when no --out or --root placed it, or when it is not on a CUDA GPU."""
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     return (args.out is None and args.root is None) or store.scratch_device(device.type)
 
@@ -151,8 +151,8 @@ def bench_spec(args: argparse.Namespace, run_dir: Path | None) -> Any:
     """The grid of a bench command: on --resume without grid flags, the run's own spec."""
     import dataclasses
 
-    from dsa_lab import store
     from dsa_lab.bench.point import SweepSpec
+    from dsa_lab.store import folders as store
 
     if args.resume and not _grid_given(args) and run_dir is not None:
         store.require_run(run_dir)
@@ -217,9 +217,9 @@ def numerics_notes(spec: Any, device: Any) -> list[str]:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from dsa_lab import store
     from dsa_lab.bench.estimate import START_S, estimate, estimate_table, skipped_on
     from dsa_lab.bench.sweep import DEFAULT_POINT_TIMEOUT_S, resume_command, run_sweep
+    from dsa_lab.store import folders as store
 
     _check_limits(args)
     load_backend_modules(args)

@@ -34,8 +34,8 @@ from dsa_lab.errors import UnsupportedShape, check_choice, check_range, check_se
 from dsa_lab.kernels import family_of, get_backend, preset_backends, vllm_backend
 from dsa_lab.metadata import STRATEGIES
 from dsa_lab.plan import DEEPSEEK_V32_MAX_MODEL_LEN, LaunchPlan, LogitsWidth
-from dsa_lab.policy import Platform, PolicyQuery
-from dsa_lab.policy_steps import StepRoute, step_route
+from dsa_lab.policy.steps import StepRoute, step_route
+from dsa_lab.policy.vllm import Platform, PolicyQuery
 from dsa_lab.workload import ContextSpec, DecodeBatch
 
 PRESETS = ("ci", "smoke", "h200-full", "sm100", "h200-serving")

@@ -39,7 +39,6 @@ from typing import Any
 
 import torch
 
-from dsa_lab import store
 from dsa_lab.bench import guard
 from dsa_lab.bench.check import check_point
 from dsa_lab.bench.guard import PointTimeout, deadline
@@ -53,8 +52,9 @@ from dsa_lab.env_info import device_name
 from dsa_lab.errors import NonFiniteLogits, as_device, check_positive, check_range
 from dsa_lab.kernels import LogitsBackend
 from dsa_lab.model.roofline import GpuSpec, gpu_for_device, roofline_columns
-from dsa_lab.policy import CAPABILITY_FAMILIES, Platform
-from dsa_lab.provenance import build_provenance
+from dsa_lab.policy.vllm import CAPABILITY_FAMILIES, Platform
+from dsa_lab.store import folders as store
+from dsa_lab.store.provenance import build_provenance
 from dsa_lab.topk import DEFAULT_TOPK
 from dsa_lab.workload import ContextSpec
 

@@ -17,14 +17,15 @@ import ipywidgets as widgets
 import pandas as pd
 from IPython.display import Markdown, display
 
-from dsa_lab import axes, store
+from dsa_lab import axes
 from dsa_lab.analysis.frames import context_order, ok_rows, one_shape, recommend
 from dsa_lab.explorers.base import dropdown, explore, show_figure
 from dsa_lab.kernels import vllm_backend
-from dsa_lab.listing import list_runs
 from dsa_lab.paths import data_dir
 from dsa_lab.plots.latency import plot_point
 from dsa_lab.plots.style import STRATEGY_ORDER, axis_value_title, provenance_line
+from dsa_lab.store import folders as store
+from dsa_lab.store.listing import list_runs
 
 VLLM_BACKEND = vllm_backend().name  # what vLLM 0.33 runs on SM90
 THIS_RUN = ""  # the run selector's value for the results the notebook handed over

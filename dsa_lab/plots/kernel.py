@@ -51,7 +51,7 @@ from dsa_lab.plots.style import (
     style_handles,
 )
 from dsa_lab.plots.tables import FoldedTable, folded, top_rows
-from dsa_lab.policy import Platform
+from dsa_lab.policy.vllm import Platform
 
 LATENCY_LABEL = "kernel time per decode step (µs, median)"  # the time axis of the latency charts
 

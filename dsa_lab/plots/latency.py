@@ -1,6 +1,6 @@
 """Kernel latency against next_n: the charts of notebook 02 and its decision table for display.
 
-Input is a run's results frame (`dsa_lab.store.load_run(...).results`); only rows with
+Input is a run's results frame (`dsa_lab.store.folders.load_run(...).results`); only rows with
 status 'ok' are drawn, and one shape (heads, head_dim, cache dtype) at a time. The look is
 the project's (`plots.style`): a strategy keeps its colour and a backend its marker in every
 chart; measured and modeled rows (roofline times, built by `dsa_lab.analysis.modeled`) never
@@ -45,7 +45,7 @@ from dsa_lab.plots.style import (
     strategy_color,
 )
 from dsa_lab.plots.tables import FoldedTable, folded, top_rows
-from dsa_lab.policy import Platform
+from dsa_lab.policy.vllm import Platform
 from dsa_lab.workload import ContextSpec
 
 SPEEDUP_TICKS = (0.25, 0.33, 0.5, 0.67, 1.0, 1.5, 2.0, 3.0, 4.0)

@@ -13,7 +13,7 @@ import seaborn as sns
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from dsa_lab.policy import PATHS, RELEASES, SYMBOLS
+from dsa_lab.policy.vllm import PATHS, RELEASES, SYMBOLS
 
 PATH_COLORS = {"native": "#4c9f70", "flatten": "#e07b39", "varlen": "#4a7fb5", "rejected": "#8c8c8c"}
 MATRIX_COLUMNS = ("policy", "platform", "deep_gemm", "next_n", "path")
@@ -48,7 +48,7 @@ def _settings(matrix: pd.DataFrame) -> str:
 
 
 def plot_policy_matrix(matrix: pd.DataFrame, title: str = "DSA indexer decode path by vLLM release") -> Figure:
-    """Heatmap of `dsa_lab.policy.decision_matrix(...)`, one cell per row and next_n."""
+    """Heatmap of `dsa_lab.policy.vllm.decision_matrix(...)`, one cell per row and next_n."""
     grid = policy_grid(matrix)
     fig, ax = plt.subplots(figsize=(5.5 + 0.5 * grid.shape[1], 1.3 + 0.32 * grid.shape[0]), constrained_layout=True)
     codes = grid.to_numpy()

@@ -21,7 +21,7 @@
   date, the git sha and the library versions (`provenance_line`, drawn by `add_footer`).
 
 Legends sit outside the axes (`legend_outside`). Releases are named by version
-(`dsa_lab.policy.RELEASES`), never by pull request.
+(`dsa_lab.policy.vllm.RELEASES`), never by pull request.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from dsa_lab.acceptance import AcceptanceSpec
 from dsa_lab.env_info import version_line
 from dsa_lab.kernels import backend_names, get_backend
 from dsa_lab.plan import LogitsWidth
-from dsa_lab.policy import RELEASES
+from dsa_lab.policy.vllm import RELEASES
 from dsa_lab.workload import ContextSpec, format_tokens
 
 STRATEGY_ORDER = ("native", "atom", "flatten")

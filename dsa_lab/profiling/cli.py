@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from dsa_lab import axes, store
+from dsa_lab import axes
 from dsa_lab.bench.cli import (
     add_grid_flags,
     check_folder_flags,
@@ -32,6 +32,7 @@ from dsa_lab.profiling.ncu import NcuUnavailable, detect_ncu
 from dsa_lab.profiling.runs import profile_provenance, write_tables
 from dsa_lab.profiling.sweep import ProfileRun, ProfileSettings, run_ncu, run_torch
 from dsa_lab.profiling.torch_profile import summarize_torch
+from dsa_lab.store import folders as store
 
 TOOLS = ("torch", "ncu", "nsight")
 SHOWN_COUNTERS = (

@@ -1,6 +1,6 @@
 """Profile runs on disk and in memory: store-format provenance, tables, loading, the CPU fallback.
 
-A profile run is a store run folder (`provenance.json` from `dsa_lab.store`, with
+A profile run is a store run folder (`provenance.json` from `dsa_lab.store.folders`, with
 `kind: profile` and the harness's grid as `spec`) holding tables instead of timings:
 `torch_kernels.parquet`, `torch_phases.parquet`, `ncu_kernels.parquet` (one row per logits
 kernel, its point attached), `nsight_times.parquet` (`--tool nsight`: nsight-python's CUPTI
@@ -33,15 +33,16 @@ from typing import Any
 import pandas as pd
 import torch
 
-from dsa_lab import axes, store
+from dsa_lab import axes
 from dsa_lab.bench.point import SweepSpec, preset
 from dsa_lab.env_info import device_name
-from dsa_lab.file_writes import write_atomic
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.model.gpus import ARCH_MAJORS
 from dsa_lab.profiling.ncu import NcuStatus
 from dsa_lab.profiling.sweep import ProfileRun, ProfileSettings, run_torch
-from dsa_lab.provenance import build_provenance, git_state
+from dsa_lab.store import folders as store
+from dsa_lab.store.provenance import build_provenance, git_state
+from dsa_lab.store.writes import write_atomic
 
 KIND = "profile"
 TABLES = {

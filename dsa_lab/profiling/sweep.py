@@ -24,7 +24,6 @@ from typing import Any
 import pandas as pd
 import torch
 
-from dsa_lab import store
 from dsa_lab.bench.check import check_point
 from dsa_lab.bench.point import SweepSpec
 from dsa_lab.bench.walk import Visit, prepare, walk
@@ -45,6 +44,7 @@ from dsa_lab.profiling.ncu import (
 from dsa_lab.profiling.ncu_report import NcuReportUnavailable, read_ncu_report
 from dsa_lab.profiling.ncu_tables import CONFIG_KEYS, METRICS, attach_configs, parse_ncu_csv, summarize_ncu
 from dsa_lab.profiling.torch_profile import compare_in_one_trace, profile_step
+from dsa_lab.store import folders as store
 from dsa_lab.topk import DEFAULT_TOPK, MAX_TOPK
 
 KERNELS_PER_STEP_CAP = 17  # ncu --launch-count per step: the marker + up to 16 kernels in the logits calls
@@ -259,7 +259,7 @@ def _target_args(grid: Path, manifest: Path, settings: ProfileSettings, budget_s
     return [
         sys.executable,
         "-m",
-        "dsa_lab.profile",
+        "dsa_lab.profiling",
         "--ncu-target",
         "--grid",
         str(grid),

@@ -1,6 +1,6 @@
 """The process Nsight Compute runs: the harness's grid walked once, each point's logits calls opened to ncu.
 
-`python -m dsa_lab.profile --ncu-target --grid GRID.json --manifest M.json ...` walks the
+`python -m dsa_lab.profiling --ncu-target --grid GRID.json --manifest M.json ...` walks the
 grid (`bench.walk`: the same points, plans and inputs as every mode), checks each point
 with the harness's measure, warms it up, and runs its step `repeats` times with the phases
 as NVTX ranges and each backend call between cudaProfilerStart/Stop, so `ncu
@@ -122,10 +122,10 @@ def _write(path: Path, manifest: dict[str, Any]) -> None:
 
 
 def target_main(args: Sequence[str]) -> int:
-    """Entry for `python -m dsa_lab.profile --ncu-target ...` (prints nothing on stdout: ncu's CSV goes there)."""
+    """Entry for `python -m dsa_lab.profiling --ncu-target ...` (prints nothing on stdout: ncu's CSV goes there)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m dsa_lab.profile --ncu-target")
+    parser = argparse.ArgumentParser(prog="python -m dsa_lab.profiling --ncu-target")
     parser.add_argument("--ncu-target", action="store_true", required=True)
     parser.add_argument("--grid", type=Path, required=True, help="the grid as JSON (SweepSpec.to_dict)")
     parser.add_argument("--manifest", type=Path, required=True)

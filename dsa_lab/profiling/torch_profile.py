@@ -136,7 +136,7 @@ def _export(prof: profile, trace_dir: str | Path, config: dict[str, Any]) -> Pat
 
 def read_trace(path: str | Path) -> dict[str, Any]:
     """A Chrome trace as written by torch.profiler (plain or .gz); a damaged one names the file."""
-    from dsa_lab.store import RunFormatError
+    from dsa_lab.store.folders import RunFormatError
 
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open

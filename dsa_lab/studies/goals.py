@@ -27,7 +27,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from dsa_lab import axes, store
+from dsa_lab import axes
 from dsa_lab.analysis.frames import POINT, best_option, by_point, context_order, measured_ok, vllm_family
 from dsa_lab.analysis.modeled import modeled_native_rows
 from dsa_lab.analysis.profiles import TENSOR_METRICS
@@ -40,6 +40,7 @@ from dsa_lab.plots.style import SPEEDUP_CMAP, add_footer, chart_text, context_ti
 from dsa_lab.plots.tables import FoldedTable, folded
 from dsa_lab.profiling.ncu_tables import METRICS
 from dsa_lab.profiling.runs import load_profile_run
+from dsa_lab.store import folders as store
 from dsa_lab.workload import ContextSpec, format_tokens
 
 SMALL_BATCH_STRATEGIES = ("flatten", "atom")  # goal 4's rivals: the strategies any DeepGEMM runs at any next_n

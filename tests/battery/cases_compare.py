@@ -43,7 +43,7 @@ def make_run(
     source: str = "measured",
 ) -> Path:
     """A run folder with one timed row per (batch, next_n): `samples` samples around each median."""
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     rng = np.random.default_rng(seed)
     folder = root / name
@@ -282,7 +282,7 @@ def _(tmp: Path) -> Result:
 
 @case(AREA, "--csv over an existing file elsewhere is replaced whole (temp file, then move)")
 def _(tmp: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     a, b = make_run(tmp, "a", GRID, seed=1), make_run(tmp, "b", GRID, seed=2)
     out = tmp / "out.csv"
@@ -314,7 +314,7 @@ def _(tmp: Path) -> Result:
 
 @case(AREA, "compare a timing run with a profile run is refused by name")
 def _(tmp: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     a = make_run(tmp, "a", GRID)
     b = tmp / "profile"
@@ -346,7 +346,7 @@ def _(tmp: Path) -> Result:
 
 @case(AREA, "a copy of a quiet run, every time and sample 1.2x, exits 1")
 def _(tmp: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     a = make_run(tmp, "a", GRID, seed=3, samples=40)
     b = tmp / "b"
@@ -368,7 +368,7 @@ def _(tmp: Path) -> Result:
 
 @case(AREA, "a baseline with samples against a candidate without them is still judged (interquartile ranges)")
 def _(tmp: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     a = make_run(tmp, "a", GRID, seed=1)
     b = make_run(tmp, "b", {k: v * 1.5 for k, v in GRID.items()}, seed=2)
@@ -379,7 +379,7 @@ def _(tmp: Path) -> Result:
 
 @case(AREA, "compare a run given by its results.parquet path")
 def _(tmp: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     a, b = make_run(tmp, "a", GRID, seed=1), make_run(tmp, "b", GRID, seed=2)
     return gate(a / store.RESULTS_FILE, b / store.RESULTS_FILE, 0)

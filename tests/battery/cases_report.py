@@ -29,7 +29,7 @@ def headline() -> tuple[str, int, str]:
     newest measured run covering the study's grid) as the run that is in the checkout's own data, so a case
     can damage a copy of it (cached: the first call, at load, reads the checkout's data, not a case's)."""
     from dsa_lab.analysis.runs import latency_run, relative_to_data
-    from dsa_lab.report_page import headline_point
+    from dsa_lab.report.page import headline_point
 
     run_path, batch, context = headline_point(TOUR)
     return run_path or relative_to_data(latency_run(run_path).run.path), batch, context
@@ -200,7 +200,7 @@ def _(tmp: Path) -> Result:
 for _field in ("device_name", "run_id", "timing_method"):
 
     def _landing(tmp: Path, field: str = _field) -> Result:
-        from dsa_lab import report_page
+        from dsa_lab.report import page as report_page
 
         data = shipped_copy(tmp, lambda f: _edit(f, **{field: HOSTILE}))
         with environment(DSA_LAB_DATA=str(data)):
@@ -226,7 +226,7 @@ def _announce_outputs(chosen) -> list[str]:
     """HTML of everything `announce` displays, rendered as nbconvert renders Markdown (raw HTML passes)."""
     import mistune
 
-    from dsa_lab import notebook
+    from dsa_lab.notebook import display as notebook
 
     shown: list[object] = []
     real = notebook.display
@@ -245,8 +245,8 @@ def _announce_outputs(chosen) -> list[str]:
 
 
 def _chosen(tmp: Path, **provenance):
-    from dsa_lab import store
     from dsa_lab.analysis.runs import ChosenRun
+    from dsa_lab.store import folders as store
 
     folder = shipped_copy(tmp) / headline()[0]
     run = store.load_run(folder)
@@ -372,7 +372,7 @@ for _kind in ("decision table", "headline table", "goal summary", "ncu compariso
 
 @case(AREA, "a stand-in banner (show_fallback) with markup in both texts")
 def _(tmp: Path) -> Result:
-    from dsa_lab import notebook
+    from dsa_lab.notebook import display as notebook
 
     shown: list[object] = []
     real = notebook.display
@@ -387,7 +387,8 @@ def _(tmp: Path) -> Result:
 
 @case(AREA, "the index with a notebook whose provenance, title and error carry markup")
 def _(tmp: Path) -> Result:
-    from dsa_lab import report, report_page
+    from dsa_lab.report import execute as report
+    from dsa_lab.report import page as report_page
 
     outcome = report.NotebookOutcome(
         name="01_x",
@@ -412,7 +413,8 @@ def _(tmp: Path) -> Result:
 def _(tmp: Path) -> Result:
     import os
 
-    from dsa_lab import report, report_page
+    from dsa_lab.report import execute as report
+    from dsa_lab.report import page as report_page
 
     moved = []
     real = os.replace
@@ -435,8 +437,8 @@ def _(tmp: Path) -> Result:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from dsa_lab import store
     from dsa_lab.plots import latency, style
+    from dsa_lab.store import folders as store
 
     run = store.load_run(REPO / "data" / headline()[0])
     device = "NVIDIA $\\foo{$ H200"

@@ -183,7 +183,7 @@ for _tmpname in ("provenance.json", "results.parquet"):
 
 @case(AREA, "append_point into a folder whose points.jsonl is a link")
 def _(tmp: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     out = partial_run(tmp)
     target = victim(tmp)
@@ -193,7 +193,7 @@ def _(tmp: Path) -> Result:
 
 @case(AREA, "write_results over a results.parquet that is a link")
 def _(tmp: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     out = partial_run(tmp)
     target = victim(tmp)
@@ -203,7 +203,7 @@ def _(tmp: Path) -> Result:
 
 @case(AREA, "update_provenance over a provenance.json that is a link")
 def _(tmp: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     out = partial_run(tmp)
     content = (out / "provenance.json").read_bytes()
@@ -214,7 +214,7 @@ def _(tmp: Path) -> Result:
 
 @case(AREA, "load_run of a run whose results.parquet links to another run's results")
 def _(tmp: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     out, other = partial_run(tmp, "a"), partial_run(tmp, "b")
     relink(out / "results.parquet", other / "results.parquet")
@@ -322,7 +322,7 @@ def _wait_for_points(out: Path, count: int, limit_s: float = 60) -> None:
 
 
 def _complete_after_resume(out: Path, total: int) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     done = run_cli(["bench", "--resume", "--out", str(out), "--no-progress", "--device", "cpu"])
     if done.code != 0:
@@ -362,7 +362,7 @@ def _(tmp: Path) -> Result:
 
 
 def _complete_after_resume_2(out: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     done = bench(out, "--resume")
     if done.code != 0:
@@ -372,7 +372,7 @@ def _complete_after_resume_2(out: Path) -> Result:
 
 @case(AREA, "resume while another process holds the lock is refused naming the holder")
 def _(tmp: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     out = partial_run(tmp)
     with store.run_lock(out):
@@ -472,7 +472,7 @@ def _(tmp: Path) -> Result:
 
 @case(AREA, "resume a run whose log holds a timed row with a string time")
 def _(tmp: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     out = partial_run(tmp)
     row = store.read_points(out)[0]
@@ -485,7 +485,7 @@ def _(tmp: Path) -> Result:
 
 @case(AREA, "resume a run whose log holds a row with an unknown status")
 def _(tmp: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     out = partial_run(tmp)
     row = store.read_points(out)[0]
@@ -507,7 +507,7 @@ def _(tmp: Path) -> Result:
 
 
 def _bench_ok(tmp: Path, *flags: str, expect_status: str | None = None) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     out = tmp / "root" / "cpu" / "deadline"
     done = bench(out, *flags)
@@ -590,7 +590,7 @@ for _label, _args in (
 
 @case(AREA, "disk: a failed create leaves a folder a second bench can use")
 def _(tmp: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     out = tmp / "root" / "cpu" / "disk"
     real = store.os.replace
@@ -693,7 +693,7 @@ for _run_id in ("ok-1", "A.b_c", "x" * 128, "2026.01.01", "r..x"):
 
 for _value in (None, 5, b"run", ["run"]):
     case(AREA, f"check_run_id({_value!r})")(
-        lambda tmp, v=_value: refused(lambda: __import__("dsa_lab.store").store.check_run_id(v), "run_id")
+        lambda tmp, v=_value: refused(lambda: __import__("dsa_lab.store.folders").store.folders.check_run_id(v), "run_id")
     )
 
 
@@ -751,8 +751,8 @@ def _ignored_names(tmp: Path, damage, *names: str) -> Result:
     """A notebook's run discovery (`stored_run`, what `latency_run` asks before falling back to a CPU
     stand-in) with a damaged run in the data folder: it is passed over, named, with why; a run it
     does choose is announced."""
-    from dsa_lab import notebook
     from dsa_lab.analysis.runs import stored_run
+    from dsa_lab.notebook import display as notebook
 
     data = _data_with(tmp, damage)
     with environment(DSA_LAB_DATA=str(data)):
@@ -799,7 +799,7 @@ DAMAGES = {
     ),
     "next_n NaN": (lambda r: _set_results(r, lambda f: f.assign(next_n=float("nan"))), ("next_n",)),
     "only the minimal columns": (
-        lambda r: _set_results(r, lambda f: f[list(__import__("dsa_lab.store").store.RESULT_COLUMNS)]),
+        lambda r: _set_results(r, lambda f: f[list(__import__("dsa_lab.store.folders").store.folders.RESULT_COLUMNS)]),
         ("columns",),
     ),
 }
@@ -817,7 +817,7 @@ def _tiny(tmp: Path) -> Path:
 
 
 def _load_refuses(tmp: Path, change, *names: str) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     out = _tiny(tmp)
     change(out)
@@ -844,7 +844,10 @@ LOADS = {
     "backend empty": (lambda f: f.assign(backend=""), "backend"),
     "status None": (lambda f: f.assign(status=None), "status"),
     "message a number": (lambda f: f.assign(message=5), "message"),
-    "only the minimal columns": (lambda f: f[list(__import__("dsa_lab.store").store.RESULT_COLUMNS)], "kernel_rows"),
+    "only the minimal columns": (
+        lambda f: f[list(__import__("dsa_lab.store.folders").store.folders.RESULT_COLUMNS)],
+        "kernel_rows",
+    ),
     "samples negative": (
         lambda f: f.assign(samples_ms=f["samples_ms"].map(lambda s: [-abs(x) for x in s])),
         "samples_ms",
@@ -886,7 +889,7 @@ for _label, (_change, _name) in PROVENANCES.items():
 
 
 def _profile_folder(tmp: Path, drop: str | None) -> Path:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     root = tmp / "profiles"
     folder = root / "p1"
@@ -986,7 +989,7 @@ def _(tmp: Path) -> Result:
 
 @case(AREA, "a results file with an extra column of any type still loads")
 def _(tmp: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     out = partial_run(tmp)
     _set_results(out, lambda f: f.assign(my_notes=[{"a": 1}] * len(f)))
@@ -995,7 +998,7 @@ def _(tmp: Path) -> Result:
 
 @case(AREA, "read provenance: a NaN seed")
 def _(tmp: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     out = partial_run(tmp)
     path = out / "provenance.json"
@@ -1005,7 +1008,7 @@ def _(tmp: Path) -> Result:
 
 @case(AREA, "resume a run whose log holds a timed row whose time is true")
 def _(tmp: Path) -> Result:
-    from dsa_lab import store
+    from dsa_lab.store import folders as store
 
     out = partial_run(tmp)
     row = store.read_points(out)[0]

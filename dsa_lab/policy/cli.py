@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from dsa_lab.errors import check_range
-from dsa_lab.policy import (
+from dsa_lab.policy.vllm import (
     DEEPSEEK_V32,
     MAX_NEXT_N,
     MODEL_ARCHS,

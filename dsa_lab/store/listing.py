@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dsa_lab.file_writes import check_no_links
-from dsa_lab.store import (
+from dsa_lab.store.folders import (
     POINTS_FILE,
     PROVENANCE_FILE,
     RESULTS_FILE,
@@ -21,6 +20,7 @@ from dsa_lab.store import (
     is_scratch,
     read_provenance,
 )
+from dsa_lab.store.writes import check_no_links
 
 
 def _run_folders(root: Path) -> list[Path]:

@@ -42,7 +42,8 @@ import pandas as pd
 
 from dsa_lab import axes
 from dsa_lab.env_info import RESUME_FIELDS
-from dsa_lab.file_writes import (
+from dsa_lab.store.format import PLAIN_NAME, TIME_COLUMNS, RunFormatError, check_provenance_fields, check_results
+from dsa_lab.store.writes import (
     TEMP_PATTERN,
     check_no_links,
     open_no_follow,
@@ -51,7 +52,6 @@ from dsa_lab.file_writes import (
     write_json,
     writing,
 )
-from dsa_lab.run_format import PLAIN_NAME, TIME_COLUMNS, RunFormatError, check_provenance_fields, check_results
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.parquet"

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from dsa_lab.run_format import RunFormatError
+from dsa_lab.store.format import RunFormatError
 
 TEMP_PATTERN = re.compile(r"\.(?P<name>.+)\.tmp-\d+")  # `write_atomic`'s temp files: .<name>.tmp-<pid>
 NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC

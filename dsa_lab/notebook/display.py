@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from IPython.display import Markdown, display
 
-from dsa_lab import store
 from dsa_lab.analysis.runs import ChosenProfile, ChosenRun, relative_to_data
 from dsa_lab.env_info import LIBRARY_KEYS
 from dsa_lab.markup import md_code, md_text
+from dsa_lab.store import folders as store
 
 if TYPE_CHECKING:
     from dsa_lab.analysis.modeled import Sm100Frame

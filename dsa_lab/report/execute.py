@@ -3,10 +3,10 @@
 Each `notebooks/NN_*.ipynb` runs in order on whatever device is present (passed to it
 as the papermill parameter `device`). A failing notebook is recorded with its cell and
 error and the rest still run, so one broken chart never hides the others. Notebooks
-announce the data they used (`dsa_lab.notebook.show_provenance`); the index lists it beside each one.
+announce the data they used (`dsa_lab.notebook.display.show_provenance`); the index lists it beside each one.
 Per notebook the report keeps a reader's page without code (`NN_x.html`), the page with
 code (`NN_x.code.html`), the executed notebook, and every chart as PNG and SVG
-(`figures/`); `dsa_lab.report_page` builds the landing page.
+(`figures/`); `dsa_lab.report.page` builds the landing page.
 
 The report never destroys its inputs: an `out_dir` that is, or lies inside, the notebooks
 folder is refused by name. It always writes an index: a notebook whose output cannot be
@@ -38,12 +38,12 @@ import papermill
 from papermill.exceptions import PapermillExecutionError
 from tqdm import tqdm
 
-from dsa_lab import report_page
-from dsa_lab.file_writes import write_text_atomic
-from dsa_lab.notebook import FALLBACK_MIME, PROVENANCE_MIME
+from dsa_lab.notebook.display import FALLBACK_MIME, PROVENANCE_MIME
 from dsa_lab.paths import check_output_path
 from dsa_lab.plots.style import BETTER_BACKGROUND
-from dsa_lab.provenance import git_state
+from dsa_lab.report import page as report_page
+from dsa_lab.store.provenance import git_state
+from dsa_lab.store.writes import write_text_atomic
 
 PAPERMILL_BANNER_TAG = "papermill-error-cell-tag"
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_.+\.ipynb$")

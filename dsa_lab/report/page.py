@@ -1,6 +1,6 @@
 """The report's landing page: findings first, then one card per notebook, provenance folded.
 
-`dsa-lab report` (dsa_lab.report) executes the notebooks; this module turns what they
+`dsa-lab report` (dsa_lab.report.execute) executes the notebooks; this module turns what they
 produced into what a reader opens: the headline table generated from the run and shape the tour
 notebook (00) names in its parameters (also written as Markdown to paste into a pull request), a line, a thumbnail and a
 status per notebook, every chart as PNG and SVG under `figures/`, and the notebooks'
@@ -28,8 +28,8 @@ import pandas as pd
 import papermill
 from nbconvert import HTMLExporter
 
-from dsa_lab.file_writes import write_atomic
 from dsa_lab.markup import html_text, md_code, md_text, render_markdown
+from dsa_lab.store.writes import write_atomic
 from dsa_lab.workload import ContextSpec
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dsa_lab.errors import check_choice, check_int_sequence, check_range
-from dsa_lab.policy import (
+from dsa_lab.policy.vllm import (
     PolicyQuery,
     supports_native_decode,
     supports_varlen,
