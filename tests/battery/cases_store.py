@@ -693,7 +693,9 @@ for _run_id in ("ok-1", "A.b_c", "x" * 128, "2026.01.01", "r..x"):
 
 for _value in (None, 5, b"run", ["run"]):
     case(AREA, f"check_run_id({_value!r})")(
-        lambda tmp, v=_value: refused(lambda: __import__("dsa_lab.store.folders").store.folders.check_run_id(v), "run_id")
+        lambda tmp, v=_value: refused(
+            lambda: __import__("dsa_lab.store.folders").store.folders.check_run_id(v), "run_id"
+        )
     )
 
 
