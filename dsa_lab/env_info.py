@@ -25,6 +25,7 @@ import torch
 
 from dsa_lab.kernels import backend_names, external, get_backend, vllm_backend
 from dsa_lab.policy.vllm import CAPABILITY_FAMILIES, CDNA_BY_GFX, Platform
+from dsa_lab.topk import get_topk, topk_names
 
 
 def _declared(field: str) -> tuple[str, ...]:
@@ -131,6 +132,7 @@ def _facts(requested: frozenset[str]) -> dict[str, Any]:
         "torch": torch.__version__,
         **{package: _package_version(package) for package in (*_declared("packages"), "vllm")},  # external's too
         **backends,
+        "topk": {name: get_topk(name).environment() for name in topk_names()},  # the step's top-k builds
         EXTERNAL: external.origins(requested),
         "python": host_platform.python_version(),
         "os": host_platform.platform(),
@@ -196,6 +198,14 @@ def _print_env(args: argparse.Namespace) -> int:
         available = "[green]yes[/]" if state.ok else "[red]no[/]"
         backends.add_row(escape(name), available, shown if state.ok else "", escape(knobs), escape(state.reason))
     console.print(backends)
+    topks = Table(title=f"the step's top-k on {device} (the axis topk_impl)")
+    for column in ("top-k", "what it is", "available", "why not"):
+        topks.add_column(column)
+    for name in topk_names():
+        impl, state = get_topk(name), get_topk(name).availability(device)
+        available = "[green]yes[/]" if state.ok else "[red]no[/]"
+        topks.add_row(escape(name), escape(impl.label), available, escape(state.reason))
+    console.print(topks)
     return 0
 
 

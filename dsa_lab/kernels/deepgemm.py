@@ -131,7 +131,7 @@ class DeepGemmBackend(LogitsBackend):
     marker = "o"
     color = "#8c564b"
     in_vllm = True  # what vLLM 0.33 calls on SM90 and SM100
-    presets = ("smoke", "h200-full", "sm100")
+    presets = ("smoke", "h200-full", "sm100", "step")
     cleans_tail = False
     supported_majors: ClassVar[tuple[int, ...]] = SUPPORTED_MAJORS
     native_sizes: ClassVar[Mapping[int, tuple[int, ...]]] = {SM90_MAJOR: SM90_NATIVE_NEXT_N}

@@ -126,7 +126,7 @@ class DeepGemmPR340Backend(DeepGemmBackend):
     marker = "h"  # a hexagon: "X" is the modeled glyph (plots.style.MODELED_MARKER)
     color = "#e377c2"
     in_vllm = False  # no vLLM release calls it
-    presets = ("h200-full",)  # SM90 only; its points are skipped (with the reason) where no build is pointed at
+    presets = ("h200-full", "step")  # SM90 only; its points are skipped (with the reason) where no build is pointed at
     supported_majors: ClassVar[tuple[int, ...]] = (SM90_MAJOR,)
     native_sizes: ClassVar[Mapping[int, tuple[int, ...]]] = {SM90_MAJOR: PR340_SM90_NATIVE}
     model_traits: ClassVar[Mapping[str, ModelTraits]] = {"sm90": SM90_TRAITS}

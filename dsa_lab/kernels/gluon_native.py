@@ -301,7 +301,7 @@ class GluonNativeBackend(LogitsBackend):
     label = "Gluon (ours)"
     marker = "P"
     color = "#bcbd22"
-    presets = ("smoke", "h200-full")  # SM90 only
+    presets = ("smoke", "h200-full", "step")  # SM90 only
     packages: ClassVar[tuple[str, ...]] = ("triton",)
     resume_fields: ClassVar[tuple[str, ...]] = ("triton",)
     cleans_tail: ClassVar[bool] = False  # DeepGEMM's convention: columns past a request's last block are left

@@ -1,0 +1,66 @@
+"""The whole step split into logits and top-k (issue 26): pairs a step's time with its logits' time under the same
+timer, and sets each workload's best step against the step vLLM runs there, per top-k, never mixing two."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from dsa_lab import axes
+from dsa_lab.analysis.step_split import route_ratio, step_split
+from dsa_lab.kernels import baseline_backend, vllm_backend
+
+
+def _row(backend: str, strategy: str, timed: str, topk_impl: str, ms: float, route: str = "flatten", **axis) -> dict:
+    values = {
+        "backend": backend,
+        "strategy": strategy,
+        "batch": 16,
+        "context": "65536",
+        "next_n": 3,
+        "cache_dtype": "fp8",
+        "heads": 64,
+        "head_dim": 128,
+        "acceptance": "none",
+        "logits_width": "model:163840",
+        "timed": timed,
+        "timer": "graph",
+        "topk_impl": topk_impl,
+        "config": "rule",
+        **axis,
+    }
+    return {**values, "point_key": axes.point_key(values), "status": "ok", "median_ms": ms, "source": "measured",
+            "vllm_route": route}  # fmt: skip
+
+
+@pytest.fixture
+def frame() -> pd.DataFrame:
+    vllm, other = vllm_backend().name, baseline_backend().name
+    rows = [
+        _row(vllm, "flatten", "logits", "none", 0.020),
+        _row(vllm, "flatten", "logits+topk", "vllm", 0.041),
+        _row(vllm, "flatten", "logits+topk", "torch", 0.300),
+        _row(other, "native", "logits", "none", 0.012),
+        _row(other, "native", "logits+topk", "vllm", 0.030),
+        _row(other, "native", "logits+topk", "torch", 0.290),
+        _row(other, "native", "logits", "none", 0.013, timer="events"),  # no step under this timer: unpaired
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_the_top_k_costs_the_step_less_its_logits_under_the_same_timer(frame) -> None:
+    split = step_split(frame).set_index(["backend", "topk_impl"])
+    vllm = vllm_backend().name
+    assert len(split) == 4
+    assert split.loc[(vllm, "vllm"), "topk_us"] == pytest.approx(21.0)
+    assert split.loc[(vllm, "vllm"), "topk_share"] == pytest.approx(21 / 41)
+    assert split.loc[(baseline_backend().name, "torch"), "logits_us"] == pytest.approx(12.0)
+
+
+def test_the_route_ratio_sets_the_best_step_against_vllms_per_top_k(frame) -> None:
+    table = route_ratio(step_split(frame)).set_index("topk_impl")
+    assert set(table.index) == {"vllm", "torch"}  # two top-k implementations, two answers
+    assert table.loc["vllm", "route_us"] == pytest.approx(41.0) and table.loc["vllm", "best_us"] == pytest.approx(30.0)
+    assert table.loc["vllm", "route_over_best"] == pytest.approx(41 / 30)
+    assert table.loc["vllm", "best"] == f"native ({baseline_backend().name})"
+    assert not table.loc["vllm", "best_is_vllms_library"]
