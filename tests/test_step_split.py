@@ -64,3 +64,50 @@ def test_the_route_ratio_sets_the_best_step_against_vllms_per_top_k(frame) -> No
     assert table.loc["vllm", "route_over_best"] == pytest.approx(41 / 30)
     assert table.loc["vllm", "best"] == f"native ({baseline_backend().name})"
     assert not table.loc["vllm", "best_is_vllms_library"]
+
+
+def test_each_option_is_drawn_as_shares_of_vllms_step_its_top_k_stacked_on_its_logits(frame) -> None:
+    import matplotlib
+
+    matplotlib.use("agg")
+    from dsa_lab.analysis.step_split import against_route
+    from dsa_lab.plots.step_split import TOPK_HATCH, plot_step_split
+
+    split = against_route(step_split(frame))
+    mine = split[split["topk_impl"] == "vllm"].set_index("backend")
+    vllm = vllm_backend().name
+    assert mine.loc[vllm, "logits_rel"] + mine.loc[vllm, "topk_rel"] == pytest.approx(1.0)  # vLLM's own step is 1
+    assert mine.loc[baseline_backend().name, "topk_rel"] == pytest.approx(18 / 41)
+    fig = plot_step_split(split[split["topk_impl"] == "vllm"], footer="test run")
+    bars = [p for p in fig.axes[0].patches]
+    assert len(bars) == 4 and sum(p.get_hatch() == TOPK_HATCH for p in bars) == 2  # two options, two parts each
+    assert "41 µs" in fig.axes[0].get_xticklabels()[0].get_text()  # vLLM's step time under its batch
+
+
+def test_ragged_verification_draws_each_curves_replays_and_names_the_wrong_ones() -> None:
+    import matplotlib
+
+    matplotlib.use("agg")
+    from dsa_lab.plots.step_split import plot_ragged_verification
+
+    rows = pd.DataFrame(
+        [
+            {
+                "acceptance": c,
+                "next_n": n,
+                "strategy": s,
+                "backend": b,
+                "median_ms": m,
+                "p25_ms": m * 0.9,
+                "p75_ms": m * 1.1,
+                "replays": 32,
+                "replays_wrong": w,
+            }  # fmt: skip
+            for c, n in (("v3-sglang3582", 2), ("v4flash-ascend131", 4))
+            for s, b, m, w in (("flatten", vllm_backend().name, 0.4, 0), ("native", baseline_backend().name, 0.2, 1))
+        ]
+    )
+    fig = plot_ragged_verification(rows)
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert labels[0].startswith("v3-sglang3582") and "1 of 64 wrong" in labels[0]
+    assert len(fig.axes[0].patches) == 4

@@ -34,6 +34,20 @@ def step_split(results: pd.DataFrame) -> pd.DataFrame:
     return split.reset_index(drop=True)
 
 
+def against_route(split: pd.DataFrame) -> pd.DataFrame:
+    """`split` with, on every row, its workload's step as vLLM runs it (`route_us`: vLLM's library on the route the
+    row records) and the row's logits and top-k as shares of that (`logits_rel`, `topk_rel`: a bar of height < 1
+    is a step faster than vLLM's); rows of a workload vLLM's route was not timed in are left out."""
+    table = route_ratio(split)
+    if table.empty:
+        return split.iloc[0:0].assign(route_us=[], logits_rel=[], topk_rel=[])
+    workload = [c for c in table.columns if c in split.columns]
+    out = split.merge(table[[*workload, "route_us"]], on=workload, how="inner")
+    out["logits_rel"] = out["logits_us"] / out["route_us"]
+    out["topk_rel"] = out["topk_us"] / out["route_us"]
+    return out
+
+
 def route_ratio(split: pd.DataFrame) -> pd.DataFrame:
     """Per workload (every point axis, the timer and the top-k included): vLLM's step (its library on the route
     each row records: native where it runs native, else flatten), the fastest step of any option, which
