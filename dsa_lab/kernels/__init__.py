@@ -4,7 +4,7 @@ files `DSA_LAB_BACKEND_MODULES` names (`kernels.external`; an entry point's only
 from dsa_lab.kernels import (
     deepgemm,  # noqa: F401  (registers "deepgemm"; imports deep_gemm lazily, so never fails here)
     deepgemm_pr340,  # noqa: F401  (registers "deepgemm-pr340": a user's build of DeepGEMM PR #340, if pointed at)
-    gluon_native,  # noqa: F401  (registers "gluon": SM90 only; elsewhere it says why not)
+    gluon,  # noqa: F401  (registers "gluon": SM90 only; elsewhere it says why not)
     reference,  # noqa: F401  (registers "reference")
     triton_native,  # noqa: F401  (registers "triton"; without triton it reports itself unavailable)
 )

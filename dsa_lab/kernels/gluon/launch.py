@@ -1,7 +1,7 @@
 """The Gluon paged MQA-logits backend for Hopper (SM90): checks, the schedule, descriptors and the launch.
 
-The device code is `gluon_kernel.py` (warp-specialised, persistent, TMA loads, over the
-work-balanced schedule of `schedule.py`), the config space and its resources `gluon_config.py`.
+The device code is `kernel.py` (warp-specialised, persistent, TMA loads, over the
+work-balanced schedule of `schedule.py`), the config space and its resources `config.py`.
 Columns past a request's last 64-token block are left unwritten, as DeepGEMM leaves them
 (`cleans_tail = False`), so the step's time does not grow with `max_context_len`;
 `clean_tail=True` writes -inf there too (`schedule.fill_tail`, a second launch). Gluon has no
@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from dsa_lab.errors import UnsupportedShape, check_choice
-from dsa_lab.kernels.gluon_config import (
+from dsa_lab.kernels.gluon.config import (
     BLOCK_SIZE,
     MAX_NEXT_N,
     GluonConfig,
@@ -28,6 +28,7 @@ from dsa_lab.kernels.gluon_config import (
     query_box_rows,
     query_rows,
 )
+from dsa_lab.kernels.gluon.schedule import MAX_PROGRAMS, BalancedSchedule, balanced_schedule, fill_tail
 from dsa_lab.kernels.registry import (
     Availability,
     ConfigSpace,
@@ -38,13 +39,12 @@ from dsa_lab.kernels.registry import (
     ready_native_call,
     register_backend,
 )
-from dsa_lab.kernels.schedule import MAX_PROGRAMS, BalancedSchedule, balanced_schedule, fill_tail
 
 try:
     import triton
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from dsa_lab.kernels.gluon_kernel import paged_mqa_logits_gluon_kernel
+    from dsa_lab.kernels.gluon.kernel import paged_mqa_logits_gluon_kernel
 except ImportError as exc:  # the backend then reports itself unavailable, with this reason
     paged_mqa_logits_gluon_kernel = None
     GLUON_IMPORT_ERROR = f"triton.experimental.gluon (Hopper) is not importable ({exc})"

@@ -1,7 +1,7 @@
 """The Gluon kernel's config space and the arithmetic of its resources, in plain Python.
 
 Nothing here needs Triton: the host checks a config, the shared memory and registers it takes,
-and how query rows become MMA chunks, on any machine. `gluon_kernel.py` reads the same functions
+and how query rows become MMA chunks, on any machine. `kernel.py` reads the same functions
 at compile time (through `triton.constexpr_function`), so host and kernel agree by construction.
 docs/triton_kernel.md (rounds 5-11) holds the H200 measurements behind `choose_gluon_config`.
 """

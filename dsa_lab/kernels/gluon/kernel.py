@@ -1,7 +1,7 @@
 """The warp-specialised Gluon paged MQA-logits kernel for Hopper (SM90): the device code only.
 
 Our own code after DeepGEMM's SM90 design (docs/triton_kernel.md, rounds 5-11, hold the design
-and the H200 measurements); `gluon_native.py` launches it, `gluon_config.py` holds its config.
+and the H200 measurements); `launch.py` launches it, `config.py` holds its config.
 
 * Persistent grid, one CTA an SM, over the work-balanced schedule of `schedule.py`: CTA p walks
   its contiguous share of the launch's real KV blocks (request-major), which may begin inside one
@@ -16,7 +16,7 @@ and the H200 measurements); `gluon_native.py` launches it, `gluon_config.py` hol
   `[num_blocks * (64 + 256 / D), D]`, the scales as 2-D f32 `[num_blocks, 16 * (D + 4)]`.
 * `CONSUMERS` MMA + epilogue partitions (a warpgroup each) take the ring's items round-robin:
   async wgmma `S = K [64, D] @ Q_b^T` (FP8, fp32 accumulation) in chunk groups
-  (`gluon_config.chunk_groups`), then per query row relu x weights, the head sum and the k scale,
+  (`config.chunk_groups`), then per query row relu x weights, the head sum and the k scale,
   -inf past the row's context. One consumer's epilogue overlaps another's MMAs; inside a consumer
   chunk c's epilogue overlaps chunks c+1.. of its group.
 
@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from dsa_lab.kernels.gluon_config import chunk_groups, slot_columns
+from dsa_lab.kernels.gluon.config import chunk_groups, slot_columns
 
 try:
     from triton.experimental.gluon import aggregate  # Triton >= 3.7
@@ -53,7 +53,7 @@ def _mma_layout(columns):
 
 @triton.constexpr_function
 def _group_size(groups, g):
-    """Chunks in issue group g (`gluon_config.chunk_groups`; read through these accessors, since
+    """Chunks in issue group g (`config.chunk_groups`; read through these accessors, since
     Triton 3.6 cannot subscript a nested constexpr tuple inside a kernel)."""
     return len(groups[g])
 
@@ -191,8 +191,8 @@ class LogitsLaunch:
     H: gl.constexpr
     BLOCK: gl.constexpr
     CONSUMERS: gl.constexpr
-    GROUPS: gl.constexpr  # gluon_config.chunk_groups
-    SLOT_COLUMNS: gl.constexpr  # gluon_config.slot_columns
+    GROUPS: gl.constexpr  # config.chunk_groups
+    SLOT_COLUMNS: gl.constexpr  # config.slot_columns
     RESIDENT_WEIGHTS: gl.constexpr
 
     @gluon.constexpr_function
