@@ -38,14 +38,9 @@ from typing import Any, ClassVar
 import torch
 
 from dsa_lab.errors import BackendUnavailable, check_range, check_tensor
-from dsa_lab.kernels.registry import (
-    Availability,
-    LogitsBackend,
-    ModelTraits,
-    Numerics,
-    check_logits_args,
-    register_backend,
-)
+from dsa_lab.kernels.convention import check_logits_args
+from dsa_lab.kernels.descriptor import Availability, LogitsBackend, ModelTraits, Numerics
+from dsa_lab.kernels.registry import register_backend
 
 SUPPORTED_MAJORS = (9, 10, 12)
 SM90_MAJOR, SM100_MAJOR = 9, 10

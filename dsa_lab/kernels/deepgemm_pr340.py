@@ -33,7 +33,8 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 from dsa_lab.kernels.deepgemm import SM90_MAJOR, SM90_TRAITS, DeepGemmBackend
-from dsa_lab.kernels.registry import ModelTraits, register_backend
+from dsa_lab.kernels.descriptor import ModelTraits
+from dsa_lab.kernels.registry import register_backend
 
 ENV_VAR = "DSA_LAB_DEEPGEMM_PR340"
 ORIGIN_FILE = "ORIGIN"

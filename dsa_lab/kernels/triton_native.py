@@ -27,16 +27,9 @@ from typing import Any, ClassVar
 import torch
 
 from dsa_lab.errors import check_choice, check_range
-from dsa_lab.kernels.registry import (
-    Availability,
-    ConfigSpace,
-    LogitsBackend,
-    ModelTraits,
-    check_native_call,
-    num_sms,
-    ready_native_call,
-    register_backend,
-)
+from dsa_lab.kernels.convention import check_native_call, num_sms, ready_native_call
+from dsa_lab.kernels.descriptor import Availability, ConfigSpace, LogitsBackend, ModelTraits
+from dsa_lab.kernels.registry import register_backend
 
 try:
     import triton

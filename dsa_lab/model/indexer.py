@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from dsa_lab.cache import CACHE_DTYPES, bytes_per_token, check_head_dim
 from dsa_lab.errors import check_choice, check_int_sequence, check_range
 from dsa_lab.kernels import get_backend, modeled_backends, vllm_backend
-from dsa_lab.kernels.registry import ModelTraits
+from dsa_lab.kernels.descriptor import ModelTraits
 from dsa_lab.metadata import STRATEGIES, AtomPiece
 from dsa_lab.model.gpus import ARCH_MAJORS, GpuCeilings, get_gpu
 from dsa_lab.plan import LaunchPlan

@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 import torch
 
 from dsa_lab.errors import UnsupportedShape, check_choice
+from dsa_lab.kernels.convention import check_native_call, num_sms, ready_native_call
+from dsa_lab.kernels.descriptor import Availability, ConfigSpace, LogitsBackend, ModelTraits
 from dsa_lab.kernels.gluon.config import (
     BLOCK_SIZE,
     MAX_NEXT_N,
@@ -29,16 +31,7 @@ from dsa_lab.kernels.gluon.config import (
     query_rows,
 )
 from dsa_lab.kernels.gluon.schedule import MAX_PROGRAMS, BalancedSchedule, balanced_schedule, fill_tail
-from dsa_lab.kernels.registry import (
-    Availability,
-    ConfigSpace,
-    LogitsBackend,
-    ModelTraits,
-    check_native_call,
-    num_sms,
-    ready_native_call,
-    register_backend,
-)
+from dsa_lab.kernels.registry import register_backend
 
 try:
     import triton
