@@ -54,7 +54,7 @@ LAYERS = (
 )
 MAX_LINES = 500
 # kernels/ modules that belong to no one backend: importing them names none
-SHARED_KERNEL_MODULES = {"__init__", "descriptor", "registry", "convention", "external", "cubin"}
+SHARED_KERNEL_MODULES = {"__init__", "descriptor", "registry", "convention", "chunks", "external", "cubin"}
 MAX_CELL_LINES = 12
 CODE_SUFFIXES = {".py", ".sh", ".diff", ".patch", ".ipynb", ".c", ".cu", ".cpp", ".h"}
 

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import torch
 
 from dsa_lab.errors import check_choice, check_range
+from dsa_lab.kernels.chunks import binary_chunks
 from dsa_lab.kernels.convention import check_native_call, num_sms, ready_native_call
 from dsa_lab.kernels.descriptor import Availability, ConfigSpace, LogitsBackend, ModelTraits
 from dsa_lab.kernels.registry import register_backend
@@ -116,28 +117,15 @@ def choose_config(next_n: int, heads: int, head_dim: int, capability: tuple[int,
 
 
 def chunk_plan(next_n: int, heads: int, dot_rows: int) -> tuple[tuple[int, int], ...]:
-    """(first query row, query rows) of each tl.dot: full chunks, then the remainder's binary parts.
-
-    Each chunk holds a power-of-two number of query rows (tl.dot shapes are powers of
-    two), at most `dot_rows // heads`, and the chunks tile 0..next_n-1 exactly.
-    """
+    """(first query row, query rows) of each tl.dot, checked: the shared plan (`chunks.binary_chunks`) at
+    `dot_rows // heads` rows a chunk (tl.dot shapes are powers of two)."""
     next_n = check_range("next_n", next_n, 1, MAX_NEXT_N)
     heads = check_range("heads", heads, 1, 1 << 10)
     dot_rows = check_range("dot_rows", dot_rows, 1, 1 << 12)
     per_dot = max(1, dot_rows // heads)
     if per_dot & (per_dot - 1):
         raise ValueError(f"dot_rows={dot_rows}: dot_rows/heads must be a power of two (heads={heads})")
-    plan, first = [], 0
-    for _ in range(next_n // per_dot):
-        plan.append((first, per_dot))
-        first += per_dot
-    size = per_dot
-    while first < next_n:
-        size //= 2
-        if next_n - first >= size:
-            plan.append((first, size))
-            first += size
-    return tuple(plan)
+    return binary_chunks(next_n, per_dot)
 
 
 def blocks_per_program(batch: int, col_blocks: int, num_sms: int) -> int:
