@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dsa_lab.kernels import backend_names
+from dsa_lab.kernels import backend_names, get_backend
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "dsa_lab"
@@ -53,8 +53,12 @@ LAYERS = (
     ),
 )
 MAX_LINES = 500
-# kernels/ modules that belong to no one backend: importing them names none
-SHARED_KERNEL_MODULES = {"__init__", "descriptor", "registry", "convention", "chunks", "external", "cubin"}
+# The kernels/ modules (or family folders, gluon/) that define a registered backend: importing one names it.
+BACKEND_MODULES = {
+    parts[2]
+    for parts in (type(get_backend(name)).__module__.split(".") for name in backend_names())
+    if parts[:2] == ["dsa_lab", "kernels"]
+}
 MAX_CELL_LINES = 12
 CODE_SUFFIXES = {".py", ".sh", ".diff", ".patch", ".ipynb", ".c", ".cu", ".cpp", ".h"}
 
@@ -164,9 +168,7 @@ def _spellings(path: Path) -> list[str]:
     }
     names = set(backend_names())
     quoted = re.compile("['\"`](" + "|".join(map(re.escape, names)) + ")['\"`]")
-    kernels = PACKAGE / "kernels"
-    families = {p.name for p in kernels.iterdir() if (p / "__init__.py").is_file()}  # gluon/: one backend's modules
-    modules = ({p.stem for p in kernels.glob("*.py")} | families) - SHARED_KERNEL_MODULES
+    modules = BACKEND_MODULES
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:

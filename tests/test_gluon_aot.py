@@ -35,10 +35,11 @@ import sys
 
 import pytest
 import torch
-from aot_support import compile_in_child, report_cases
+from aot_support import compile_in_child
 
 from dsa_lab.errors import BackendUnavailable, UnsupportedShape
 from dsa_lab.kernels import get_backend
+from dsa_lab.kernels.aot import report_cases
 from dsa_lab.kernels.gluon import config as gc
 from dsa_lab.kernels.gluon import launch as gn
 from dsa_lab.kernels.gluon import schedule as sc

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsa_lab.kernels.gluon.schedule import BLOCK_SIZE, balanced_schedule, fill_tail, reference_schedule
-from dsa_lab.kernels.triton_native import interpreter_state
+from dsa_lab.kernels.jit import interpreter_state
 
 pytestmark = pytest.mark.skipif(not interpreter_state().ok, reason=interpreter_state().reason)
 

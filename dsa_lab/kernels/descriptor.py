@@ -18,8 +18,9 @@ scale format and check tolerance the harness holds it to, `numerics`); whether i
 invariant; the facts its provenance records (`environment`, `resume_fields`) and any foreign code
 it imports for them, only when a run names it (`foreign_code`); how the
 performance model counts its work per architecture (`model_traits`); its tuning knobs
-(`config_space`, the `config` axis); whether it is what vLLM runs (`in_vllm`). Callers never
-get a silent fallback.
+(`config_space`, the `config` axis); the GPU targets its kernel compiles for on any machine
+(`aot_archs`, `compile_ahead`); whether it is what vLLM runs (`in_vllm`). Callers never get a
+silent fallback.
 """
 
 from __future__ import annotations
@@ -173,6 +174,7 @@ class LogitsBackend:
     numerics: ClassVar[Mapping[int, Numerics]] = {}  # capability major -> its numerics there; else the defaults
     model_traits: ClassVar[Mapping[str, ModelTraits]] = {}  # architecture ('sm90', 'sm100') -> how it spends work
     config_space: ClassVar[ConfigSpace | None] = None  # its tuning knobs (None: 'rule' only)
+    aot_archs: ClassVar[tuple[int, ...]] = ()  # the sm_<arch> targets `compile_ahead` builds its kernel for
     packages: ClassVar[tuple[str, ...]] = ()  # Python packages it runs on, recorded by their installed version
     versions: ClassVar[tuple[str, ...]] = ()  # `environment` facts that are versions (named in chart footers)
     resume_fields: ClassVar[tuple[str, ...]] = ()  # `environment` facts a resumed run must keep
@@ -238,6 +240,12 @@ class LogitsBackend:
             )
 
         return type(f"{parent.__name__}[{config}]", (parent,), {"logits": logits, "config": config})()
+
+    def compile_ahead(self, arch: int, next_n: int, heads: int, head_dim: int, config: str = RULE) -> tuple[str, Any]:
+        """Its kernel compiled for `sm_<arch>` (one of `aot_archs`) with no GPU, at `config` (a value of the
+        `config` axis): the config's description and Triton's CompiledKernel (`kernels.aot` reads it).
+        UnsupportedShape for a backend that compiles nothing ahead of time."""
+        raise UnsupportedShape(f"backend {self.name!r} compiles nothing ahead of time (aot_archs is empty)")
 
     def schedule(self, context_lens: torch.Tensor, block_size: int, block_table: torch.Tensor) -> Any:
         """Per-launch scheduling metadata (DeepGEMM's SM plan, our Gluon kernel's balanced split with
