@@ -1,7 +1,8 @@
 """The house's rules, measured on its sources: the import graph (function-local imports included) has
 no circle and no arrow from a lower layer to a higher one; a backend's name is spelled by its own module
 (and the performance model's calibration) only; no package module outgrows 500 lines; data/ holds data
-and provenance only; no run id is pinned in the package."""
+and provenance only; experiments/ imports nothing of the package and scripts/ none of its private names;
+no run id is pinned in the package."""
 
 from __future__ import annotations
 
@@ -229,3 +230,39 @@ def test_no_run_id_is_pinned_in_the_package() -> None:
         if run_id.search(line)
     ]
     assert not pinned, "run ids belong to the notebooks' parameters and the tests:\n" + "\n".join(pinned)
+
+
+def _package_names(path: Path) -> list[str]:
+    """Every dsa_lab name a file reaches: a Python file's imports (module and names), a shell script's
+    dotted `dsa_lab.x.y` (a `python -m` module, an import inside `python -c`)."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if path.suffix != ".py":
+        imported = re.findall(r"from (dsa_lab[\w.]*) import ([\w, ]+)", text)
+        return re.findall(r"\bdsa_lab(?:\.\w+)+", text) + [
+            f"{m}.{n.strip()}" for m, ns in imported for n in ns.split(",")
+        ]
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.split(".")[0] == "dsa_lab"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "dsa_lab":
+            found += [f"{node.module}.{alias.name}" for alias in node.names]
+    return found
+
+
+def test_experiments_import_nothing_and_scripts_no_private_name() -> None:
+    """experiments/ keeps data, provenance and diffs against a named commit: no Python file of it imports
+    the package (its shell scripts name the commands they ran); nothing there or under scripts/ reaches a
+    private name, which the package may change under it."""
+    imports, private = [], []
+    for folder in ("experiments", "scripts"):
+        for path in sorted((REPO / folder).rglob("*")):
+            if path.suffix not in (".py", ".sh") or not path.is_file():
+                continue
+            names = _package_names(path)
+            where = str(path.relative_to(REPO))
+            if folder == "experiments" and path.suffix == ".py" and names:
+                imports.append(f"{where}: {names}")
+            private += [f"{where}: {n}" for n in names if any(part.startswith("_") for part in n.split("."))]
+    assert not imports, f"experiments/ imports the package (keep a diff against its commit instead): {imports}"
+    assert not private, f"private names reached from experiments/ or scripts/: {private}"
