@@ -17,7 +17,8 @@ compute capability (`native_sizes`); the shapes it accepts; its numerics per cap
 scale format and check tolerance the harness holds it to, `numerics`); whether it is batch
 invariant; the facts its provenance records (`environment`, `resume_fields`) and any foreign code
 it imports for them, only when a run names it (`foreign_code`); how the
-performance model counts its work per architecture (`model_traits`); its tuning knobs
+performance model counts its work per architecture (`model_traits`) and the efficiencies it
+reaches there, fitted on a measured sweep (`model_fits`); its tuning knobs
 (`config_space`, the `config` axis); the GPU targets its kernel compiles for on any machine
 (`aot_archs`, `compile_ahead`); whether it is what vLLM runs (`in_vllm`). Callers never get a
 silent fallback.
@@ -87,6 +88,27 @@ class ModelTraits:
 
     def q_block(self, heads: int) -> int:
         return max(1, self.tile_rows // heads)
+
+
+@dataclass(frozen=True)
+class KernelFit:
+    """Efficiencies of one backend's strategy, fitted on a measured H200 sweep
+    (`model.calibration.fit_efficiencies`): what the performance model scales each ceiling by."""
+
+    bw: float  # fraction of HBM bandwidth
+    compute: float  # fraction of the FP8 and FP32 rates
+    launch_us: float  # fixed cost of a launch
+    overlap: float  # p of the p-norm that combines the three terms
+    serial: float = 1.0  # a kernel of fixed KV slices: the share of one SM's rates its largest program reaches
+
+    def __post_init__(self) -> None:
+        for name in ("bw", "compute", "serial"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name}={getattr(self, name)!r}: a share of a ceiling, in (0, 1]")
+        if self.launch_us < 0 or self.overlap < 1:
+            raise ValueError(
+                f"launch_us={self.launch_us!r}, overlap={self.overlap!r}: need launch_us >= 0, overlap >= 1"
+            )
 
 
 @dataclass(frozen=True)
@@ -173,6 +195,7 @@ class LogitsBackend:
     native_sizes: ClassVar[Mapping[int, tuple[int, ...]]] = {}  # capability major -> next_n taken natively; else any
     numerics: ClassVar[Mapping[int, Numerics]] = {}  # capability major -> its numerics there; else the defaults
     model_traits: ClassVar[Mapping[str, ModelTraits]] = {}  # architecture ('sm90', 'sm100') -> how it spends work
+    model_fits: ClassVar[Mapping[str, KernelFit]] = {}  # strategy -> its efficiencies, fitted on the H200 sweep
     config_space: ClassVar[ConfigSpace | None] = None  # its tuning knobs (None: 'rule' only)
     aot_archs: ClassVar[tuple[int, ...]] = ()  # the sm_<arch> targets `compile_ahead` builds its kernel for
     packages: ClassVar[tuple[str, ...]] = ()  # Python packages it runs on, recorded by their installed version

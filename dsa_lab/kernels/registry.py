@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dsa_lab.errors import check_choice
-from dsa_lab.kernels.descriptor import LogitsBackend
+from dsa_lab.kernels.descriptor import KernelFit, LogitsBackend
+from dsa_lab.metadata import STRATEGIES
 
 _BACKENDS: dict[str, LogitsBackend] = {}
 _LOOKUPS: list[Callable[[str], None]] = []  # ways to find a backend asked for by a name not registered yet
@@ -26,6 +27,12 @@ def register_backend(cls: type[LogitsBackend]) -> type[LogitsBackend]:
     for field in ("family", "label"):
         if not isinstance(getattr(cls, field, None), str):
             raise ValueError(f"backend {cls.name!r}: declares no {field} (a string)")
+    for strategy, fit in cls.model_fits.items():
+        check_choice(f"backend {cls.name!r}: model_fits strategy", strategy, STRATEGIES)
+        if not isinstance(fit, KernelFit):
+            raise ValueError(
+                f"backend {cls.name!r}: model_fits[{strategy!r}] is a {type(fit).__name__}, not a KernelFit"
+            )
     _BACKENDS[cls.name] = cls()
     return cls
 
@@ -81,5 +88,7 @@ def preset_backends(preset: str) -> tuple[str, ...]:
 
 
 def modeled_backends() -> tuple[str, ...]:
-    """The backends the performance model counts the work of (those that declare `model_traits`)."""
-    return tuple(n for n, b in _BACKENDS.items() if b.model_traits)
+    """The backends the performance model can time: those that declare how their kernel spends its work
+    (`model_traits`) and the efficiencies it reaches (`model_fits`); `model.indexer.unmodeled` says why
+    each other one is not."""
+    return tuple(n for n, b in _BACKENDS.items() if b.model_traits and b.model_fits)

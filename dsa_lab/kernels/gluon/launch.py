@@ -19,7 +19,7 @@ import torch
 
 from dsa_lab.errors import UnsupportedShape, check_choice
 from dsa_lab.kernels.convention import check_native_call, num_sms, ready_native_call
-from dsa_lab.kernels.descriptor import RULE, Availability, ConfigSpace, LogitsBackend, ModelTraits
+from dsa_lab.kernels.descriptor import RULE, Availability, ConfigSpace, KernelFit, LogitsBackend, ModelTraits
 from dsa_lab.kernels.gluon.config import (
     BLOCK_SIZE,
     MAX_NEXT_N,
@@ -295,6 +295,11 @@ class GluonNativeBackend(LogitsBackend):
     cleans_tail: ClassVar[bool] = False  # DeepGEMM's convention: columns past a request's last block are left
     # Any rows natively, float32 logits, relu and a weighted FMA a head; the schedule balances the real KV blocks.
     model_traits: ClassVar[Mapping[str, ModelTraits]] = {"sm90": ModelTraits(1, 4, 2.0)}
+    # Fitted on the shipped H200 sweep that timed it (issue 13's; tests/test_model.py names it and fits again).
+    model_fits: ClassVar[Mapping[str, KernelFit]] = {
+        "native": KernelFit(0.8, 0.5, 8.0, 8.0),
+        "flatten": KernelFit(0.95, 0.3, 7.0, 8.0),
+    }
     config_space: ClassVar[ConfigSpace] = ConfigSpace(GluonConfig, choose_gluon_config, paged_mqa_logits_gluon)
     aot_archs: ClassVar[tuple[int, ...]] = COMPILE_ARCHS
 
