@@ -54,6 +54,8 @@ LAYERS = (
     ),
 )
 MAX_LINES = 500
+ROOM_MAX_LINES = 450  # issue 30's bound, held so far in the rooms that meet it
+ROOMS_UNDER_450 = ("kernels", "model")
 # The kernels/ modules (or family folders, gluon/) that define a registered backend: importing one names it.
 BACKEND_MODULES = {
     parts[2]
@@ -197,6 +199,16 @@ def test_no_package_module_is_over_500_lines() -> None:
         str(path.relative_to(PACKAGE)): n
         for path in PACKAGE.rglob("*.py")
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, long
+
+
+def test_no_module_of_the_rooms_that_meet_it_is_over_450_lines() -> None:
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for room in ROOMS_UNDER_450
+        for path in (PACKAGE / room).rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > ROOM_MAX_LINES
     }
     assert not long, long
 
