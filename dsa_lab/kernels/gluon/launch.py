@@ -49,7 +49,7 @@ REQUIRED_CAPABILITY = (9, 0)  # wgmma and setmaxnreg: sm_90a only (SM100 has tcg
 COMPILE_ARCHS = (90,)
 
 # The kernel's runtime arguments after its four descriptors, with the types the launch gives them;
-# the AOT test and the dev script compile from these.
+# the AOT compile (`compile_for`, which the AOT test and `dsa-lab env --aot` run) types them from these.
 POINTER_ARGS = {
     "ctx_ptr": "*i32", "table_ptr": "*i32", "out_ptr": "*fp32", "ranges_ptr": "*i32", "blocks_ptr": "*i32",
     "pages_ptr": "*i32",
