@@ -9,6 +9,7 @@ import pytest
 from dsa_lab import axes
 from dsa_lab.analysis.step_split import route_ratio, step_split
 from dsa_lab.kernels import baseline_backend, vllm_backend
+from dsa_lab.kernels.reference import ReferenceBackend
 
 
 def _row(backend: str, strategy: str, timed: str, topk_impl: str, ms: float, route: str = "flatten", **axis) -> dict:
@@ -111,3 +112,62 @@ def test_ragged_verification_draws_each_curves_replays_and_names_the_wrong_ones(
     labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
     assert labels[0].startswith("v3-sglang3582") and "1 of 64 wrong" in labels[0]
     assert len(fig.axes[0].patches) == 4
+
+
+# ---------------------------------------------------------------- a fused backend's unit is the step (issue 27)
+
+
+class _Fused(ReferenceBackend):
+    """Logits and top-k in one call: the reference's logits, then `topk_per_row` (its logits never leave it)."""
+
+    name, baseline, presets, fuses_topk = "test-fused", False, (), True
+
+    def logits(self, *args, **kwargs):
+        raise AssertionError("a fused backend's logits are never asked for")
+
+    def step(self, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule=None, *, cache_dtype,
+             topk, max_seq_len):  # fmt: skip
+        from dsa_lab.topk import topk_per_row
+
+        logits = super().logits(
+            q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype
+        )
+        return topk_per_row(logits, context_lens.reshape(-1), topk)
+
+
+class _FusedDropsOne(_Fused):
+    """Fused, but its last row's best pick goes missing."""
+
+    name = "test-fused-drops"
+
+    def step(self, *args, **kwargs):
+        picks = super().step(*args, **kwargs).clone()
+        picks[-1, 0] = -1
+        return picks
+
+
+def test_a_fused_backend_is_timed_on_the_step_and_checked_by_its_picks(tmp_path, monkeypatch) -> None:
+    from dsa_lab.bench.point import SweepSpec
+    from dsa_lab.bench.sweep import run_sweep
+    from dsa_lab.bench.timing import TimingConfig
+    from dsa_lab.kernels import registry
+    from dsa_lab.store import folders
+
+    for backend in (_Fused(), _FusedDropsOne()):
+        monkeypatch.setitem(registry._BACKENDS, backend.name, backend)
+    spec = SweepSpec(
+        backend=("test-fused", "test-fused-drops"), strategy=("native",), batch=(2,), context=("160",), next_n=(2,),
+        heads=(32,), head_dim=(64,), timed=("logits", "logits+topk"), topk_impl=("torch",),
+        timing=TimingConfig(warmup=1, min_samples=3, max_samples=5, max_seconds=0.05),
+    )  # fmt: skip
+    run_sweep(spec, tmp_path / "run", "cpu", progress=False)
+    rows = {(r["backend"], r["timed"]): r for r in folders.read_points(tmp_path / "run")}
+    assert (
+        rows[("test-fused", "logits")]["status"] == "skipped"
+        and "its unit is the step" in rows[("test-fused", "logits")]["message"]
+    )
+    fused = rows[("test-fused", "logits+topk")]
+    assert fused["status"] == "ok" and fused["topk_kernel"] == "fused (test-fused)" and fused["median_ms"] > 0
+    assert fused["topk_rows_equal"] == fused["topk_rows"] == 4
+    dropped = rows[("test-fused-drops", "logits+topk")]
+    assert dropped["status"] == "failed" and "1 of 4 rows" in dropped["message"] and dropped["median_ms"] is None

@@ -19,7 +19,7 @@ serves every mode, so a point passes or fails the same way in each.)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +73,17 @@ def run_launches(
     return [launch_logits(backend, p, cache, max_len, s) for p, s in zip(packed, schedules, strict=True)]
 
 
+def poisoned(run: Callable[[], list[torch.Tensor]], device: torch.device) -> tuple[list[torch.Tensor], bool]:
+    """`run`'s outputs written into poisoned memory on CUDA (a first run, which JIT-compiles, tells each
+    output's byte size; all bits set: NaN as float32, -1 as int32), and whether every output really landed
+    there (False off CUDA)."""
+    if device.type != "cuda":
+        return run(), False
+    addresses = _poison([out.untyped_storage().nbytes() for out in run()], device)
+    outputs = run()
+    return outputs, all(out.untyped_storage().data_ptr() in addresses for out in outputs)
+
+
 def poisoned_run(
     backend: LogitsBackend,
     packed: Sequence[LaunchInputs],
@@ -81,14 +92,8 @@ def poisoned_run(
     schedules: Sequence[Any],
     device: torch.device,
 ) -> tuple[list[torch.Tensor], bool]:
-    """Every launch of the step run into NaN-poisoned memory on CUDA (a first run, which JIT-compiles,
-    tells each output's byte size), and whether every output really landed there (False off CUDA)."""
-    if device.type != "cuda":
-        return run_launches(backend, packed, cache, max_len, schedules), False
-    sizes = [out.untyped_storage().nbytes() for out in run_launches(backend, packed, cache, max_len, schedules)]
-    addresses = _poison(sizes, device)
-    outputs = run_launches(backend, packed, cache, max_len, schedules)
-    return outputs, all(out.untyped_storage().data_ptr() in addresses for out in outputs)
+    """Every launch of the step run into NaN-poisoned memory on CUDA (`poisoned`)."""
+    return poisoned(lambda: run_launches(backend, packed, cache, max_len, schedules), device)
 
 
 def check_point(

@@ -89,36 +89,38 @@ def evaluate_point(visit: Visit, spec: SweepSpec, device: torch.device, gpu: Gpu
     prepared = prepare(visit, device)
     row: dict[str, Any] = {**plan.columns(), "metadata_host_ms": prepared.metadata_ms}
     cleans = backend.cleans_tail
-    check = check_point(
-        inputs,
-        prepared.metadata,
-        backend,
-        prepared.packed,
-        prepared.schedules,
-        spec.check_tolerance,
-        spec.full_check_limit,
-        spec.check_requests,
-    )
-    row.update(
-        rel_err=check.rel_err,
-        checked_requests=check.checked_requests,
-        checked_tokens=check.checked_tokens,
-        poisoned=check.poisoned,
-        check_tolerance=check.tolerance,
-        tolerance_reason=check.tolerance_reason,
-        k_scales=visit.k_scales,
-    )
-    if not check.ok:
-        return {**row, "status": "failed", "message": check.message, **roofline_columns(plan.cost, None, gpu, cleans)}
+    tolerance = spec.check_tolerance
+    if not backend.fuses_topk:  # a fused backend writes no logits: its check is the top-k check below
+        check = check_point(
+            inputs,
+            prepared.metadata,
+            backend,
+            prepared.packed,
+            prepared.schedules,
+            spec.check_tolerance,
+            spec.full_check_limit,
+            spec.check_requests,
+        )
+        row.update(
+            rel_err=check.rel_err,
+            checked_requests=check.checked_requests,
+            checked_tokens=check.checked_tokens,
+            poisoned=check.poisoned,
+            check_tolerance=check.tolerance,
+            tolerance_reason=check.tolerance_reason,
+        )
+        if not check.ok:
+            failed = {"status": "failed", "message": check.message, "k_scales": visit.k_scales}
+            return {**row, **failed, **roofline_columns(plan.cost, None, gpu, cleans)}
+        tolerance = check.tolerance
+    row["k_scales"] = visit.k_scales
     cache, max_len, longest = inputs.cache, prepared.metadata.max_context_len, inputs.batch.max_seq_len
     if point.timed == "logits+topk":
-        message = _check_topk(row, backend, prepared, cache, longest, point.topk_impl)
+        message = _check_topk(row, backend, prepared, cache, longest, point.topk_impl, spec.check_tolerance)
         if message:
             return {**row, "status": "failed", "message": message, **roofline_columns(plan.cost, None, gpu, cleans)}
     if point.timer == "replay":  # one graph over many ragged steps, each checked: its own columns and verdict
-        replayed = replay_point(
-            point, backend, inputs, max_len, check.tolerance, spec.check_requests, spec.seed, spec.timing
-        )
+        replayed = replay_point(point, backend, inputs, max_len, tolerance, spec.check_requests, spec.seed, spec.timing)
         return {**row, **replayed, **roofline_columns(plan.cost, None, gpu, cleans)}
     step = timed_step(
         point.timed, backend, prepared.packed, cache, max_len, prepared.schedules, longest, topk_impl=point.topk_impl
@@ -134,13 +136,27 @@ def evaluate_point(visit: Visit, spec: SweepSpec, device: torch.device, gpu: Gpu
 
 
 def _check_topk(
-    row: dict[str, Any], backend: LogitsBackend, prepared: Prepared, cache: PagedCache, longest: int, topk_impl: str
+    row: dict[str, Any],
+    backend: LogitsBackend,
+    prepared: Prepared,
+    cache: PagedCache,
+    longest: int,
+    topk_impl: str,
+    tolerance: float,
 ) -> str:
     """The top-k check of a 'logits+topk' point (`timed_unit.check_step_topk`) into `row`; '' when it passes."""
     metadata = prepared.metadata
     try:
         found = check_step_topk(
-            backend, prepared.packed, cache, metadata.max_context_len, prepared.schedules, metadata, longest, topk_impl
+            backend,
+            prepared.packed,
+            cache,
+            metadata.max_context_len,
+            prepared.schedules,
+            metadata,
+            longest,
+            topk_impl,
+            tolerance=tolerance,
         )
     except (NonFiniteLogits, ValueError) as err:  # a NaN left inside a row's context; logits the top-k wrote into
         return f"top-k check: {err}"

@@ -29,11 +29,12 @@ from typing import Any
 import torch
 
 from dsa_lab.axes import TIMED_UNITS
-from dsa_lab.bench.check import poisoned_run, run_launches
+from dsa_lab.bench.check import poisoned, poisoned_run, run_launches
+from dsa_lab.bench.numerics import backend_numerics
 from dsa_lab.cache import PagedCache
 from dsa_lab.decode import LaunchInputs, gather_selections, scatter_logits
 from dsa_lab.errors import check_choice, check_range
-from dsa_lab.kernels import LogitsBackend
+from dsa_lab.kernels import LogitsBackend, baseline_backend
 from dsa_lab.metadata import DecodeMetadata
 from dsa_lab.topk import (
     DEFAULT_TOPK,
@@ -65,6 +66,11 @@ def timed_step(
     check_range("longest_context", longest_context, 1, max_context_len)
     packed, schedules = tuple(packed), tuple(schedules)
 
+    if backend.fuses_topk:
+        if unit == "logits":
+            raise ValueError(f"unit='logits': backend {backend.name!r} fuses the top-k: its unit is the step")
+        return lambda: run_fused(backend, packed, cache, max_context_len, schedules, topk, longest_context)
+
     def logits() -> list[torch.Tensor]:
         return run_launches(backend, packed, cache, max_context_len, schedules)
 
@@ -76,6 +82,25 @@ def timed_step(
         return step_topk(calls, logits(), row_lens, longest_context)
 
     return logits_and_topk
+
+
+def run_fused(
+    backend: LogitsBackend,
+    packed: Sequence[LaunchInputs],
+    cache: PagedCache,
+    max_context_len: int,
+    schedules: Sequence[Any],
+    topk: int,
+    longest_context: int,
+) -> list[torch.Tensor]:
+    """A fused backend's step (`LogitsBackend.step`) for every launch: one int32 `[rows, topk]` selection each."""
+    return [
+        backend.step(
+            p.q, cache.data, p.weights, p.context_lens, p.block_table, max_context_len, s,
+            cache_dtype=cache.cache_dtype, topk=topk, max_seq_len=longest_context,
+        )
+        for p, s in zip(packed, schedules, strict=True)
+    ]  # fmt: skip
 
 
 def prepare_topk(
@@ -119,11 +144,16 @@ def check_step_topk(
     longest_context: int,
     topk_impl: str,
     topk: int = DEFAULT_TOPK,
+    *,
+    tolerance: float,
 ) -> TopkCheck:
     """The check of a 'logits+topk' point: the launches run into poisoned memory, the point's top-k on their
     outputs, then `check_topk` over every row. A NaN left inside any row's context raises `NonFiniteLogits`
     (from `topk_per_row`'s scan); a top-k that wrote into the logits it read raises ValueError naming it."""
     device = packed[0].q.device
+    if backend.fuses_topk:
+        run = lambda: run_fused(backend, packed, cache, max_context_len, schedules, topk, longest_context)
+        return _check_fused(backend, run, packed, cache, max_context_len, metadata, topk, tolerance)
     outputs, poisoned = poisoned_run(backend, packed, cache, max_context_len, schedules, device)
     calls = prepare_topk(topk_impl, packed, max_context_len, topk)
     kept = [out.clone() for out in outputs]
@@ -135,6 +165,32 @@ def check_step_topk(
             )
     kernels = ", ".join(dict.fromkeys(call.kernel for call in calls))
     return TopkCheck(check_topk(metadata, outputs, selections, topk), poisoned, kernels)
+
+
+def _check_fused(
+    backend: LogitsBackend,
+    run: Callable[[], list[torch.Tensor]],
+    packed: Sequence[LaunchInputs],
+    cache: PagedCache,
+    max_context_len: int,
+    metadata: DecodeMetadata,
+    topk: int,
+    tolerance: float,
+) -> TopkCheck:
+    """A fused backend's check: its selections (into poisoned memory: an unwritten pick reads -1) against
+    `topk_per_row` on the reference's logits, tie-aware within the point's bound (`tolerance`, loosened by the
+    backend's numerics), since its scores are its own arithmetic's and a near tie at the k-th may fall either way."""
+    device = packed[0].q.device
+    selections, poisoned_out = poisoned(run, device)
+    reference = run_launches(baseline_backend(), packed, cache, max_context_len, [None] * len(packed))
+    logits, context = scatter_logits(metadata, reference, device)
+    bound, _ = backend_numerics(backend, device).check_tolerance(tolerance)
+    inside = torch.arange(logits.shape[1], device=device)[None, :] < context[:, None]
+    scale = float(logits[inside].abs().max()) if bool(inside.any()) else 0.0
+    expected = topk_per_row(logits, context, topk)
+    picks = gather_selections(metadata, [s.clone() for s in selections])
+    agreement = compare_selections(picks, expected, logits, atol=bound * scale, rtol=0.0)
+    return TopkCheck(agreement, poisoned_out, f"fused ({backend.name})")
 
 
 def check_topk(

@@ -83,6 +83,8 @@ def skip_reason(point: Point, device: torch.device, plan: LaunchPlan | None = No
         step_timing_method(device, point.timer, TimingConfig())
     except ValueError as err:  # a CUDA-graph replay off CUDA
         return str(err)
+    if backend.fuses_topk and (point.timed == "logits" or point.timer == "replay"):
+        return f"backend {point.backend!r} fuses the top-k: its unit is the step (timed logits+topk, not replayed)"
     if point.timer == "replay" and (why := replay_skip(point)) is not None:
         return why
     if point.timed != "logits":

@@ -201,6 +201,7 @@ class LogitsBackend:
     packages: ClassVar[tuple[str, ...]] = ()  # Python packages it runs on, recorded by their installed version
     versions: ClassVar[tuple[str, ...]] = ()  # `environment` facts that are versions (named in chart footers)
     resume_fields: ClassVar[tuple[str, ...]] = ()  # `environment` facts a resumed run must keep
+    fuses_topk: ClassVar[bool] = False  # its unit is the whole step: logits and top-k in one kernel (`step`)
 
     def availability(self, device: torch.device) -> Availability:
         return Availability(True, "")
@@ -288,6 +289,25 @@ class LogitsBackend:
         cache_dtype: str,
     ) -> torch.Tensor:
         raise NotImplementedError
+
+    def step(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        weights: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_table: torch.Tensor,
+        max_context_len: int,
+        schedule: Any = None,
+        *,
+        cache_dtype: str,
+        topk: int,
+        max_seq_len: int,
+    ) -> torch.Tensor:
+        """A fused backend's whole step (`fuses_topk`): int32 `[B*n, topk]`, each row's best `topk` positions
+        among its first context_lens, -1 past a short row, in any order (what vLLM's `SparseIndexerTopk` writes);
+        its logits need not reach memory. Like `logits`, it must not synchronise the host."""
+        raise NotImplementedError(f"backend {self.name!r} does not fuse the top-k (fuses_topk is False)")
 
     def require(self, device: torch.device, next_n: int, heads: int, head_dim: int, cache_dtype: str) -> None:
         """Raise UnsupportedShape (a shape this backend never runs, on any machine) or
