@@ -29,17 +29,29 @@ def _step(strategy: str, next_n: int = 4, topk: int = 32):
     return inputs, graph, step, width
 
 
-@pytest.mark.parametrize("strategy", ["native", "flatten"])
-def test_each_rows_context_comes_from_the_lengths_and_drafts_and_the_pad_reads_nothing(strategy) -> None:
-    inputs, graph, _, _ = _step(strategy)
+def test_natively_each_rows_context_comes_from_the_lengths_and_drafts_and_the_pad_reads_nothing() -> None:
+    inputs, graph, _, _ = _step("native")
     lens = (4, 1, 3, 0)  # three requests and the CUDA-graph padding request
     graph.decode_lens.copy_(torch.tensor(lens, dtype=torch.int32))
-    graph.fill_contexts()
+    graph.prepare()
     seq = inputs.batch.seq_lens
     want = [[seq[b] - d + 1 + j if j < d else 0 for j in range(4)] for b, d in enumerate(lens[:3])] + [[0] * 4]
-    assert graph.context.reshape(4, 4).tolist() == want
-    expected_shape = (4, 4) if strategy == "native" else (16, 1)
-    assert tuple(graph.context.shape) == expected_shape and tuple(graph.block_table.shape)[0] == expected_shape[0]
+    assert graph.context.tolist() == want and graph.slots.reshape(-1).tolist() == list(range(16))
+
+
+def test_flattened_the_verified_rows_come_first_packed_as_vllm_packs_them() -> None:
+    inputs, graph, _, _ = _step("flatten")
+    lens = (2, 4, 1, 0)
+    graph.decode_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+    graph.prepare()
+    seq = inputs.batch.seq_lens
+    want = [seq[b] - d + 1 + j for b, d in enumerate(lens[:3]) for j in range(d)]
+    assert graph.context.reshape(-1).tolist() == want + [0] * (16 - len(want))
+    assert graph.slots[1].tolist() == [2, 3, 4, 5] and graph.slots[0, 2:].tolist() == [-1, -1]
+    q = graph.q_rows.view(torch.uint8)
+    assert torch.equal(graph.q[3, 0].view(torch.uint8), q[1, 1])  # slot 3: request 1's second row
+    assert torch.equal(graph.block_table[6], graph.tables[2]) and torch.equal(graph.block_table[7], graph.tables[3])
+    assert torch.equal(graph.weights[6], graph.w_rows[2 * 4 + 0])
 
 
 @pytest.mark.parametrize("strategy", ["native", "flatten"])
@@ -49,6 +61,7 @@ def test_a_right_replay_passes_and_a_wrong_one_is_caught(strategy) -> None:
     for lens in draws(point, seed=0, replays=3):
         assert lens[-1] == 0 and len(lens) == 4 and all(1 <= d <= 4 for d in lens[:3])
         graph.decode_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        graph.prepare()
         out, picks = step()
         rel_err, nans, rows, equal = check_replay(graph, inputs, out, picks, width, [0, 1, 2])
         assert (rel_err, nans) == (0.0, 0) and rows == equal == graph.context.numel()

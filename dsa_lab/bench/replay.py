@@ -8,18 +8,24 @@ context from a device tensor and skips a row of context 0 can take the step nati
 timer 'replay' measures.
 
 The graph holds, for B requests of the point's cached lengths and one CUDA-graph padding request
-(length 0), every row a step may bring (next_n each) in one layout: native `[B + 1, next_n]`, or
-vLLM's flatten `[(B + 1) * next_n, 1]` (each row a pseudo-request re-reading its request's blocks).
-Its inputs are the requests' lengths and the rows each verifies (`decode_lens`, int32 on the device);
-inside the graph each row's context is computed from them (row j of a request of L tokens verifying d
-rows sees L - d + 1 + j tokens, a row j >= d none), then the backend's schedule (made on the device),
-the logits and the point's top-k, bounded by the longest context the step can have. Before each replay
-new decode lengths are drawn from the point's acceptance profile (a fresh seed per replay) and copied
-into the graph's input, the outputs are poisoned with NaN, the L2 is flushed and the replay is timed
-between CUDA events. After it, every replay is checked: the logits of sampled requests' verified rows
-against the reference, no NaN left there, and the top-k of every row, padding included, against
-`topk_per_row`, tie-aware. The row records the replays, the wrong ones and the worst error; a point
-with any wrong replay is failed.
+(length 0), every row a step may bring (next_n each), in one of two layouts: native `[B + 1, next_n]`,
+each row's context computed from the requests' lengths and drafts (row j of a request of L tokens
+verifying d rows sees L - d + 1 + j tokens, a row j >= d none), or vLLM's route on SM90, flatten, packed
+as vLLM packs it: the verified rows first, request-major, each a one-row pseudo-request re-reading its
+request's blocks, the padding after them. Both are laid out on the device from int32 device tensors
+(`RaggedGraph.prepare`: no host read), before each replay and outside the timed graph, as vLLM's metadata
+builder writes a step's before its graph replays; the graph itself holds the backend's schedule (made on
+the device), the logits and the point's top-k, bounded by the longest context a step can have. Before each
+replay new decode lengths are drawn from the point's acceptance profile (a fresh seed per replay) and
+copied in, the outputs are poisoned with NaN, the L2 is flushed and the replay is timed between CUDA
+events. After it, every replay is checked: the logits of sampled requests' verified rows against the
+reference, no NaN left there, and the top-k of every row, padding included, against `topk_per_row`,
+tie-aware. The row records the replays, the wrong ones and the worst error; a point with any wrong replay
+is failed.
+
+(A flattened layout that leaves each request's unverified rows in place, as pseudo-requests of context 0
+between the verified ones, made DeepGEMM's SM90 kernel wrong on an H100: 0.51 relative error on the last
+request's rows. vLLM never lays a step out so; this one does not either.)
 """
 
 from __future__ import annotations
@@ -44,42 +50,75 @@ REPLAY_STRATEGIES = ("native", "flatten")
 
 @dataclass
 class RaggedGraph:
-    """The graph's static device tensors: the requests' lengths and drafts (its inputs), the rows' layout."""
+    """The graph's static device tensors: what every step may bring (the sources), the requests' lengths and
+    drafts (written before a replay), and the launch the graph reads, laid out by `prepare` on the device."""
 
-    seq_lens: torch.Tensor  # int32 [B + 1]: each request's tokens, its verified rows included; the pad 0
-    decode_lens: torch.Tensor  # int32 [B + 1]: rows each request verifies this step, written before a replay
-    q: torch.Tensor  # fp8 [B + 1, n, H, D] native, [(B + 1) n, 1, H, D] flatten
-    weights: torch.Tensor  # float32 [(B + 1) n, H]
-    block_table: torch.Tensor  # int32 [B + 1, W] native, [(B + 1) n, W] flatten
-    context: torch.Tensor  # int32 [B + 1, n] native, [(B + 1) n, 1] flatten: filled inside the graph
+    seq_lens: torch.Tensor  # int32 [R]: each request's tokens, its verified rows included; the pad's 0 (R = B + 1)
+    decode_lens: torch.Tensor  # int32 [R]: rows each request verifies this step, written before a replay
+    q_rows: torch.Tensor  # fp8 [R, n, H, D]: every row a step may bring (the source)
+    w_rows: torch.Tensor  # float32 [R * n, H]
+    tables: torch.Tensor  # int32 [R, W]: each request's block table (the pad's all block 0)
+    q: torch.Tensor  # the launch's: fp8 [R, n, H, D] native, [R * n, 1, H, D] flatten
+    weights: torch.Tensor  # float32 [R * n, H]
+    block_table: torch.Tensor  # int32 [R, W] native, [R * n, W] flatten
+    context: torch.Tensor  # int32 [R, n] native, [R * n, 1] flatten
+    slots: torch.Tensor  # int64 [R, n]: the launch row of request b's row j this step
     next_n: int
+    flatten: bool
 
-    def fill_contexts(self) -> None:
-        """Each row's context from the requests' lengths and drafts, on the device (captured in the graph)."""
-        j = torch.arange(self.next_n, device=self.seq_lens.device, dtype=torch.int32)[None, :]
+    def prepare(self) -> None:
+        """Lay the step out from the requests' lengths and drafts, on the device, with no host read: natively, row
+        j of request b (of L tokens, verifying d rows) sees L - d + 1 + j tokens and a row j >= d none; flattened
+        as vLLM packs it, the verified rows come first, request-major, each a pseudo-request of one row with its
+        request's block table, and the padding after them (context 0, block 0)."""
+        n, device = self.next_n, self.seq_lens.device
+        j = torch.arange(n, device=device, dtype=torch.int32)[None, :]
         dec, seq = self.decode_lens[:, None], self.seq_lens[:, None]
-        rows = torch.where(j < dec, seq - dec + 1 + j, torch.zeros_like(j))
-        self.context.copy_(rows.reshape(self.context.shape))
+        verified = j < dec
+        rows = torch.where(verified, seq - dec + 1 + j, torch.zeros_like(j))
+        if not self.flatten:
+            self.context.copy_(rows)
+            self.slots.copy_(torch.arange(rows.numel(), device=device).reshape(rows.shape))
+            return
+        ends = torch.cumsum(self.decode_lens, 0)
+        slot = torch.arange(rows.numel(), device=device)
+        owner = torch.searchsorted(ends, slot, right=True).clamp(max=len(self.seq_lens) - 1)
+        row = slot - (ends - self.decode_lens)[owner]
+        real = slot < ends[-1]
+        source = torch.where(real, owner * n + row, torch.zeros_like(slot))
+        self.context.copy_(torch.where(real, rows.reshape(-1)[source], 0)[:, None])
+        self.q.copy_(self.q_rows.reshape(-1, *self.q_rows.shape[2:])[source][:, None])
+        self.weights.copy_(self.w_rows[source])
+        pad = torch.full_like(owner, len(self.seq_lens) - 1)
+        self.block_table.copy_(self.tables[torch.where(real, owner, pad)])
+        taken = torch.where(verified, (ends - self.decode_lens)[:, None] + j, -1).reshape(-1)
+        self.slots.copy_(taken.reshape(self.slots.shape))
 
 
 def ragged_graph(inputs: DecodeInputs, next_n: int, strategy: str, seed: int) -> RaggedGraph:
     """The graph's tensors for `inputs`' requests plus one padding request, in `strategy`'s layout (fresh
-    random queries and weights for every row a step may bring; the cache and its block table are the point's)."""
+    random queries and weights for every row a step may bring; the cache and its block tables are the point's)."""
     batch, cache, device = inputs.batch, inputs.cache, inputs.q.device
     requests, heads, dim = batch.batch_size + 1, batch.num_heads, batch.head_dim
     gen = torch.Generator(device=device).manual_seed(seed + 7)
-    q = torch.randn(requests, next_n, heads, dim, generator=gen, device=device).to(torch.float8_e4m3fn)
-    weights = torch.randn(requests * next_n, heads, generator=gen, device=device) * heads**-0.5
+    q_rows = torch.randn(requests, next_n, heads, dim, generator=gen, device=device).to(torch.float8_e4m3fn)
+    w_rows = torch.randn(requests * next_n, heads, generator=gen, device=device) * heads**-0.5
     pad_row = torch.zeros_like(cache.block_table[:1])  # block 0: a real block no row of the pad reads
-    table = torch.cat([cache.block_table, pad_row]).contiguous()
+    tables = torch.cat([cache.block_table, pad_row]).contiguous()
     seq = torch.tensor([*batch.seq_lens, 0], dtype=torch.int32, device=device)
+    slots = torch.zeros(requests, next_n, dtype=torch.int64, device=device)
     if strategy == "flatten":
-        q = q.reshape(requests * next_n, 1, heads, dim).contiguous()
-        table = table.repeat_interleave(next_n, dim=0).contiguous()
+        q = torch.empty(requests * next_n, 1, heads, dim, dtype=q_rows.dtype, device=device)
+        table = torch.empty(requests * next_n, tables.shape[1], dtype=tables.dtype, device=device)
         context = torch.zeros(requests * next_n, 1, dtype=torch.int32, device=device)
+        weights = torch.empty_like(w_rows)
     else:
+        q, table, weights = q_rows, tables, w_rows
         context = torch.zeros(requests, next_n, dtype=torch.int32, device=device)
-    return RaggedGraph(seq, torch.zeros_like(seq), q, weights, table, context, next_n)
+    return RaggedGraph(
+        seq, torch.zeros_like(seq), q_rows, w_rows, tables, q, weights, table, context, slots, next_n,
+        strategy == "flatten",
+    )  # fmt: skip
 
 
 def draws(point: Point, seed: int, replays: int) -> list[tuple[int, ...]]:
@@ -96,11 +135,12 @@ def ragged_step(
     topk: TopkCall | None,
     longest: int,
 ) -> Callable[[], tuple[torch.Tensor, torch.Tensor | None]]:
-    """The step the graph captures: the rows' contexts, the backend's schedule, the logits, the top-k."""
+    """The step the graph captures: the backend's schedule (made on the device from the rows' contexts), the
+    logits and the top-k. The layout (`RaggedGraph.prepare`) is written before each replay, outside the timed
+    graph, as vLLM's metadata builder writes a step's before its graph replays."""
     cache = inputs.cache
 
     def step() -> tuple[torch.Tensor, torch.Tensor | None]:
-        graph.fill_contexts()
         schedule = backend.schedule(graph.context, BLOCK_SIZE, graph.block_table)
         out = backend.logits(
             graph.q,
@@ -156,16 +196,14 @@ def check_replay(
     n, device = graph.next_n, out.device
     context = graph.context.reshape(-1)
     decode = graph.decode_lens.tolist()
-    rows = [b * n + j for b in sample for j in range(decode[b])]
-    index = torch.tensor(rows, dtype=torch.long, device=device)
-    owners = index // n
-    q_all = graph.q.reshape(-1, *graph.q.shape[-2:])
+    sources = torch.tensor([b * n + j for b in sample for j in range(decode[b])], dtype=torch.long, device=device)
+    index = graph.slots.reshape(-1)[sources]  # where the launch put each of those rows this step
     ref = baseline_backend().logits(
-        q_all[index][:, None].contiguous(),
+        graph.q_rows.reshape(-1, *graph.q_rows.shape[2:])[sources][:, None].contiguous(),
         inputs.cache.data,
-        graph.weights[index].contiguous(),
+        graph.w_rows[sources].contiguous(),
         context[index][:, None].contiguous(),
-        inputs.cache.block_table[owners].contiguous(),
+        graph.tables[sources // n].contiguous(),
         width,
         cache_dtype=inputs.cache.cache_dtype,
     )
@@ -216,6 +254,7 @@ def replay_point(
     step = ragged_step(backend, graph, inputs, width, topk, longest)
     steps = draws(point, seed, replays)
     graph.decode_lens.copy_(torch.tensor(steps[0], dtype=torch.int32))
+    graph.prepare()
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):  # warm-up off the default stream (JIT compiles, the allocator), as capture wants
@@ -231,6 +270,7 @@ def replay_point(
     found, samples, host = ReplayCheck(), [], []
     for i, lens in enumerate(steps):
         graph.decode_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        graph.prepare()
         out.fill_(float("nan"))
         if picks is not None:
             picks.fill_(-2)  # no pick is -2: an unwritten selection fails its check
