@@ -43,7 +43,7 @@ from dsa_lab.paths import check_output_path
 from dsa_lab.plots.style import BETTER_BACKGROUND
 from dsa_lab.report import page as report_page
 from dsa_lab.store.provenance import git_state
-from dsa_lab.store.writes import write_text_atomic
+from dsa_lab.store.writes import check_replaceable, write_text_atomic
 
 PAPERMILL_BANNER_TAG = "papermill-error-cell-tag"
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_.+\.ipynb$")
@@ -140,9 +140,7 @@ def build_report(
     """
     notebooks_dir, out_dir = Path(notebooks_dir), Path(out_dir)
     notebooks = find_notebooks(notebooks_dir, only)
-    check_output_path(out_dir, [notebooks_dir], "out_dir")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise FileExistsError(f"out_dir={str(out_dir)!r}: an existing file, not a folder; choose another --out")
+    check_output_path(out_dir, [notebooks_dir], "out_dir", folder=True)  # absent, or a folder (not a link to one)
     params = {"interactive": False, **(parameters or {}), "device": device or default_device()}
     out_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(cwd) if cwd is not None else notebooks_dir.resolve().parent
@@ -201,10 +199,13 @@ def _run_one(
 ) -> NotebookOutcome:
     executed = out_dir / path.name
     for stale in (executed, executed.with_suffix(".html"), executed.with_suffix(".code.html")):
+        check_replaceable(stale)  # a link, device or FIFO where a page belongs is refused by name, never removed
         stale.unlink(missing_ok=True)  # never report a previous run's output
     start = time.perf_counter()
     outcome = NotebookOutcome(name=path.stem, status="ok", seconds=0.0)
     running = executed.with_name(f".tmp-{os.getpid()}-{executed.name}")  # papermill saves as it goes: moved at the end
+    if running.is_symlink() or running.exists():
+        running.unlink()  # a stale temp file, or a link planted at its name: removed, never written through
     try:
         papermill.execute_notebook(
             str(path),

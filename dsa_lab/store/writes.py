@@ -5,7 +5,10 @@ writes beside files a user keeps, so every write here opens with O_NOFOLLOW (a l
 file belongs is refused by name, `refuse_link`, and a folder holding one by `check_no_links`),
 and everything rewritten goes to a temp file created exclusively beside it (`.<name>.tmp-<pid>`,
 `TEMP_PATTERN`), then `os.replace` (`write_atomic`): a reader sees the old file or the new one,
-never half of one. A write the OS refuses (no space, read-only, permission) is one
+never half of one. `os.replace` would put a regular file in place of whatever is at the path, so
+it replaces only a regular file (`check_replaceable`): a link there is refused by name, and so is a
+device (/dev/null, /dev/full), a FIFO, a socket or a folder, which a rename run as root would
+have turned into a regular file. A write the OS refuses (no space, read-only, permission) is one
 `RunWriteError` naming the path (`writing`).
 """
 
@@ -16,10 +19,12 @@ import errno
 import json
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from dsa_lab.paths import file_kind
 from dsa_lab.store.format import RunFormatError
 
 TEMP_PATTERN = re.compile(r"\.(?P<name>.+)\.tmp-\d+")  # `write_atomic`'s temp files: .<name>.tmp-<pid>
@@ -75,11 +80,31 @@ def open_no_follow(path: Path, flags: int, action: str) -> int:
             raise
 
 
+def check_replaceable(path: Path) -> None:
+    """What `write_atomic` may replace: nothing, or a regular file. A link is refused by name (`refuse_link`); a
+    device, FIFO, socket or folder is a `RunWriteError` naming what it is."""
+    with writing(path, "inspect"):
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return
+    if stat.S_ISLNK(mode):
+        refuse_link(path)
+    if not stat.S_ISREG(mode):
+        failure = RunWriteError(
+            f"cannot write {path}: it is {file_kind(mode)}, not a regular file; dsa_lab replaces only a regular "
+            "file, never a device, a FIFO or a folder: choose another path"
+        )
+        failure.errno = errno.EEXIST
+        raise failure
+
+
 def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Write `path` whole or not at all: `write(handle)` fills a temp file created exclusively beside it
-    (never through a link planted at its name), then `os.replace` moves it over `path` (a link there is
-    replaced, not followed)."""
+    (never through a link planted at its name), then `os.replace` moves it over `path`, which must be absent or a
+    regular file (`check_replaceable`, before the write and again before the move)."""
     path = Path(path)
+    check_replaceable(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with writing(path):
@@ -87,6 +112,7 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
                 tmp.unlink()  # a stale temp file, or a link planted at its name: removed, never followed
             with os.fdopen(open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "write"), "wb") as handle:
                 write(handle)
+            check_replaceable(path)
             os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):
