@@ -551,3 +551,19 @@ def test_profile_discovery_reports_the_runs_it_skips(tmp_path: Path, drop: str) 
     scan = scan_profile_runs(tmp_path)
     assert scan.runs == [] and [f for f, _ in scan.ignored] == [str(folder)]
     assert PROV in scan.ignored[0][1] and (drop in scan.ignored[0][1] or "kind" in scan.ignored[0][1])
+
+
+@pytest.mark.parametrize("drop", ["created", "kind"])
+def test_find_profile_runs_names_the_runs_it_passes_over(tmp_path: Path, drop: str) -> None:
+    """`find_profile_runs` (re-exported by dsa_lab.profile) used to return [] for such a run without a word."""
+    from dsa_lab.profiling import find_profile_runs
+
+    folder = make_profile(tmp_path, "p", "2026-01-01T00:00:00+00:00")
+    (folder / "torch_kernels.parquet").unlink()
+    (folder / "trace_reference.json.gz").write_bytes(gzip.compress(b"{}"))  # only a trace: still a profile's file
+    path = folder / PROV
+    fields = json.loads(path.read_text())
+    fields.pop(drop)
+    path.write_text(json.dumps(fields))
+    with pytest.warns(UserWarning, match=rf"find_profile_runs: ignored {re.escape(str(folder))}: .*{PROV}"):
+        assert find_profile_runs(tmp_path) == []
