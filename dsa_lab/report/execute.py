@@ -363,6 +363,10 @@ def parse_parameter(text: str) -> tuple[str, Any]:
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError):
         value = raw
+    except (RecursionError, MemoryError):  # '1+1+...' 300,000 terms deep: no parameter a notebook declares
+        raise ValueError(
+            f"parameter {key.strip()!r}: a value of {len(raw)} characters nested too deep to read"
+        ) from None
     return key.strip(), value
 
 
