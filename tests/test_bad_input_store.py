@@ -427,12 +427,15 @@ def test_a_resumed_log_must_hold_only_its_grid_and_sane_rows(tmp_path: Path, cap
 
     out = _resumable(tmp_path)
     row = store.read_points(out)[0]
-    foreign = {**row, "point_key": row["point_key"].replace("batch=1", "batch=9")}
+    foreign = {**row, "batch": 9, "point_key": row["point_key"].replace("batch=1", "batch=9")}
     with open(out / POINTS, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(foreign) + "\n")
     (out / PARQUET).unlink()
     assert main([*FAST_BENCH, "--next-n", "1,2", "--out", str(out), "--resume"]) == 2
     assert "1 logged point(s) not in the run's grid, e.g. " in capsys.readouterr().err
+    (out / POINTS).write_text(json.dumps({**row, "next_n": 2}) + "\n")  # its key no longer its axes
+    with pytest.raises(store.RunFormatError, match=r"points\.jsonl: line 1 holds point_key .* but its axes make"):
+        store.read_points(out)
     (out / POINTS).write_text(json.dumps({**row, "median_ms": "fast"}) + "\n")
     with pytest.raises(store.RunFormatError, match=r"points\.jsonl: line 1 is timed but its median_ms is 'fast'"):
         store.read_points(out)
@@ -567,3 +570,16 @@ def test_find_profile_runs_names_the_runs_it_passes_over(tmp_path: Path, drop: s
     path.write_text(json.dumps(fields))
     with pytest.warns(UserWarning, match=rf"find_profile_runs: ignored {re.escape(str(folder))}: .*{PROV}"):
         assert find_profile_runs(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", [POINTS, PARQUET, PROV])
+def test_a_fifo_in_a_run_folder_is_refused_by_name_never_read_or_written(tmp_path: Path, name: str) -> None:
+    """A FIFO where a run file belongs used to block every read (and an append) of it forever."""
+    run_dir = make_run(tmp_path, "a")
+    (run_dir / name).unlink()
+    os.mkfifo(run_dir / name)
+    reads = [lambda: store.read_points(run_dir), lambda: store.append_point(run_dir, ROW)] if name == POINTS else []
+    for call in (lambda: store.load_run(run_dir), *reads):
+        with pytest.raises(store.RunFormatError, match=rf"{re.escape(name)}: a FIFO \(named pipe\), not a regular"):
+            call()
+    assert (run_dir / name).is_fifo()

@@ -59,25 +59,49 @@ def refuse_link(path: Path) -> None:
 
 def check_no_links(run_dir: str | Path) -> None:
     """Refuse a run folder that is, or holds, a symbolic link, naming it (a link above the run folder, say a
-    data root on another disk, is fine)."""
+    data root on another disk, is fine), or holds a FIFO, a socket or a device, which a read or an append would
+    block on or write into (`check_regular`)."""
     run_dir = Path(run_dir)
     if run_dir.is_symlink():
         refuse_link(run_dir)
     if run_dir.is_dir():
         for entry in sorted(run_dir.iterdir()):
-            if entry.is_symlink():
-                refuse_link(entry)
+            if not entry.is_dir() or entry.is_symlink():
+                check_regular(entry)
+
+
+def check_regular(path: Path) -> None:
+    """`path` is absent or a regular file: a link is refused by name (`refuse_link`), and so is a FIFO, a socket or
+    a device (a `RunFormatError` saying what it is: reading one blocks, writing one reaches what it stands for)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise RunFormatError(f"{path}: cannot be inspected ({err.strerror or err})") from None
+    if stat.S_ISLNK(mode):
+        refuse_link(path)
+    if not stat.S_ISREG(mode):
+        raise RunFormatError(f"{path}: {file_kind(mode)}, not a regular file; a run folder holds plain files only")
 
 
 def open_no_follow(path: Path, flags: int, action: str) -> int:
-    """os.open with O_NOFOLLOW: a link at `path` is refused by name, an OS error is one line naming it."""
+    """os.open with O_NOFOLLOW (and O_NONBLOCK, so a FIFO planted there cannot block the open): a link at `path` is
+    refused by name, and so is anything opened that is not a regular file; an OS error is one line naming it."""
+    check_regular(path)
     try:
-        return os.open(path, flags | NO_FOLLOW, 0o644)
+        fd = os.open(path, flags | NO_FOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as err:
         if err.errno == errno.ELOOP or path.is_symlink():
             refuse_link(path)
         with writing(path, action):
             raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # swapped in after the check above
+        os.close(fd)
+        raise RunFormatError(f"{path}: {file_kind(mode)}, not a regular file; dsa_lab opens plain files only")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def check_replaceable(path: Path) -> None:
