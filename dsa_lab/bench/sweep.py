@@ -21,8 +21,14 @@ The run folder cannot be corrupted by the sweep: it is locked for the whole swee
 second writer is refused); a resume is refused when the folder's rows disagree with its
 log or when the device or environment differ from its provenance (`store.check_resume`);
 `retry_errors` re-runs points whose last row is an error; an interrupt (Ctrl-C, SIGTERM)
-records `stop_reason: "interrupted"`; and a deadline per point (`point_timeout_s`, and
-whatever `max_minutes` leaves) holds even against a hung kernel (`bench.guard`).
+records `stop_reason: "interrupted"`; a `SystemExit` (a backend calling sys.exit) or any other
+exception out of the loop records `exited` or `crashed` with its name (and the point in flight as
+an error) before it propagates, so no run reads as complete when it is not; and a deadline per
+point (`point_timeout_s`, and whatever `max_minutes` leaves) holds even against a hung kernel
+(`bench.guard`). Before the first point the run id and the grid are held to what `load_run` reads
+back (`bench.run_folder.check_storable`). After each point the inputs its backend was handed are
+verified unchanged (`Visit.handed`): a point that wrote into them at any call, timed ones included,
+is failed with its timing dropped, and the walk rebuilds the workload for the next point.
 """
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ def _run_module(what: str, run: Any) -> tuple[str, ...]:
     except KeyboardInterrupt:  # raised by its code, or Ctrl-C while it imported: either way this module failed
         forget_backends(tuple(n for n in backend_names() if n not in before))
         raise ExternalBackendError(f"{what}: importing it was interrupted (KeyboardInterrupt); not loaded") from None
-    except (Exception, SystemExit) as err:  # anything its import raises, sys.exit included
+    except BaseException as err:  # anything else its import raises, sys.exit and GeneratorExit included
         forget_backends(tuple(n for n in backend_names() if n not in before))
         raise ExternalBackendError(f"{what}: importing it failed: {type(err).__name__}: {err}") from None
     new = tuple(n for n in backend_names() if n not in before)
