@@ -41,12 +41,14 @@ from dsa_lab.kernels import backend_names, baseline_backend
 from dsa_lab.kernels.registry import ask_backend
 from dsa_lab.metadata import STRATEGIES
 from dsa_lab.plan import LogitsWidth
+from dsa_lab.topk import topk_names
 from dsa_lab.workload import CACHE_DTYPES, MAX_NEXT_N, SUPPORTED_HEAD_DIMS, SUPPORTED_HEADS, ContextSpec
 
 ROLES = ("series", "shape", "point")
 MAX_BATCH = 4096
 TIMED_UNITS = ("logits", "logits+topk")  # what a point times: `bench.timed_unit.timed_step`
-TIMERS = ("events", "graph")  # how a whole step is timed: `bench.timing.time_step`
+TIMERS = ("events", "graph", "replay")  # how a step is timed: `bench.timing.time_step`, `bench.replay`
+NO_TOPK = "none"  # the top-k of a logits-only point: it runs none
 
 
 class _Always:
@@ -78,6 +80,8 @@ class Axis:
     workload: bool = False  # the inputs (KV cache, queries) depend on it: built once per value
     old_value: Any = ALWAYS_STORED
     stored_any_name: bool = False  # a stored run may name a value this process lacks (a plain name is checked)
+    implied_value: Any = None  # a value no grid chooses: the other axes imply it where `implied_when` holds
+    implied_when: Callable[[Mapping[str, Any]], bool] | None = None
 
     def __post_init__(self) -> None:
         check_choice("role", self.role, ROLES)
@@ -145,6 +149,10 @@ class Axis:
         """Whether `value` names a point: always, unless it is the value runs without this axis had."""
         return self.stored_always or value != self.old_value
 
+    def implied_by(self, values: Mapping[str, Any]) -> Any:
+        """The value the other axes of a point leave this one, or None where it is free to choose."""
+        return self.implied_value if self.implied_when is not None and self.implied_when(values) else None
+
     def _example(self) -> str:
         return "1,2,4" if self.kind is int else ",".join(map(str, self.defaults()))
 
@@ -168,6 +176,11 @@ def _acceptance_list(text: str) -> tuple[str, ...]:
 
 def _width_label(value: str) -> str:
     return LogitsWidth.parse(value).label
+
+
+def _logits_only(values: Mapping[str, Any]) -> bool:
+    """A point that times the logits alone runs no top-k, whatever its grid names."""
+    return values.get("timed", "logits") == "logits"
 
 
 AXES: tuple[Axis, ...] = (
@@ -216,7 +229,27 @@ AXES: tuple[Axis, ...] = (
         old_value="batch",
     ),
     Axis("timed", str, "point", ("logits",), "what is timed: logits or logits+topk", TIMED_UNITS, old_value="logits"),
-    Axis("timer", str, "point", ("events",), "how a step is timed: events or graph (CUDA)", TIMERS, old_value="events"),
+    Axis(
+        "timer",
+        str,
+        "point",
+        ("events",),
+        "how a step is timed: events, graph (CUDA) or replay (CUDA: one graph over ragged steps, issue 26)",
+        TIMERS,
+        old_value="events",
+    ),
+    Axis(
+        "topk_impl",
+        str,
+        "point",
+        ("vllm",),
+        "the top-k a logits+topk point runs: vllm (vLLM 0.33's own) or torch (a stand-in, not vLLM's)",
+        choices=topk_names,
+        old_value="torch",  # what 'logits+topk' ran before the axis; a logits-only point's is implied: 'none'
+        stored_any_name=True,
+        implied_value=NO_TOPK,
+        implied_when=_logits_only,
+    ),
     Axis(
         "config",
         str,
@@ -249,7 +282,8 @@ def point_key(values: Mapping[str, Any]) -> str:
     """A point's name in every run file: 'backend=...|strategy=...|...', axes at their old-run value left out
     (an axis added later that `values` lacks is at that value, as `complete` reads an older run)."""
     given = {a.name: values[a.name] if a.name in values or a.old_value is ALWAYS_STORED else a.old_value for a in AXES}
-    return "|".join(f"{name}={value}" for name, value in given.items() if BY_NAME[name].in_key(value))
+    named = [a for a in AXES if a.in_key(given[a.name]) and a.implied_by(given) is None]
+    return "|".join(f"{a.name}={given[a.name]}" for a in named)
 
 
 def recorded(values: Mapping[str, Sequence[Any]]) -> dict[str, list[Any]]:
@@ -258,9 +292,17 @@ def recorded(values: Mapping[str, Sequence[Any]]) -> dict[str, list[Any]]:
 
 
 def complete(frame: pd.DataFrame) -> pd.DataFrame:
-    """`frame` with every axis column: a column a run stored before the axis existed lacks gets its old-run value."""
-    missing = {a.name: a.old_value for a in AXES if not a.stored_always and a.name not in frame.columns}
-    return frame.assign(**missing) if missing else frame
+    """`frame` with every axis column: a column a run stored before the axis existed lacks gets its old-run value,
+    or on each row the value that row's other axes imply."""
+    missing = [a for a in AXES if not a.stored_always and a.name not in frame.columns]
+    if not missing:
+        return frame
+    frame = frame.assign(**{a.name: a.old_value for a in missing})
+    for a in missing:
+        if a.implied_when is not None and len(frame):
+            implied = frame.apply(lambda row, a=a: a.implied_by(row), axis=1)
+            frame[a.name] = implied.where(implied.notna(), frame[a.name])
+    return frame
 
 
 def shown(frame: pd.DataFrame) -> list[str]:

@@ -26,6 +26,7 @@ import torch
 from dsa_lab.errors import probe
 from dsa_lab.kernels import backend_names, external, get_backend, vllm_backend
 from dsa_lab.policy.vllm import CAPABILITY_FAMILIES, CDNA_BY_GFX, Platform
+from dsa_lab.topk import get_topk, topk_names
 
 
 def _declared(field: str) -> tuple[str, ...]:
@@ -132,6 +133,7 @@ def _facts(requested: frozenset[str]) -> dict[str, Any]:
         "torch": torch.__version__,
         **{package: _package_version(package) for package in (*_declared("packages"), "vllm")},  # external's too
         **backends,
+        "topk": {name: get_topk(name).environment() for name in topk_names()},  # the step's top-k builds
         EXTERNAL: external.origins(requested),
         "python": host_platform.python_version(),
         "os": host_platform.platform(),
@@ -204,9 +206,88 @@ def _print_env(args: argparse.Namespace) -> int:
         available = "[green]yes[/]" if state.ok else "[red]no[/]"
         backends.add_row(escape(name), available, shown if state.ok else "", escape(knobs), escape(state.reason))
     console.print(backends)
+    topks = Table(title=f"the step's top-k on {device} (the axis topk_impl)")
+    for column in ("top-k", "what it is", "available", "why not"):
+        topks.add_column(column)
+    for name in topk_names():
+        impl, state = get_topk(name), get_topk(name).availability(device)
+        available = "[green]yes[/]" if state.ok else "[red]no[/]"
+        topks.add_row(escape(name), escape(impl.label), available, escape(state.reason))
+    console.print(topks)
     return 0
+
+
+AOT_COLUMNS = {  # report field -> column: what the cubin holds (`cubin.resource_counts`)
+    "registers": "regs",
+    "stack_bytes": "stack B",
+    "local_bytes": "local B",
+    "sass_local_accesses": "LDL/STL",
+    "shared_bytes": "smem B",
+    "ptx_wgmma_e4m3": "wgmma",
+    "sass_qgmma_e4m3": "QGMMA",
+    "ptx_tcgen05_f8": "tcgen05",
+    "setmaxnreg": "setmaxnreg",
+    "tma_loads": "TMA",
+}
+AOT_CAPTION = (
+    "wgmma: FP8 wgmma in the PTX; QGMMA: FP8 MMAs in the SASS; tcgen05: SM100's FP8 MMAs in the PTX; "
+    "LDL/STL: local-memory accesses (spills) in the SASS; TMA: TMA loads in the SASS"
+)
+
+
+def _print_aot(args: argparse.Namespace) -> int:
+    """`dsa-lab env --aot`: each backend's kernel compiled for sm_<arch> at each next_n, no GPU needed."""
+    import json
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from dsa_lab import axes
+    from dsa_lab.kernels import aot
+
+    backends = axes.axis("backend").parse(args.backend) if args.backend else aot.aot_backends(args.arch)
+    next_ns = axes.axis("next_n").parse(args.next_n)
+    reports = aot.resource_table(backends, args.arch, next_ns, args.heads, args.head_dim, args.config)
+    if args.json:
+        for report in reports:
+            print(json.dumps(report))
+        return 0
+    title = f"compiled ahead of time for sm_{args.arch} (H={args.heads}, D={args.head_dim}; no GPU)"
+    table = Table(title=title, caption=AOT_CAPTION)
+    table.add_column("backend")
+    table.add_column("n", justify="right")
+    table.add_column("config", overflow="fold")
+    for column in AOT_COLUMNS.values():
+        table.add_column(column, justify="right")
+    errors = []
+    for report in reports:
+        if "error" in report:
+            errors.append(f"{report['backend']} next_n={report['next_n']}: {report['error'].splitlines()[-1]}")
+            continue
+        counts = [",".join(map(str, v)) if isinstance(v := report[field], list) else str(v) for field in AOT_COLUMNS]
+        table.add_row(escape(report["backend"]), str(report["next_n"]), escape(report["config"]), *counts)
+    console = Console(highlight=False)
+    console.print(table)
+    for error in errors:
+        console.print(f"[red]not compiled[/]: {escape(error)}")
+    return 1 if errors else 0
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("env", help="versions, GPU, policy platform and which kernel backends run here")
-    parser.set_defaults(func=_print_env)
+    aot = parser.add_argument_group("--aot: our kernels compiled ahead of time for a GPU target, no GPU needed")
+    aot.add_argument(
+        "--aot",
+        action="store_true",
+        help="compile each backend's kernel at each --next-n and print what its cubin holds (registers, spills, "
+        "shared memory, MMA instructions) instead of the environment",
+    )
+    aot.add_argument("--arch", type=int, default=90, help="the target, sm_<arch> (default 90)")
+    aot.add_argument("--backend", metavar="LIST", help="backends (default: every one that builds for --arch)")
+    aot.add_argument("--next-n", dest="next_n", default="1,2,3,4,8", metavar="LIST", help="default 1,2,3,4,8")
+    aot.add_argument("--config", default="rule", help="a value of the config axis: rule, or knob=value/knob=value")
+    aot.add_argument("--heads", type=int, default=64)
+    aot.add_argument("--head-dim", type=int, default=128)
+    aot.add_argument("--json", action="store_true", help="one JSON report a line")
+    parser.set_defaults(func=lambda args: _print_aot(args) if args.aot else _print_env(args))

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from dsa_lab.cache import PagedCache, gather_request_keys
-from dsa_lab.kernels.registry import LogitsBackend, check_logits_args, check_logits_values, register_backend
+from dsa_lab.kernels import LogitsBackend, check_logits_args, check_logits_values, register_backend
 
 
 @register_backend

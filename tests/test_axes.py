@@ -69,5 +69,9 @@ def test_complete_fills_only_what_is_missing() -> None:
     frame = pd.DataFrame({"backend": ["reference"], "config": ["dot_rows=64"]})
     assert axes.complete(frame)["config"].tolist() == ["dot_rows=64"]
     assert axes.complete(frame.drop(columns="config"))["config"].tolist() == ["rule"]
-    added_later = {a.name for a in axes.AXES if not a.stored_always}  # at their old-run value: not recorded
+    # an axis added later whose default is its old-run value is not recorded; one whose default moved on is
+    added_later = {a.name for a in axes.AXES if not a.stored_always and a.defaults() == (a.old_value,)}
     assert preset("ci").to_dict().keys() == {*axes.NAMES, *SweepSpec.__dataclass_fields__} - added_later - {"grids"}
+    assert preset("ci").to_dict()["topk_impl"] == ["vllm"]  # the step vLLM runs; older runs read 'torch'
+    logits_rows = pd.DataFrame({"timed": ["logits", "logits+topk"]})
+    assert axes.complete(logits_rows)["topk_impl"].tolist() == ["none", "torch"]  # what each row of an older run ran

@@ -17,7 +17,7 @@ from dsa_lab.decode import pack_launch
 from dsa_lab.env_info import PACKAGES
 from dsa_lab.errors import BackendUnavailable, UnsupportedShape
 from dsa_lab.kernels import backend_names, baseline_backend, get_backend, vllm_backend
-from dsa_lab.kernels.registry import ModelTraits, Numerics
+from dsa_lab.kernels.descriptor import ModelTraits, Numerics
 from dsa_lab.metadata import build_native_metadata
 from dsa_lab.model.gpus import ARCH_MAJORS
 from dsa_lab.store import folders as store

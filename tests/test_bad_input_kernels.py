@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from dsa_lab.errors import BackendUnavailable, UnsupportedShape
 from dsa_lab.kernels import backend_names, get_backend
 from dsa_lab.kernels import triton_native as tn
+from dsa_lab.kernels.convention import check_logits_args
 from dsa_lab.kernels.reference import paged_mqa_logits
-from dsa_lab.kernels.registry import check_logits_args
 
 BACKENDS = backend_names()  # every registered backend gets the battery, whether it can run here or not
 CPU_SCANNED = ("reference", "triton")  # backends whose CPU calls scan context lens and block ids

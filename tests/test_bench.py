@@ -257,7 +257,7 @@ def test_device_side_cache_with_power_of_two_scales():
 def _fake_capability(monkeypatch, capability, deepgemm_available=True):
     from dsa_lab.env_info import environment_facts
     from dsa_lab.kernels.deepgemm import DeepGemmBackend
-    from dsa_lab.kernels.registry import Availability
+    from dsa_lab.kernels.descriptor import Availability
 
     environment_facts()  # cached before torch.cuda is faked: provenance describes this machine
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -819,7 +819,7 @@ def test_sm100_preset_with_a_faked_sm100_gpu(monkeypatch, capsys):
     """On an SM100 GPU DeepGEMM runs any next_n natively (as Triton does): native runs at next_n = 3,
     and every atom plan is the native launch itself."""
     from dsa_lab.kernels.deepgemm import DeepGemmBackend
-    from dsa_lab.kernels.registry import Availability
+    from dsa_lab.kernels.descriptor import Availability
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))

@@ -16,8 +16,8 @@ from dsa_lab.decode import pack_launch
 from dsa_lab.errors import BackendUnavailable
 from dsa_lab.kernels import get_backend
 from dsa_lab.kernels.deepgemm import DeepGemmBackend, ue8m0_kv_cache
+from dsa_lab.kernels.descriptor import Availability
 from dsa_lab.kernels.reference import paged_mqa_logits
-from dsa_lab.kernels.registry import Availability
 from dsa_lab.metadata import build_native_metadata
 from dsa_lab.workload import DecodeInputs, random_inputs, uniform_batch
 
@@ -325,7 +325,7 @@ def test_sm100_sweep_checks_deepgemm_on_power_of_two_scales_at_its_own_bound(mon
 def test_sm100_deepgemm_points_fail_without_either_half(monkeypatch, tmp_path, entry, expected):
     """The check can fail: without power-of-two scales, or without the SM100 bound, every DeepGEMM
     point of the sweep is recorded as failed (what an SM100 run recorded before both were added)."""
-    from dsa_lab.kernels.registry import Numerics
+    from dsa_lab.kernels.descriptor import Numerics
 
     table = {10: Numerics(entry["k_scales"], entry["tolerance"], "test")}
     _, rows = _sm100_sweep(monkeypatch, tmp_path / "sm100", table)

@@ -15,7 +15,7 @@ from dsa_lab.decode import native_sizes_for
 from dsa_lab.errors import UnsupportedShape
 from dsa_lab.kernels import backend_names, get_backend
 from dsa_lab.kernels import deepgemm_pr340 as pr
-from dsa_lab.kernels.registry import Availability
+from dsa_lab.kernels.descriptor import Availability
 from tests.test_deepgemm_backend import NUM_SMS, FakeDeepGemm, launch_for, reference
 
 

@@ -122,13 +122,13 @@ BAD_MODULES = {
     "exits.py": ("raise SystemExit(3)\n", "importing it failed: SystemExit: 3"),
     "nothing.py": ("VALUE = 1\n", "registers no backend"),
     "clash.py": (
-        "from dsa_lab.kernels.registry import LogitsBackend, register_backend\n"
+        "from dsa_lab.kernels import LogitsBackend, register_backend\n"
         "@register_backend\nclass First(LogitsBackend):\n    name, family, label = 'first-of-two', 'a', 'A'\n"
         "@register_backend\nclass Second(LogitsBackend):\n    name, family, label = 'reference', 'b', 'B'\n",
         "backend 'reference' is a built-in backend's name",
     ),
     "baseline.py": (
-        "from dsa_lab.kernels.registry import LogitsBackend, register_backend\n"
+        "from dsa_lab.kernels import LogitsBackend, register_backend\n"
         "@register_backend\nclass Mine(LogitsBackend):\n    name, family, label, baseline = 'mine', 'a', 'A', True\n",
         "backend 'mine' declares baseline=True",
     ),
@@ -205,7 +205,7 @@ def _installed_entry_point(root: Path) -> Path:
     marker = root / "imported"
     (root / "unasked_kernel.py").write_text(
         f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n"
-        "from dsa_lab.kernels.registry import LogitsBackend, register_backend\n"
+        "from dsa_lab.kernels import LogitsBackend, register_backend\n"
         "@register_backend\nclass Unasked(LogitsBackend):\n    name, family, label = 'unasked', 'unasked', 'Unasked'\n"
     )
     info = root / "unasked_kernel-0.1.dist-info"

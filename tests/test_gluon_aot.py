@@ -3,7 +3,7 @@
 Gluon kernels do not run under TRITON_INTERPRET, so CI never executes this one. Instead Triton
 compiles it for `GPUTarget("cuda", 90, 32)` with the config `choose_gluon_config` gives the
 backend for every next_n from 1 to 8, and the work-balanced schedule and tail fill
-(`kernels/schedule.py`, which tests/test_schedule.py also runs in the interpreter), through its
+(`kernels/gluon/schedule.py`, which tests/test_schedule.py also runs in the interpreter), through its
 own ptxas (no driver, no GPU), and each cubin is read with the cuobjdump
 Triton ships: the warp specialisation happened (setmaxnreg for several partitions), the FP8
 wgmma is there (`wgmma ... e4m3.e4m3` in the PTX, QGMMA in the SASS), registers and shared
@@ -35,13 +35,14 @@ import sys
 
 import pytest
 import torch
-from aot_support import compile_in_child, report_cases
+from aot_support import compile_in_child
 
 from dsa_lab.errors import BackendUnavailable, UnsupportedShape
 from dsa_lab.kernels import get_backend
-from dsa_lab.kernels import gluon_config as gc
-from dsa_lab.kernels import gluon_native as gn
-from dsa_lab.kernels import schedule as sc
+from dsa_lab.kernels.aot import report_cases
+from dsa_lab.kernels.gluon import config as gc
+from dsa_lab.kernels.gluon import launch as gn
+from dsa_lab.kernels.gluon import schedule as sc
 
 HEADS, HEAD_DIM = 64, 128
 NEXT_N = (1, 2, 3, 4, 5, 6, 7, 8)

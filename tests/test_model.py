@@ -9,10 +9,10 @@ import math
 import pytest
 
 from dsa_lab.cli import main
-from dsa_lab.kernels import get_backend, modeled_backends
+from dsa_lab.kernels import backend_names, get_backend, modeled_backends
 from dsa_lab.model import calibration
 from dsa_lab.model.gpus import GPUS, get_gpu
-from dsa_lab.model.indexer import FITS, flatten_dram_share, predict
+from dsa_lab.model.indexer import NotModeled, fits, flatten_dram_share, predict, unmodeled
 from dsa_lab.paths import resolve_data_path
 from dsa_lab.profiling.runs import load_profile_run
 from dsa_lab.store import folders as store
@@ -38,8 +38,23 @@ def test_fits_are_what_the_shipped_sweeps_give(h200_points):
     run = store.load_run(resolve_data_path(GLUON_RUN))  # Gluon and PR #340 beside DeepGEMM and Triton
     later = calibration.measured_points(run.results, run.provenance["seed"])
     later = later[~later["backend"].isin(points["backend"].unique())].reset_index(drop=True)
-    assert {**calibration.fit_efficiencies(points), **calibration.fit_efficiencies(later)} == FITS
-    assert {b for b, _ in FITS} == set(modeled_backends())  # every backend with a kernel to model is fitted
+    assert {**calibration.fit_efficiencies(points), **calibration.fit_efficiencies(later)} == fits()
+    # every backend with a kernel to model declares its fits; the one without says so
+    assert set(modeled_backends()) == {b for b in backend_names() if get_backend(b).model_traits}
+    assert unmodeled("sm90") == {
+        "reference": "backend 'reference' declares no model_traits (how its kernel spends its work)"
+    }
+
+
+def test_the_model_names_what_it_cannot_time(monkeypatch):
+    """A backend with traits but no fits (a plug-in fitted on no run) is not modeled, and says why."""
+    monkeypatch.setattr(type(get_backend("gluon")), "model_fits", {})
+    assert "gluon" not in modeled_backends() and "no model_fits" in unmodeled("sm90")["gluon"]
+    with pytest.raises(NotModeled, match=r"backend 'gluon' declares model_traits but no model_fits"):
+        predict("H200", "gluon", "native", [65536] * 128, 3)
+    assert "gluon" in unmodeled("sm100")  # and no SM100 kernel: that is said first
+    with pytest.raises(ValueError, match=r"backend='nope'"):
+        predict("H200", "nope", "native", [4096], 1)
 
 
 def test_model_error_on_every_measured_h200_point(h200_points):
@@ -174,7 +189,7 @@ def test_model_command_takes_lists_as_bench_does(capsys):
     assert math.isclose(atom["time_us"], predict("H200", "deepgemm", "atom", [131072] * 128, 8).time_us)
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "modeled on H200" in out and "not modeled: deepgemm native B=1 L=8K next_n=3" in " ".join(out.split())
+    assert "modeled on H200" in out and "not modeled: DeepGEMM native B=1 L=8K next_n=3" in " ".join(out.split())
     assert main(["model", "--gpu", "H200", "--next-n", "1,x"]) == 2
     assert "--next-n='1,x': values must be integers" in capsys.readouterr().err
     assert main(["model", "--gpu", "H200", "--strategy", "native", "--next-n", "3,5"]) == 2  # nothing to model

@@ -1,4 +1,4 @@
-"""The work-balanced schedule and the tail fill (kernels/schedule.py), run by Triton's interpreter.
+"""The work-balanced schedule and the tail fill (kernels/gluon/schedule.py), run by Triton's interpreter.
 
 The schedule splits the launch's real KV blocks (each request's longest row's) into equal
 contiguous shares, one per CTA, that may cross request boundaries: checked against a plain
@@ -15,8 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsa_lab.kernels.schedule import BLOCK_SIZE, balanced_schedule, fill_tail, reference_schedule
-from dsa_lab.kernels.triton_native import interpreter_state
+from dsa_lab.kernels.gluon.schedule import BLOCK_SIZE, balanced_schedule, fill_tail, reference_schedule
+from dsa_lab.kernels.jit import interpreter_state
 
 pytestmark = pytest.mark.skipif(not interpreter_state().ok, reason=interpreter_state().reason)
 

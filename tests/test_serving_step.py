@@ -76,7 +76,9 @@ def test_the_logits_and_topk_unit_picks_what_the_reference_decode_picks(strategy
     packed = [pack_launch(launch, inputs) for launch in metadata.launches]
     schedules = [None] * len(packed)
     logits_only = timed_step("logits", backend, packed, inputs.cache, width, schedules, batch.max_seq_len, k)
-    step = timed_step("logits+topk", backend, packed, inputs.cache, width, schedules, batch.max_seq_len, k)
+    step = timed_step(
+        "logits+topk", backend, packed, inputs.cache, width, schedules, batch.max_seq_len, k, topk_impl="torch"
+    )
     outputs, selections = logits_only(), step()
     assert [o.shape for o in outputs] == [(p.q.shape[0] * p.q.shape[1], width) for p in packed]
     assert [s.shape for s in selections] == [(o.shape[0], k) for o in outputs]
@@ -94,7 +96,9 @@ def test_check_topk_fails_a_wrong_selection() -> None:
     plan = LaunchPlan(seq_lens, 2, "native", 32, 64)
     metadata = plan.build_metadata(batch, inputs.cache.block_table)
     packed = [pack_launch(launch, inputs) for launch in metadata.launches]
-    step = timed_step("logits+topk", get_backend("reference"), packed, inputs.cache, 130, [None], 130, 16)
+    step = timed_step(
+        "logits+topk", get_backend("reference"), packed, inputs.cache, 130, [None], 130, 16, topk_impl="torch"
+    )
     outputs = timed_step("logits", get_backend("reference"), packed, inputs.cache, 130, [None], 130, 16)()
     wrong = step()[0].clone()
     wrong[0, 0] = next(i for i in range(90) if i not in wrong[0].tolist())  # a position that is not a top-16
@@ -102,7 +106,7 @@ def test_check_topk_fails_a_wrong_selection() -> None:
 
 
 def test_bad_timed_units_are_refused_by_name() -> None:
-    assert TIMED_UNITS == ("logits", "logits+topk") and TIMERS == ("events", "graph")
+    assert TIMED_UNITS == ("logits", "logits+topk") and TIMERS == ("events", "graph", "replay")
     with pytest.raises(ValueError, match="unit='topk'"):
         timed_step("topk", get_backend("reference"), [], None, 10, [], 10)
     with pytest.raises(ValueError, match=r"longest_context=11: allowed range is \[1, 10\]"):
@@ -144,7 +148,17 @@ def test_the_topk_unit_of_a_ragged_wide_step_picks_the_float64_definitions_top_s
                       logits_width=width)  # fmt: skip
     metadata = plan.build_metadata(batch, inputs.cache.block_table)
     packed = [pack_launch(launch, inputs) for launch in metadata.launches]
-    step = timed_step("logits+topk", backend, packed, inputs.cache, width, [None] * len(packed), batch.max_seq_len, k)
+    step = timed_step(
+        "logits+topk",
+        backend,
+        packed,
+        inputs.cache,
+        width,
+        [None] * len(packed),
+        batch.max_seq_len,
+        k,
+        topk_impl="torch",
+    )
     picks = gather_selections(metadata, step()).tolist()
     exact = float64_logits(inputs, batch, width)
     for token, (chosen, context, row) in enumerate(zip(picks, batch.token_context_lens(), exact.tolist())):

@@ -17,6 +17,7 @@ from dsa_lab.bench.timing import TimingConfig, time_step
 from dsa_lab.decode import check_launches, native_sizes_for, pack_launch
 from dsa_lab.kernels import get_backend
 from dsa_lab.plan import DEEPSEEK_V32_MAX_MODEL_LEN, LaunchPlan
+from dsa_lab.topk import get_topk, topk_names
 from dsa_lab.workload import ContextSpec, random_inputs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -24,13 +25,16 @@ QUICK = TimingConfig(warmup=2, min_samples=5, max_samples=20, max_seconds=0.2)
 GPU_BACKENDS = ("deepgemm", "gluon", "triton")
 
 
+@pytest.mark.parametrize("topk_impl", topk_names())
 @pytest.mark.parametrize("unit", TIMED_UNITS)
 @pytest.mark.parametrize("name", GPU_BACKENDS)
-def test_a_graph_replayed_step_is_the_eager_step(name, unit) -> None:
+def test_a_graph_replayed_step_is_the_eager_step(name, unit, topk_impl) -> None:
     device = torch.device("cuda")
     backend = get_backend(name)
     if not backend.availability(device).ok:
         pytest.skip(f"{name}: {backend.availability(device).reason}")
+    if unit == "logits+topk" and not get_topk(topk_impl).availability(device).ok:
+        pytest.skip(f"top-k {topk_impl}: {get_topk(topk_impl).availability(device).reason}")
     seq_lens = ContextSpec.parse("lognormal:8K:1.5").seq_lens(16, 0)
     batch = accepted_batch(seq_lens, AcceptanceSpec.parse("v4flash-vllm41044"), 3, seed=0)
     inputs = random_inputs(batch, seed=1, device=device)
@@ -48,7 +52,9 @@ def test_a_graph_replayed_step_is_the_eager_step(name, unit) -> None:
     check_launches(metadata, inputs)
     packed = [pack_launch(launch, inputs) for launch in metadata.launches]
     schedules = [backend.schedule(p.context_lens, batch.block_size, p.block_table) for p in packed]
-    step = timed_step(unit, backend, packed, inputs.cache, plan.max_context_len, schedules, batch.max_seq_len)
+    step = timed_step(
+        unit, backend, packed, inputs.cache, plan.max_context_len, schedules, batch.max_seq_len, topk_impl=topk_impl
+    )
     eager = step()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

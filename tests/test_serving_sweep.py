@@ -70,7 +70,8 @@ def test_the_serving_axes_are_rows_with_old_run_values_canonical_labels_and_name
         ("acceptance", "often", r"acceptance='often': allowed values are 'none', 'accept:R1,R2,...'"),
         ("logits_width", "wide", r"logits_width='wide': allowed values are 'batch' .* or 'model:N'"),
         ("timed", "topk", r"timed='topk': allowed values are \('logits', 'logits\+topk'\)"),
-        ("timer", "replay", r"timer='replay': allowed values are \('events', 'graph'\)"),
+        ("timer", "replays", r"timer='replays': allowed values are \('events', 'graph', 'replay'\)"),
+        ("topk_impl", "radix", r"topk_impl='radix': allowed values are \('torch', 'vllm'\)"),
     ):
         with pytest.raises(ValueError, match=says):
             axes.axis(name).check(bad)
@@ -188,6 +189,7 @@ def test_ragged_wide_and_topk_points_run_checked_through_the_reference(tmp_path)
         acceptance=("none", "v4flash-ascend131"),
         logits_width=("batch", "model:512"),
         timed=("logits", "logits+topk"),
+        topk_impl=("torch",),  # vLLM's own top-k needs CUDA: on the CPU the labelled stand-in
         strategy=("native", "flatten", "atom"),
     )
     run_sweep(spec, tmp_path / "run", "cpu", progress=False)
@@ -209,6 +211,7 @@ def test_ragged_wide_and_topk_points_run_checked_through_the_reference(tmp_path)
             assert row["vllm_route"] == ("native" if point.next_n in (2, 4) else "flatten")
         if row["status"] == "ok" and point.timed == "logits+topk":
             assert row["topk_rows_equal"] == row["topk_rows"] == row["query_tokens"] and row["topk"] == 2048
+            assert row["topk_impl"] == "torch" and row["topk_kernel"] == "torch.topk on a masked copy"
         elif row["status"] == "ok":
             assert pd.isna(row.get("topk_rows"))
     wide = ok[(ok["logits_width"] == "model:512") & (ok["acceptance"] == "none")]
@@ -230,7 +233,7 @@ def test_a_nan_the_sampled_check_misses_fails_the_topk_check(tmp_path, monkeypat
     """With only the first request checked, a NaN left in another request's row passes the logits check;
     the top-k check scans every row and fails the point, untimed."""
     monkeypatch.setitem(registry._BACKENDS, _MissesTheLastRow.name, _MissesTheLastRow())
-    spec = tiny(backend=("test-misses",), strategy=("native",), timed=("logits", "logits+topk"))
+    spec = tiny(backend=("test-misses",), strategy=("native",), timed=("logits", "logits+topk"), topk_impl=("torch",))
     run_sweep(spec.with_axes(full_check_limit=0, check_requests=1), tmp_path / "run", "cpu", progress=False)
     by = {row["timed"]: row for row in store.read_points(tmp_path / "run")}
     assert by["logits"]["status"] == "ok"  # the sampled check looked at the first request only

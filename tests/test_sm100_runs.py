@@ -66,6 +66,12 @@ def test_no_sm100_run_gives_the_model_labelled(data: Path, cpu_run: Path) -> Non
     assert len(frame) == 2 * 2 * 2 * len(STUDY_GRID["batch"]) * len(STUDY_GRID["context"]) * len(STUDY_GRID["next_n"])
     assert (frame["median_ms"] > 0).all() and frame["bound"].notna().all()
     assert view.platform.family == "sm100"
+    # what the model cannot time there is named, not dropped: the SM90-only kernels
+    assert frame.attrs["not_modeled"] == [
+        "backend 'deepgemm-pr340' has no kernel on sm100 to model (it models ['sm90'])",
+        "backend 'gluon' has no kernel on sm100 to model (it models ['sm90'])",
+    ]
+    assert "Not modeled: backend" in view.note and "gluon" in view.note
 
 
 def test_modeled_rows_line_up_with_the_points_given(data: Path, cpu_run: Path) -> None:

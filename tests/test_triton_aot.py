@@ -23,7 +23,9 @@ import json
 import sys
 
 import pytest
-from aot_support import compile_in_child, report_cases
+from aot_support import compile_in_child
+
+from dsa_lab.kernels.aot import report_cases
 
 HEADS, HEAD_DIM = 64, 128
 SM90_NEXT_N = (1, 2, 3, 4, 5, 8)
@@ -112,6 +114,31 @@ def test_sm100_compile_fits_and_uses_fp8_tcgen05(reports, next_n: int) -> None:
     report = _report(reports, 100, next_n)
     assert report["ptx_tcgen05_f8"] > 0, f"n={next_n}: no FP8 tcgen05.mma in the PTX: {report}"
     _check_resources(report)
+
+
+def test_env_aot_prints_what_the_tests_read(tmp_path, monkeypatch, capsys) -> None:
+    """`dsa-lab env --aot`: the same compile and cubin counts, per next_n, as a table or JSON lines."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    from dsa_lab.cli import main
+    from dsa_lab.kernels import triton_native as tn
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "200")  # the table unfolded
+    assert main(["env", "--aot", "--backend", "triton", "--next-n", "1,4", "--json"]) == 0
+    reports = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["backend"], r["arch"], r["next_n"]) for r in reports] == [("triton", 90, 1), ("triton", 90, 4)]
+    for report in reports:
+        assert report["config"] == tn.choose_config(report["next_n"], HEADS, HEAD_DIM, (9, 0)).describe()
+        _check_resources(report)
+        assert report["sass_qgmma_e4m3"] > 0, report
+    assert main(["env", "--aot", "--backend", "triton", "--next-n", "2", "--config", "dot_rows=64"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "sm_90" in out and "rows64/w4/s5/resident/bppauto" in out and "QGMMA" in out
+    assert main(["env", "--aot", "--backend", "reference"]) == 2  # compiles nothing ahead of time
+    assert "backend 'reference' compiles ahead of time for none" in capsys.readouterr().err
+    assert main(["env", "--aot", "--backend", "triton", "--next-n", "1", "--config", "stages=3"]) == 1
+    assert "not compiled" in capsys.readouterr().out  # a knob the backend lacks: its case fails, named
 
 
 if __name__ == "__main__":

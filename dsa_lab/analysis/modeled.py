@@ -164,11 +164,12 @@ def calibrated_rows(
     context, next_n) of `points` (e.g. the H200 run, so bars line up), else the sm100 preset's
     grid; `seed` must be that run's, so mixed contexts get the same lengths. Only points whose serving
     axes are at their old-run values: the model predicts a uniform step's logits, at the batch's width,
-    timed eagerly."""
-    from dsa_lab.model.indexer import CALIBRATION, predict
+    timed eagerly. What the model cannot time (a backend with no kernel on a GPU's architecture, a path
+    or cache it lacks) is named, never dropped in silence: `frame.attrs['not_modeled']`, one line each."""
+    from dsa_lab.model.indexer import NotModeled, calibration_note, predict
 
     backends = modeled_backends() if backends is None else backends
-    rows = []
+    rows, not_modeled = [], set()
     for k in _points(points).itertuples():
         serving = {a.name: getattr(k, a.name, a.old_value) for a in SERVING_AXES}
         if any(value != axis.old_value for axis, value in zip(SERVING_AXES, serving.values())):
@@ -191,7 +192,8 @@ def calibrated_rows(
                             int(k.head_dim),
                             k.cache_dtype,
                         )
-                    except ValueError:  # a path this GPU does not have (SM90 native at n = 3), or a shape
+                    except NotModeled as why:  # a kernel, path or cache the model has not for this GPU
+                        not_modeled.add(str(why))
                         continue
                     ms = p.time_us / 1e3
                     rows.append(
@@ -214,13 +216,15 @@ def calibrated_rows(
                             "p75_ms": ms,
                             "iqr_ms": 0.0,
                             "bound": p.bound,
-                            "model": CALIBRATION,
+                            "model": calibration_note(),
                             "unique_bytes": cost.unique_bytes,
                             "strategy_bytes": cost.strategy_bytes,
                             "flops": cost.flops,
                         }
                     )
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    frame.attrs["not_modeled"] = sorted(not_modeled)
+    return frame
 
 
 @dataclass
@@ -277,12 +281,14 @@ def sm100_frame(
         )
         return Sm100Frame(frame, True, chosen.device_label, note, chosen, ignored)
     passed = f" ({len(ignored)} run(s) passed over, listed below)" if ignored else ""
+    rows = calibrated_rows(points, gpus, seed)
+    missing = f" Not modeled: {md_text('; '.join(rows.attrs['not_modeled']))}." if rows.attrs["not_modeled"] else ""
     note = (
         f"No measured SM100 run under {shown_path(resolve_data_path('.'))}/{passed}: these times are "
         f"**modeled, not measured** (dsa_lab.model: efficiencies fitted on the H200 sweep, at "
-        f"{', '.join(gpus)} ceilings). {SM100_SWEEP_HOW}"
+        f"{', '.join(gpus)} ceilings).{missing} {SM100_SWEEP_HOW}"
     )
-    return Sm100Frame(calibrated_rows(points, gpus, seed), False, f"{', '.join(gpus)} (modeled)", note, None, ignored)
+    return Sm100Frame(rows, False, f"{', '.join(gpus)} (modeled)", note, None, ignored)
 
 
 @dataclass(frozen=True)

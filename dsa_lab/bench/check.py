@@ -36,7 +36,7 @@ which and why.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,6 +193,17 @@ def _sizes(outputs: Sequence[torch.Tensor]) -> list[int]:
     return [out.untyped_storage().nbytes() for out in outputs]
 
 
+def poisoned(run: Callable[[], list[torch.Tensor]], device: torch.device) -> tuple[list[torch.Tensor], bool]:
+    """`run`'s outputs written into poisoned memory on CUDA (a first run, which JIT-compiles, tells each
+    output's byte size; all bits set: NaN as float32, -1 as int32), and whether every output really landed
+    there (False off CUDA)."""
+    if device.type != "cuda":
+        return run(), False
+    addresses = _poison(_sizes(run()), device)
+    outputs = run()
+    return outputs, all(out.untyped_storage().data_ptr() in addresses for out in outputs)
+
+
 def poisoned_run(
     backend: LogitsBackend,
     packed: Sequence[LaunchInputs],
@@ -201,13 +212,8 @@ def poisoned_run(
     schedules: Sequence[Any],
     device: torch.device,
 ) -> tuple[list[torch.Tensor], bool]:
-    """Every launch of the step run into NaN-poisoned memory on CUDA (a first run, which JIT-compiles,
-    tells each output's byte size), and whether every output really landed there (False off CUDA)."""
-    if device.type != "cuda":
-        return run_launches(backend, packed, cache, max_len, schedules), False
-    addresses = _poison(_sizes(run_launches(backend, packed, cache, max_len, schedules)), device)
-    outputs = run_launches(backend, packed, cache, max_len, schedules)
-    return outputs, all(out.untyped_storage().data_ptr() in addresses for out in outputs)
+    """Every launch of the step run into NaN-poisoned memory on CUDA (`poisoned`)."""
+    return poisoned(lambda: run_launches(backend, packed, cache, max_len, schedules), device)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import torch
 
 from dsa_lab.errors import probe
 from dsa_lab.kernels import LogitsBackend, get_backend
-from dsa_lab.kernels.registry import DEFAULT_NUMERICS, K_SCALE_FORMATS, Numerics
+from dsa_lab.kernels.descriptor import DEFAULT_NUMERICS, K_SCALE_FORMATS, Numerics
 
 DEFAULT = DEFAULT_NUMERICS
 __all__ = ["DEFAULT", "K_SCALE_FORMATS", "Numerics", "backend_numerics", "cache_k_scales", "numerics_record"]

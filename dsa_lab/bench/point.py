@@ -38,12 +38,25 @@ from dsa_lab.policy.steps import StepRoute, step_route
 from dsa_lab.policy.vllm import Platform, PolicyQuery
 from dsa_lab.workload import ContextSpec, DecodeBatch
 
-PRESETS = ("ci", "smoke", "h200-full", "sm100", "h200-serving")
+PRESETS = ("ci", "smoke", "h200-full", "sm100", "h200-serving", "step")
 BLOCK_SIZE = 64
 
 
 class _PointMethods:
     """What a `Point` (one value per axis) knows: its name, its workload, its decode step and its plan."""
+
+    def __post_init__(self) -> None:
+        """An axis the others leave no choice (`Axis.implied`: a logits-only point's top-k) takes that value."""
+        values = self.axes()
+        for axis in axes.AXES:
+            implied = axis.implied_by(values)
+            if implied is not None:
+                object.__setattr__(self, axis.name, implied)
+            elif axis.implied_when is not None and values[axis.name] == axis.implied_value:
+                raise ValueError(
+                    f"{axis.name}={axis.implied_value!r}: only where the other axes imply it; allowed here: "
+                    f"{list(axis.allowed() or ())}"
+                )
 
     @property
     def key(self) -> str:
@@ -131,7 +144,7 @@ class Grid:
             raise ValueError(
                 f"grid {record['name']!r}: leave_out must be [[backend, strategy], ...], got {pairs!r:.80}"
             )
-        values = {k: v for k, v in record.items() if k not in ("name", "leave_out")}
+        values = _with_old_values({k: v for k, v in record.items() if k not in ("name", "leave_out")})
         return cls.of(record["name"], pairs, **values)
 
     def axes(self) -> dict[str, tuple[Any, ...]]:
@@ -245,7 +258,8 @@ class _SpecMethods:
         grid holds, is not among them (so a point runs once, where it first appears)."""
         if not self.grids:
             values = [getattr(self, name) for name in axes.NESTING]
-            return [("", [Point(**dict(zip(axes.NESTING, v))) for v in itertools.product(*values)])]
+            points = (Point(**dict(zip(axes.NESTING, v))) for v in itertools.product(*values))
+            return [("", list({p.key: p for p in points}.values()))]  # implied axes can make two one
         seen: set[str] = set()
         out = []
         for grid, (name, part) in zip(self.grids, self.parts()):
@@ -272,10 +286,17 @@ class _SpecMethods:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"spec: unknown fields {unknown} (a profile run from an older release?)")
-        values = dict(data)
+        values = _with_old_values(dict(data))
         if isinstance(values.get("timing"), dict):
             values["timing"] = TimingConfig(**values["timing"])
         return cls(**values)
+
+
+def _with_old_values(values: dict[str, Any]) -> dict[str, Any]:
+    """A recorded grid's axes: one it does not name was at its old-run value (`axes.recorded` left it out)."""
+    if "grids" in values:
+        return values
+    return {a.name: [a.old_value] for a in axes.AXES if not a.stored_always} | values
 
 
 def _check_config(config: str, backends: Sequence[str]) -> None:
@@ -370,14 +391,51 @@ def serving_grids() -> tuple[Grid, ...]:
     return tuple(grids)
 
 
+STEP = "step"
+STEP_BATCHES = (1, 16, 64, 128, 256)
+STEP_NEXT_N = (1, 3, 4, 6)
+
+
+def step_grids() -> tuple[Grid, ...]:
+    """The grids of `step`: the decode step a user pays for (issue 26), logits then vLLM's top-k, at vLLM's
+    logits width, B 1-256, on the serving study's ragged batch (and a uniform 64K one under graphs), beside
+    the logits alone under the same timer, so each option's step splits into logits and top-k; then ragged
+    verification (`bench.replay`): per published acceptance curve, one graph replayed over steps whose requests
+    verify different numbers of drafts, natively against vLLM's route (flatten on SM90).
+
+    Backends are those that declare `step`. vLLM's own library runs every strategy (its route among them);
+    another build of it native and atom (its flatten launches vLLM's one-row kernel: the same time twice);
+    every other backend its native launch, the one option a kernel native for any next_n offers.
+    """
+    backends, vllm = preset_backends(STEP), vllm_backend().name
+    builds = [b for b in backends if b != vllm and b in family_of(vllm)]
+    leave = [(b, s) for b in backends if b != vllm for s in STRATEGIES if s != "native"]
+    leave = [(b, s) for b, s in leave if not (b in builds and s == "atom")]
+    step = {"backend": backends, "strategy": STRATEGIES, "batch": STEP_BATCHES, "next_n": STEP_NEXT_N}
+    step |= {"logits_width": MODEL_WIDTH, "timed": ("logits", "logits+topk"), "topk_impl": "vllm"}
+    verify = {**step, "batch": 128, "context": RAGGED, "timer": "replay"}
+    ragged = [(b, s) for b in backends if b != vllm for s in STRATEGIES if s != "native"]
+    return (
+        Grid.of("whole step, graphs", leave, context=(RAGGED, "65536"), timer="graph", **step),
+        Grid.of("whole step, events", leave, context=RAGGED, timer="events", **step),
+        *(
+            Grid.of("ragged verification", ragged, **{**verify, "next_n": n, "acceptance": curve})
+            for n, curve in SERVING_ACCEPTANCE
+        ),
+    )
+
+
 def preset(name: str) -> SweepSpec:
     """'ci' (CPU, tiny), 'smoke' (GPU, small), 'h200-full' (the study's grid on an H200), 'sm100' (the same
     grid for a B200/GB200, where DeepGEMM and Triton are native for any next_n, so atom plans are one native
-    piece and recorded as skipped) or 'h200-serving' (the serving study: a union of grids, `serving_grids`).
+    piece and recorded as skipped), 'h200-serving' (the serving study: a union of grids, `serving_grids`) or
+    'step' (the whole decode step with vLLM's top-k on any SM90 GPU: `step_grids`).
     Each preset's backends are those that declare it (`LogitsBackend.presets`)."""
     check_choice("preset", name, PRESETS)
     if name == SERVING:
         return SweepSpec(grids=serving_grids(), timing=STUDY_TIMING)
+    if name == STEP:
+        return SweepSpec(grids=step_grids(), timing=STUDY_TIMING)
     backend = preset_backends(name)
     if name == "ci":
         grid = {

@@ -48,6 +48,7 @@ from dsa_lab.bench import guard
 from dsa_lab.bench.check import changed_message, check_point
 from dsa_lab.bench.guard import PointTimeout, deadline
 from dsa_lab.bench.point import PRESETS, Point, SweepPoint, SweepSpec, expand, preset
+from dsa_lab.bench.replay import replay_point
 from dsa_lab.bench.run_folder import check_storable, open_run, resume_command
 from dsa_lab.bench.timed_unit import check_step_topk, timed_step
 from dsa_lab.bench.timing import Measurement, TimingConfig, measure_ceilings, time_callable, time_step
@@ -103,33 +104,42 @@ def evaluate_point(visit: Visit, spec: SweepSpec, device: torch.device, gpu: Gpu
     prepared = prepare(visit, device)
     row: dict[str, Any] = {**plan.columns(), "metadata_host_ms": prepared.metadata_ms}
     cleans = backend.cleans_tail
-    check = check_point(
-        inputs,
-        prepared.metadata,
-        backend,
-        prepared.packed,
-        prepared.schedules,
-        spec.check_tolerance,
-        spec.full_check_limit,
-        spec.check_requests,
-    )
-    row.update(
-        rel_err=check.rel_err,
-        checked_requests=check.checked_requests,
-        checked_tokens=check.checked_tokens,
-        poisoned=check.poisoned,
-        check_tolerance=check.tolerance,
-        tolerance_reason=check.tolerance_reason,
-        k_scales=visit.k_scales,
-    )
-    if not check.ok:
-        return {**row, "status": "failed", "message": check.message, **roofline_columns(plan.cost, None, gpu, cleans)}
+    tolerance = spec.check_tolerance
+    if not backend.fuses_topk:  # a fused backend writes no logits: its check is the top-k check below
+        check = check_point(
+            inputs,
+            prepared.metadata,
+            backend,
+            prepared.packed,
+            prepared.schedules,
+            spec.check_tolerance,
+            spec.full_check_limit,
+            spec.check_requests,
+        )
+        row.update(
+            rel_err=check.rel_err,
+            checked_requests=check.checked_requests,
+            checked_tokens=check.checked_tokens,
+            poisoned=check.poisoned,
+            check_tolerance=check.tolerance,
+            tolerance_reason=check.tolerance_reason,
+        )
+        if not check.ok:
+            failed = {"status": "failed", "message": check.message, "k_scales": visit.k_scales}
+            return {**row, **failed, **roofline_columns(plan.cost, None, gpu, cleans)}
+        tolerance = check.tolerance
+    row["k_scales"] = visit.k_scales
     cache, max_len, longest = inputs.cache, prepared.metadata.max_context_len, inputs.batch.max_seq_len
     if point.timed == "logits+topk":
-        message = _check_topk(row, backend, prepared, cache, longest)
+        message = _check_topk(row, backend, prepared, cache, longest, point.topk_impl, spec.check_tolerance)
         if message:
             return {**row, "status": "failed", "message": message, **roofline_columns(plan.cost, None, gpu, cleans)}
-    step = timed_step(point.timed, backend, prepared.packed, cache, max_len, prepared.schedules, longest)
+    if point.timer == "replay":  # one graph over many ragged steps, each checked: its own columns and verdict
+        replayed = replay_point(point, backend, inputs, max_len, tolerance, spec.check_requests, spec.seed, spec.timing)
+        return {**row, **replayed, **roofline_columns(plan.cost, None, gpu, cleans)}
+    step = timed_step(
+        point.timed, backend, prepared.packed, cache, max_len, prepared.schedules, longest, topk_impl=point.topk_impl
+    )
     if point.timer == "events":  # honours the timing config's own graph mode (`bench --graph`), as before the axis
         measurement = time_callable(step, device, spec.timing)
     else:
@@ -141,22 +151,38 @@ def evaluate_point(visit: Visit, spec: SweepSpec, device: torch.device, gpu: Gpu
 
 
 def _check_topk(
-    row: dict[str, Any], backend: LogitsBackend, prepared: Prepared, cache: PagedCache, longest: int
+    row: dict[str, Any],
+    backend: LogitsBackend,
+    prepared: Prepared,
+    cache: PagedCache,
+    longest: int,
+    topk_impl: str,
+    tolerance: float,
 ) -> str:
     """The top-k check of a 'logits+topk' point (`timed_unit.check_step_topk`) into `row`; '' when it passes."""
     metadata = prepared.metadata
     try:
-        agreement, poisoned = check_step_topk(
-            backend, prepared.packed, cache, metadata.max_context_len, prepared.schedules, metadata, longest
+        found = check_step_topk(
+            backend,
+            prepared.packed,
+            cache,
+            metadata.max_context_len,
+            prepared.schedules,
+            metadata,
+            longest,
+            topk_impl,
+            tolerance=tolerance,
         )
-    except NonFiniteLogits as err:  # a NaN left inside a row's context: unwritten output
+    except (NonFiniteLogits, ValueError) as err:  # a NaN left inside a row's context; logits the top-k wrote into
         return f"top-k check: {err}"
+    agreement = found.agreement
     row.update(
         topk=DEFAULT_TOPK,
+        topk_kernel=found.kernels,
         topk_rows=agreement.rows,
         topk_rows_equal=agreement.rows_equal,
         topk_max_score_gap=agreement.max_score_gap,
-        topk_poisoned=poisoned,
+        topk_poisoned=found.poisoned,
     )
     if agreement.equal:
         return ""

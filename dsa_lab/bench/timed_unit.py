@@ -2,20 +2,18 @@
 ('logits+topk'), the part of the indexer's decode step a user pays for.
 
 vLLM 0.33 follows the decode logits with a top-k of 2048 per row (`SparseIndexerTopk.forward`,
-vllm/model_executor/layers/indexer_topk.py). With the default backend 'auto' on an SM90 GPU it
-runs `torch.ops._C.cooperative_topk` up to 64 rows (`AUTO_COOPERATIVE_MAX_ROWS`) and
-`torch.ops._C.persistent_topk` above, on every row the kernel wrote (padded rows too: it unpacks
-them afterwards), each bounded by its row's length and by the batch's longest context
-(`max_seq_len`, a host int), not by the buffer's `max_model_len` width. Those are vLLM's compiled
-ops, built for vLLM's torch; they do not load on the H200's torch 2.11. So the timed top-k is
-`topk.topk_in_context` on each launch's output: a masked copy up to the longest context, then
-`torch.topk`. It reads and writes that copy before torch.topk reads it, about three times what a
-kernel reading each row's prefix once moves, and the same work per row for every backend and
-strategy: its time is an upper bound of vLLM's top-k, not vLLM's. `check_topk` holds its picks to
-`topk.topk_per_row` on the same logits, tie-aware; `check_step_topk` is the harness's check of a
-'logits+topk' point: the launches run into NaN-poisoned memory as every point's check runs them
-(`bench.check.poisoned_run`), then the step's own top-k on those outputs, held to `topk_per_row`
-over every row (whose scan also refuses a NaN left inside any row's context).
+vllm/model_executor/layers/indexer_topk.py): on SM90 `cooperative_topk` up to 64 rows and
+`persistent_topk` above, on every row the kernel wrote, each row bounded by its length and the
+whole step by the batch's longest context (`max_seq_len`, a host int), not by the buffer's width.
+A 'logits+topk' point runs the top-k its `topk_impl` axis names (`dsa_lab.topk`): 'vllm', those
+kernels (vLLM's compiled ops, or dsa_lab's build of them where vLLM's wheel does not load), or
+'torch', a masked copy and `torch.topk`, which on an H200 took 10-25 times vLLM's and is labelled
+not vLLM's wherever it shows. Each launch's output gets its own prepared top-k call (output and
+workspace allocated outside the timed step). `check_step_topk` is the harness's check of such a
+point: the launches run into NaN-poisoned memory as every point's check runs them
+(`bench.check.poisoned_run`), then the point's top-k on those outputs, held to `topk.topk_per_row`
+over every row, tie-aware (whose scan also refuses a NaN left inside any row's context); the top-k
+must leave the logits it read as they were.
 
 Nothing here synchronises the host, so a step is timed between CUDA events or captured whole in a
 CUDA graph (`bench.timing.time_step`); its launches must have been value-checked beforehand
@@ -25,18 +23,28 @@ CUDA graph (`bench.timing.time_step`); its launches must have been value-checked
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from dsa_lab.axes import TIMED_UNITS
-from dsa_lab.bench.check import poisoned_run, run_launches
+from dsa_lab.bench.check import poisoned, poisoned_run, run_launches
+from dsa_lab.bench.numerics import backend_numerics
 from dsa_lab.cache import PagedCache
 from dsa_lab.decode import LaunchInputs, gather_selections, scatter_logits
 from dsa_lab.errors import check_choice, check_range
-from dsa_lab.kernels import LogitsBackend
+from dsa_lab.kernels import LogitsBackend, baseline_backend
 from dsa_lab.metadata import DecodeMetadata
-from dsa_lab.topk import DEFAULT_TOPK, MAX_TOPK, SelectionAgreement, compare_selections, topk_in_context, topk_per_row
+from dsa_lab.topk import (
+    DEFAULT_TOPK,
+    MAX_TOPK,
+    SelectionAgreement,
+    TopkCall,
+    compare_selections,
+    get_topk,
+    topk_per_row,
+)
 
 
 def timed_step(
@@ -48,23 +56,60 @@ def timed_step(
     schedules: Sequence[Any],
     longest_context: int,
     topk: int = DEFAULT_TOPK,
+    *,
+    topk_impl: str = "vllm",
 ) -> Callable[[], list[torch.Tensor]]:
     """The callable a mode times: every launch of the step (returns their outputs), then for
-    'logits+topk' a top-k of `topk` per kernel row over the first `longest_context` columns (returns
-    one int32 `[rows, topk]` selection per launch)."""
+    'logits+topk' the point's top-k (`topk_impl`) of `topk` per kernel row, each bounded by the step's
+    `longest_context` (returns one int32 `[rows, topk]` selection per launch)."""
     check_choice("unit", unit, TIMED_UNITS)
     check_range("longest_context", longest_context, 1, max_context_len)
-    check_range("topk", topk, 1, MAX_TOPK)
     packed, schedules = tuple(packed), tuple(schedules)
-    row_lens = row_context_lens(packed)  # views, made once outside the timed step
+
+    if backend.fuses_topk:
+        if unit == "logits":
+            raise ValueError(f"unit='logits': backend {backend.name!r} fuses the top-k: its unit is the step")
+        return lambda: run_fused(backend, packed, cache, max_context_len, schedules, topk, longest_context)
 
     def logits() -> list[torch.Tensor]:
         return run_launches(backend, packed, cache, max_context_len, schedules)
 
-    def logits_and_topk() -> list[torch.Tensor]:
-        return step_topk(logits(), row_lens, topk, longest_context)
+    if unit == "logits":
+        return logits
+    calls, row_lens = prepare_topk(topk_impl, packed, max_context_len, topk), row_context_lens(packed)
 
-    return logits if unit == "logits" else logits_and_topk
+    def logits_and_topk() -> list[torch.Tensor]:
+        return step_topk(calls, logits(), row_lens, longest_context)
+
+    return logits_and_topk
+
+
+def run_fused(
+    backend: LogitsBackend,
+    packed: Sequence[LaunchInputs],
+    cache: PagedCache,
+    max_context_len: int,
+    schedules: Sequence[Any],
+    topk: int,
+    longest_context: int,
+) -> list[torch.Tensor]:
+    """A fused backend's step (`LogitsBackend.step`) for every launch: one int32 `[rows, topk]` selection each."""
+    return [
+        backend.step(
+            p.q, cache.data, p.weights, p.context_lens, p.block_table, max_context_len, s,
+            cache_dtype=cache.cache_dtype, topk=topk, max_seq_len=longest_context,
+        )
+        for p, s in zip(packed, schedules, strict=True)
+    ]  # fmt: skip
+
+
+def prepare_topk(
+    topk_impl: str, packed: Sequence[LaunchInputs], max_context_len: int, topk: int = DEFAULT_TOPK
+) -> tuple[TopkCall, ...]:
+    """One ready top-k call per launch (its rows, the logits' width), made outside any timed region."""
+    check_range("topk", topk, 1, MAX_TOPK)
+    impl = get_topk(topk_impl)
+    return tuple(impl.prepare(p.context_lens.numel(), max_context_len, topk, p.q.device) for p in packed)
 
 
 def row_context_lens(packed: Sequence[LaunchInputs]) -> tuple[torch.Tensor, ...]:
@@ -73,10 +118,20 @@ def row_context_lens(packed: Sequence[LaunchInputs]) -> tuple[torch.Tensor, ...]
 
 
 def step_topk(
-    outputs: Sequence[torch.Tensor], row_lens: Sequence[torch.Tensor], topk: int, longest_context: int
+    calls: Sequence[TopkCall], outputs: Sequence[torch.Tensor], row_lens: Sequence[torch.Tensor], longest_context: int
 ) -> list[torch.Tensor]:
-    """The step's top-k: `topk_in_context` on each launch's output (what 'logits+topk' times)."""
-    return [topk_in_context(out, lens, topk, longest_context) for out, lens in zip(outputs, row_lens, strict=True)]
+    """The step's top-k: each launch's call on its output (what 'logits+topk' times)."""
+    return [call(out, lens, longest_context) for call, out, lens in zip(calls, outputs, row_lens, strict=True)]
+
+
+@dataclass(frozen=True)
+class TopkCheck:
+    """What the check of a 'logits+topk' point found: the picks against `topk_per_row`, whether every output
+    was poisoned first, the kernels that ran (e.g. vLLM's 'cooperative (cluster 4)')."""
+
+    agreement: SelectionAgreement
+    poisoned: bool
+    kernels: str
 
 
 def check_step_topk(
@@ -87,15 +142,55 @@ def check_step_topk(
     schedules: Sequence[Any],
     metadata: DecodeMetadata,
     longest_context: int,
+    topk_impl: str,
     topk: int = DEFAULT_TOPK,
-) -> tuple[SelectionAgreement, bool]:
-    """The check of a 'logits+topk' point: the launches run into poisoned memory, the step's top-k on their
-    outputs, then `check_topk` over every row; returns the agreement and whether every output was poisoned.
-    A NaN left inside any row's context raises `NonFiniteLogits` (from `topk_per_row`'s scan)."""
+    *,
+    tolerance: float,
+) -> TopkCheck:
+    """The check of a 'logits+topk' point: the launches run into poisoned memory, the point's top-k on their
+    outputs, then `check_topk` over every row. A NaN left inside any row's context raises `NonFiniteLogits`
+    (from `topk_per_row`'s scan); a top-k that wrote into the logits it read raises ValueError naming it."""
     device = packed[0].q.device
+    if backend.fuses_topk:
+        run = lambda: run_fused(backend, packed, cache, max_context_len, schedules, topk, longest_context)
+        return _check_fused(backend, run, packed, cache, max_context_len, metadata, topk, tolerance)
     outputs, poisoned = poisoned_run(backend, packed, cache, max_context_len, schedules, device)
-    selections = step_topk(outputs, row_context_lens(packed), topk, longest_context)
-    return check_topk(metadata, outputs, selections, topk), poisoned
+    calls = prepare_topk(topk_impl, packed, max_context_len, topk)
+    kept = [out.clone() for out in outputs]
+    selections = [s.clone() for s in step_topk(calls, outputs, row_context_lens(packed), longest_context)]
+    for index, (before, after) in enumerate(zip(kept, outputs)):
+        if not torch.equal(before.view(torch.int32), after.view(torch.int32)):  # bitwise: NaN poison included
+            raise ValueError(
+                f"top-k {topk_impl!r} wrote into the logits it read (launch {index}): inputs are not its own"
+            )
+    kernels = ", ".join(dict.fromkeys(call.kernel for call in calls))
+    return TopkCheck(check_topk(metadata, outputs, selections, topk), poisoned, kernels)
+
+
+def _check_fused(
+    backend: LogitsBackend,
+    run: Callable[[], list[torch.Tensor]],
+    packed: Sequence[LaunchInputs],
+    cache: PagedCache,
+    max_context_len: int,
+    metadata: DecodeMetadata,
+    topk: int,
+    tolerance: float,
+) -> TopkCheck:
+    """A fused backend's check: its selections (into poisoned memory: an unwritten pick reads -1) against
+    `topk_per_row` on the reference's logits, tie-aware within the point's bound (`tolerance`, loosened by the
+    backend's numerics), since its scores are its own arithmetic's and a near tie at the k-th may fall either way."""
+    device = packed[0].q.device
+    selections, poisoned_out = poisoned(run, device)
+    reference = run_launches(baseline_backend(), packed, cache, max_context_len, [None] * len(packed))
+    logits, context = scatter_logits(metadata, reference, device)
+    bound, _ = backend_numerics(backend, device).check_tolerance(tolerance)
+    inside = torch.arange(logits.shape[1], device=device)[None, :] < context[:, None]
+    scale = float(logits[inside].abs().max()) if bool(inside.any()) else 0.0
+    expected = topk_per_row(logits, context, topk)
+    picks = gather_selections(metadata, [s.clone() for s in selections])
+    agreement = compare_selections(picks, expected, logits, atol=bound * scale, rtol=0.0)
+    return TopkCheck(agreement, poisoned_out, f"fused ({backend.name})")
 
 
 def check_topk(

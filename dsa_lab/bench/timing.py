@@ -330,9 +330,11 @@ def step_timing_method(device: torch.device, method: str, config: TimingConfig) 
         return timing_method(device, replace(config, use_graph=False))
     if device.type != "cuda":
         raise ValueError(
-            f"timer='graph': CUDA-graph replay needs a CUDA device, this step runs on {device}; "
+            f"timer={method!r}: CUDA-graph replay needs a CUDA device, this step runs on {device}; "
             "allowed here: 'events' (wall clock off CUDA)"
         )
+    if method == "replay":
+        return "cuda_graph_replay_ragged_cold_l2"  # `bench.replay`: one graph over many ragged steps
     return "cuda_graph_step_cold_l2" if config.cold_l2 else "cuda_graph_step_warm_l2"
 
 
@@ -356,6 +358,8 @@ def time_step(
     """
     device = torch.device(device)
     name = step_timing_method(device, method, config)
+    if method == "replay":
+        raise ValueError("timer='replay' times a ragged step over many replays: `bench.replay.replay_point`")
     if method == "events":
         return time_callable(step, device, replace(config, use_graph=False))
     return _time_step_graph(step, device, config, name)

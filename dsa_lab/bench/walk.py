@@ -33,12 +33,14 @@ from dsa_lab.bench.check import InputGuard, checked_requests, handed_inputs
 from dsa_lab.bench.inputs import MEMORY_HEADROOM, Workload, free_device_bytes, point_bytes, workload_bytes
 from dsa_lab.bench.numerics import cache_k_scales
 from dsa_lab.bench.point import BLOCK_SIZE, Point, SweepSpec
+from dsa_lab.bench.replay import replay_skip
 from dsa_lab.bench.timing import TimingConfig, step_timing_method
 from dsa_lab.decode import LaunchInputs, check_launches, native_sizes_for, pack_launch
 from dsa_lab.errors import BackendUnavailable, UnsupportedShape, probe
 from dsa_lab.kernels import LogitsBackend, get_backend
 from dsa_lab.metadata import DecodeMetadata
 from dsa_lab.plan import LaunchPlan
+from dsa_lab.topk import DEFAULT_TOPK, get_topk
 from dsa_lab.workload import DecodeInputs
 
 
@@ -104,6 +106,15 @@ def skip_reason(point: Point, device: torch.device, plan: LaunchPlan | None = No
         step_timing_method(device, point.timer, TimingConfig())
     except ValueError as err:  # a CUDA-graph replay off CUDA
         return str(err)
+    if backend.fuses_topk and (point.timed == "logits" or point.timer == "replay"):
+        return f"backend {point.backend!r} fuses the top-k: its unit is the step (timed logits+topk, not replayed)"
+    if point.timer == "replay" and (why := replay_skip(point)) is not None:
+        return why
+    if point.timed != "logits":
+        try:
+            get_topk(point.topk_impl).require(device, DEFAULT_TOPK)
+        except (ValueError, BackendUnavailable) as err:  # vLLM's top-k off CUDA, or a k it does not take
+            return str(err)
     if plan is None:
         plan = point.plan(point.seq_lens(seed), native_sizes(backend, device), seed)
     if plan.same_as_native:

@@ -1,8 +1,8 @@
 """What the GPU compiler made of a kernel, read from its cubin and PTX: no GPU needed.
 
-The ahead-of-time tests and the kernels' dev scripts ask the same questions of a compiled
-kernel (registers, spills, shared memory, which MMA instructions ptxas emitted), so they read
-them here, with the cuobjdump that Triton ships.
+The ahead-of-time tests and `dsa-lab env --aot` (`kernels.aot`) ask the same questions of a
+compiled kernel (registers, spills, shared memory, which MMA instructions ptxas emitted), so they
+read them here, with the cuobjdump that Triton ships.
 """
 
 from __future__ import annotations

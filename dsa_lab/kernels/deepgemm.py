@@ -38,14 +38,9 @@ from typing import Any, ClassVar
 import torch
 
 from dsa_lab.errors import BackendUnavailable, check_range, check_tensor
-from dsa_lab.kernels.registry import (
-    Availability,
-    LogitsBackend,
-    ModelTraits,
-    Numerics,
-    check_logits_args,
-    register_backend,
-)
+from dsa_lab.kernels.convention import check_logits_args
+from dsa_lab.kernels.descriptor import Availability, KernelFit, LogitsBackend, ModelTraits, Numerics
+from dsa_lab.kernels.registry import register_backend
 
 SUPPORTED_MAJORS = (9, 10, 12)
 SM90_MAJOR, SM100_MAJOR = 9, 10
@@ -131,7 +126,7 @@ class DeepGemmBackend(LogitsBackend):
     marker = "o"
     color = "#8c564b"
     in_vllm = True  # what vLLM 0.33 calls on SM90 and SM100
-    presets = ("smoke", "h200-full", "sm100")
+    presets = ("smoke", "h200-full", "sm100", "step")
     cleans_tail = False
     supported_majors: ClassVar[tuple[int, ...]] = SUPPORTED_MAJORS
     native_sizes: ClassVar[Mapping[int, tuple[int, ...]]] = {SM90_MAJOR: SM90_NATIVE_NEXT_N}
@@ -150,6 +145,13 @@ class DeepGemmBackend(LogitsBackend):
             assumption="DeepGEMM's SM100 kernel sums relu x weight over heads in bf16 pairs (one CUDA-core "
             "instruction a head); an FP32 epilogue (two a head) would double fp32_epilogue",
         ),
+    }
+    # Fitted on the shipped H200 study sweep by `model.calibration.fit_efficiencies` (tests/test_model.py names the
+    # run, fits again and holds these to it); applied on SM100 too, where no measurement exists here.
+    model_fits: ClassVar[Mapping[str, KernelFit]] = {
+        "native": KernelFit(0.8, 0.55, 7.0, 4.0),
+        "flatten": KernelFit(0.95, 0.3, 6.0, 8.0),
+        "atom": KernelFit(0.9, 0.525, 5.5, 8.0),
     }
     versions: ClassVar[tuple[str, ...]] = ("deep_gemm",)
     resume_fields: ClassVar[tuple[str, ...]] = ("deep_gemm",)

@@ -33,7 +33,8 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 from dsa_lab.kernels.deepgemm import SM90_MAJOR, SM90_TRAITS, DeepGemmBackend
-from dsa_lab.kernels.registry import ModelTraits, register_backend
+from dsa_lab.kernels.descriptor import KernelFit, ModelTraits
+from dsa_lab.kernels.registry import register_backend
 
 ENV_VAR = "DSA_LAB_DEEPGEMM_PR340"
 ORIGIN_FILE = "ORIGIN"
@@ -126,10 +127,16 @@ class DeepGemmPR340Backend(DeepGemmBackend):
     marker = "h"  # a hexagon: "X" is the modeled glyph (plots.style.MODELED_MARKER)
     color = "#e377c2"
     in_vllm = False  # no vLLM release calls it
-    presets = ("h200-full",)  # SM90 only; its points are skipped (with the reason) where no build is pointed at
+    presets = ("h200-full", "step")  # SM90 only; its points are skipped (with the reason) where no build is pointed at
     supported_majors: ClassVar[tuple[int, ...]] = (SM90_MAJOR,)
     native_sizes: ClassVar[Mapping[int, tuple[int, ...]]] = {SM90_MAJOR: PR340_SM90_NATIVE}
     model_traits: ClassVar[Mapping[str, ModelTraits]] = {"sm90": SM90_TRAITS}
+    # Fitted on the shipped H200 sweep that timed it (issue 13's; tests/test_model.py names it and fits again).
+    model_fits: ClassVar[Mapping[str, KernelFit]] = {
+        "native": KernelFit(0.8, 0.45, 7.0, 8.0),
+        "flatten": KernelFit(0.9, 0.325, 6.0, 8.0),
+        "atom": KernelFit(1.0, 0.45, 5.0, 8.0),
+    }
     versions: ClassVar[tuple[str, ...]] = ()  # a build has no version of its own (`version_note` names its commit)
     resume_fields: ClassVar[tuple[str, ...]] = ("deepgemm_pr340_origin",)
 

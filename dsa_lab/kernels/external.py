@@ -139,7 +139,7 @@ def _check_registered(what: str, new: tuple[str, ...]) -> None:
     if not new:
         raise ExternalBackendError(
             f"{what}: registers no backend (decorate a LogitsBackend subclass with "
-            "@register_backend, from dsa_lab.kernels.registry)"
+            "@register_backend, from dsa_lab.kernels)"
         )
     for name in new:
         try:

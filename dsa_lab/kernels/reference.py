@@ -44,7 +44,9 @@ from typing import Any, ClassVar
 import torch
 
 from dsa_lab.cache import CACHE_DTYPES, E2M1_VALUES, FP8_MAX, MX_GROUP, PagedCache, split_block
-from dsa_lab.kernels.registry import LogitsBackend, check_logits_args, check_logits_values, register_backend
+from dsa_lab.kernels.convention import check_logits_args, check_logits_values
+from dsa_lab.kernels.descriptor import LogitsBackend
+from dsa_lab.kernels.registry import register_backend
 
 CHUNK_TOKENS = 8192
 FP8_QUANTUM_LOG2 = -9  # every e4m3 value is a multiple of 2^-9

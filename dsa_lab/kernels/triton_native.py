@@ -10,16 +10,15 @@ of two (`chunk_plan`, e.g. n=3, H=64 -> 2+1 rows = 128+64 dot columns), so odd
 next_n waste no tensor-core work on padding.
 
 The kernel is jitted on first use, not at import, so the TRITON_INTERPRET in force
-then decides compiled vs interpreted; the interpreter also needs the variable set
-before triton's first import (`interpreter_state`). docs/triton_kernel.md has the
+then decides compiled vs interpreted (`kernels.jit`). docs/triton_kernel.md has the
 design, the config space and the H200 measurements behind `choose_config`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -27,16 +26,11 @@ from typing import Any, ClassVar
 import torch
 
 from dsa_lab.errors import check_choice, check_range
-from dsa_lab.kernels.registry import (
-    Availability,
-    ConfigSpace,
-    LogitsBackend,
-    ModelTraits,
-    check_native_call,
-    num_sms,
-    ready_native_call,
-    register_backend,
-)
+from dsa_lab.kernels.chunks import binary_chunks
+from dsa_lab.kernels.convention import check_native_call, num_sms, ready_native_call
+from dsa_lab.kernels.descriptor import RULE, Availability, ConfigSpace, KernelFit, LogitsBackend, ModelTraits
+from dsa_lab.kernels.jit import compile_ahead, interpreter_enabled, interpreter_state, jitted
+from dsa_lab.kernels.registry import register_backend
 
 try:
     import triton
@@ -123,28 +117,15 @@ def choose_config(next_n: int, heads: int, head_dim: int, capability: tuple[int,
 
 
 def chunk_plan(next_n: int, heads: int, dot_rows: int) -> tuple[tuple[int, int], ...]:
-    """(first query row, query rows) of each tl.dot: full chunks, then the remainder's binary parts.
-
-    Each chunk holds a power-of-two number of query rows (tl.dot shapes are powers of
-    two), at most `dot_rows // heads`, and the chunks tile 0..next_n-1 exactly.
-    """
+    """(first query row, query rows) of each tl.dot, checked: the shared plan (`chunks.binary_chunks`) at
+    `dot_rows // heads` rows a chunk (tl.dot shapes are powers of two)."""
     next_n = check_range("next_n", next_n, 1, MAX_NEXT_N)
     heads = check_range("heads", heads, 1, 1 << 10)
     dot_rows = check_range("dot_rows", dot_rows, 1, 1 << 12)
     per_dot = max(1, dot_rows // heads)
     if per_dot & (per_dot - 1):
         raise ValueError(f"dot_rows={dot_rows}: dot_rows/heads must be a power of two (heads={heads})")
-    plan, first = [], 0
-    for _ in range(next_n // per_dot):
-        plan.append((first, per_dot))
-        first += per_dot
-    size = per_dot
-    while first < next_n:
-        size //= 2
-        if next_n - first >= size:
-            plan.append((first, size))
-            first += size
-    return tuple(plan)
+    return binary_chunks(next_n, per_dot)
 
 
 def blocks_per_program(batch: int, col_blocks: int, num_sms: int) -> int:
@@ -242,16 +223,6 @@ def _paged_mqa_logits_kernel(
         tl.store(out_ptr + out_rows[:, None] * out_stride + pos[None, :], ninf, mask=mask)
 
 
-@functools.cache
-def _jitted(interpret: bool) -> Any:
-    """Decorate the kernel on first use, so the TRITON_INTERPRET in force then applies.
-
-    `interpret` only keys the cache: triton.jit reads the variable itself.
-    """
-    del interpret
-    return triton.jit(_paged_mqa_logits_kernel)
-
-
 # The kernel's runtime arguments as `_launch` passes them: the types and the 16-byte alignment an
 # ahead-of-time compile assumes (the three strides are multiples of 16 at the study's shapes).
 POINTER_ARGS = {
@@ -280,15 +251,9 @@ def kernel_constexprs(next_n: int, heads: int, head_dim: int, config: KernelConf
 
 
 def compile_for(arch: int, next_n: int, heads: int, head_dim: int, config: KernelConfig) -> Any:
-    """Compile the kernel ahead of time for `sm_<arch>` (no GPU needed); Triton's CompiledKernel.
-
-    Call it where TRITON_INTERPRET is unset: triton.jit picks the interpreter otherwise.
-    Every argument is checked first (`arch` among `AOT_ARCHS`), so Triton never sees one it would
-    fail on with an error of its own.
-    """
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    """Compile the kernel ahead of time for `sm_<arch>` (no GPU needed, `jit.compile_ahead`); Triton's
+    CompiledKernel. Every argument is checked first (`arch` among `AOT_ARCHS`), so Triton never sees one
+    it would fail on with an error of its own."""
     check_choice("arch", arch, AOT_ARCHS)
     check_range("next_n", next_n, 1, MAX_NEXT_N)
     check_choice("heads", heads, TritonNativeBackend.heads)
@@ -296,49 +261,14 @@ def compile_for(arch: int, next_n: int, heads: int, head_dim: int, config: Kerne
     if not isinstance(config, KernelConfig):
         raise ValueError(f"config={config!r:.60}: expected a KernelConfig")
 
-    fn = triton.jit(_paged_mqa_logits_kernel)
-    constexprs = kernel_constexprs(next_n, heads, head_dim, config)
-    signature, attrs = {}, {}
-    for index, param in enumerate(fn.params):
-        if param.is_constexpr:
-            if param.name not in constexprs:
-                raise KeyError(f"kernel constexpr {param.name!r}: kernel_constexprs gives it no value")
-            signature[param.name] = "constexpr"
-        elif param.name in POINTER_ARGS:
-            signature[param.name] = POINTER_ARGS[param.name]
-        elif param.name in INT_ARGS:
-            signature[param.name] = "i32"
-        else:
-            raise KeyError(f"kernel argument {param.name!r}: POINTER_ARGS / INT_ARGS give it no type")
-        if param.name in POINTER_ARGS or param.name in ALIGNED_INT_ARGS:
-            attrs[(index,)] = [["tt.divisibility", 16]]
-    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
-
-
-def interpreter_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
-
-
-def interpreter_state() -> Availability:
-    """Can the interpreter run the kernel in this process?
-
-    triton.jit picks the interpreter when a function is decorated, and triton.language's
-    own jitted helpers (tl.sum, tl.max) are decorated when triton is first imported, so
-    TRITON_INTERPRET=1 set after that import (say, after vllm imported triton) cannot work.
-    """
-    if not interpreter_enabled():
-        return Availability(False, "on CPU the Triton kernel needs the interpreter: set TRITON_INTERPRET=1")
-    from triton.runtime.interpreter import InterpretedFunction
-
-    if not isinstance(tl.sum, InterpretedFunction):
-        return Availability(
-            False,
-            "TRITON_INTERPRET=1 was set after triton was first imported in this process; "
-            "set it before that import (in the shell or tests/conftest.py)",
-        )
-    return Availability(True, "Triton interpreter (TRITON_INTERPRET=1)")
+    return compile_ahead(
+        _paged_mqa_logits_kernel,
+        arch,
+        {**POINTER_ARGS, **dict.fromkeys(INT_ARGS, "i32")},
+        kernel_constexprs(next_n, heads, head_dim, config),
+        {"num_warps": config.num_warps, "num_stages": config.num_stages},
+        aligned={*POINTER_ARGS, *ALIGNED_INT_ARGS},
+    )
 
 
 @functools.cache
@@ -400,8 +330,8 @@ def _launch(
     config: KernelConfig,
     out: torch.Tensor | None,
 ) -> tuple[torch.Tensor, Any]:
-    """Launch on checked, contiguous arguments; also return Triton's compiled kernel (the dev
-    script reads its registers and SASS). Timing loops call this directly, skipping the checks."""
+    """Launch on checked, contiguous arguments; also return Triton's compiled kernel (its registers and
+    SASS are `cubin.resource_counts`'). Timing loops call this directly, skipping the checks."""
     batch, next_n, heads, dim = q.shape
     if out is None:
         out = torch.empty(batch * next_n, max_context_len, dtype=torch.float32, device=q.device)
@@ -413,7 +343,7 @@ def _launch(
         sms = num_sms(q.device.index or 0) if q.device.type == "cuda" else 132
         bpp = blocks_per_program(batch, col_blocks, sms)
     grid = (batch, -(-col_blocks // bpp))
-    kernel = _jitted(interpreter_enabled())[grid](
+    kernel = jitted(_paged_mqa_logits_kernel)[grid](
         q,
         kv_cache.view(torch.float8_e4m3fn),
         weights,
@@ -450,7 +380,20 @@ class TritonNativeBackend(LogitsBackend):
     model_traits: ClassVar[Mapping[str, ModelTraits]] = dict.fromkeys(
         ("sm90", "sm100"), ModelTraits(1, 4, 2.0, program_blocks=blocks_per_program, flatten_dram_share=0.023)
     )
+    # Fitted on the shipped H200 study sweep (tests/test_model.py names the run, fits again and holds these to it).
+    model_fits: ClassVar[Mapping[str, KernelFit]] = {
+        "native": KernelFit(0.85, 0.525, 6.0, 1.5, 0.7),
+        "flatten": KernelFit(0.65, 0.35, 4.5, 3.0, 0.5),
+        "atom": KernelFit(0.7, 0.675, 5.0, 1.5, 0.7),
+    }
     config_space: ClassVar[ConfigSpace] = ConfigSpace(KernelConfig, choose_config, paged_mqa_logits_triton)
+    aot_archs: ClassVar[tuple[int, ...]] = AOT_ARCHS
+
+    def compile_ahead(self, arch: int, next_n: int, heads: int, head_dim: int, config: str = RULE) -> tuple[str, Any]:
+        """The rule's config for that target (`choose_config` at its capability), with `config`'s knobs set."""
+        knobs = self.config_space.parse(self.name, config)
+        chosen = dataclasses.replace(choose_config(next_n, heads, head_dim, (arch // 10, arch % 10)), **knobs)
+        return chosen.describe(), compile_for(arch, next_n, heads, head_dim, chosen)
 
     def availability(self, device: torch.device) -> Availability:
         if triton is None:

@@ -1,8 +1,8 @@
 """Where the performance model's numbers come from, and how far it is from measurements.
 
 - `fit_efficiencies`: a grid search of each backend x strategy's `KernelFit` on a measured
-  sweep (least squares on log time); the constants in `indexer.FITS` are its answer on the
-  shipped H200 sweep, and tests re-fit to check they still are.
+  sweep (least squares on log time); each backend's `model_fits` are its answer on the shipped
+  H200 sweep that timed it, and tests fit again to check they still are.
 - `reread_table`: DRAM bytes over unique KV bytes per profiled kernel, from the shipped
   Nsight Compute table: how much of flatten's re-reading really reaches DRAM.
 - `h200_errors`: the model against every measured H200 point.
@@ -19,8 +19,9 @@ import pandas as pd
 
 from dsa_lab import axes
 from dsa_lab.kernels import vllm_backend
+from dsa_lab.kernels.descriptor import KernelFit
 from dsa_lab.model.gpus import GpuCeilings, get_gpu
-from dsa_lab.model.indexer import FITS, KernelFit, fit_key, predict, program_spec_us, spec_us, step_work, traits
+from dsa_lab.model.indexer import fit_key, fits, predict, program_spec_us, spec_us, step_work, traits
 from dsa_lab.workload import ContextSpec
 
 FIT_GRID = {
@@ -196,5 +197,5 @@ def trtllm_13219(gpu: str = "B200") -> pd.DataFrame:
 
 
 def fits_table() -> pd.DataFrame:
-    """`indexer.FITS` as a table."""
-    return pd.DataFrame([{"backend": b, "strategy": s, **vars(f)} for (b, s), f in FITS.items()])
+    """Every modeled backend's fitted efficiencies (`indexer.fits`) as a table."""
+    return pd.DataFrame([{"backend": b, "strategy": s, **vars(f)} for (b, s), f in fits().items()])

@@ -4,7 +4,8 @@ Backend, strategy, batch, context and next_n take comma-separated lists in the h
 one list syntax (`axes.Axis.parse`: `--next-n 1,3,8`, `--strategy all`); every
 combination is modeled. One combination prints the terms behind its time; several print
 a row each, and a combination the model refuses (no SM90 kernel for 3 rows) is listed with
-the reason. `--json` prints one JSON object per combination, one a line.
+the reason. Tables name a backend by its label (`LogitsBackend.label`, as charts do); `--json`
+prints one JSON object per combination, one a line, with the backend's name.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 from typing import Any
 
 from dsa_lab import axes
-from dsa_lab.kernels import modeled_backends, vllm_backend
+from dsa_lab.kernels import get_backend, modeled_backends, vllm_backend
 from dsa_lab.model.gpus import GPUS, get_gpu
 from dsa_lab.model.indexer import Prediction, predict
 from dsa_lab.workload import ContextSpec
@@ -72,12 +73,20 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _label(name: str) -> str:
+    """A backend's label, as charts and tables name it, escaped for rich (a plug-in's label is its own text)."""
+    from rich.markup import escape
+
+    return escape(get_backend(name).label)
+
+
 def _print_terms(console: Any, gpu: Any, modeled: tuple[dict[str, Any], Prediction, ContextSpec]) -> None:
     from rich.table import Table
 
     point, result, context = modeled
     table = Table(
-        title=f"modeled: {point['backend']} {point['strategy']}, {gpu.name}, B={point['batch']}, L={context.label}, "
+        title=f"modeled: {_label(point['backend'])} {point['strategy']}, {gpu.name}, B={point['batch']}, "
+        f"L={context.label}, "
         f"next_n={point['next_n']}"
     )
     table.add_column("term")
@@ -108,7 +117,7 @@ def _print_grid(
     table.add_column("bound")
     for point, result, context in modeled:
         table.add_row(
-            point["backend"],
+            _label(point["backend"]),
             point["strategy"],
             str(point["batch"]),
             context.short,
@@ -120,7 +129,7 @@ def _print_grid(
     console.print(table)
     for point, reason in refused:
         console.print(
-            f"not modeled: {point['backend']} {point['strategy']} B={point['batch']} "
+            f"not modeled: {get_backend(point['backend']).label} {point['strategy']} B={point['batch']} "
             f"L={ContextSpec.parse(point['context']).short} "
             f"next_n={point['next_n']}: {reason}",
             markup=False,

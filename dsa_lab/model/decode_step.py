@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from dsa_lab.acceptance import PUBLISHED
 from dsa_lab.errors import check_positive, check_range
+from dsa_lab.kernels import vllm_backend
 from dsa_lab.model.gpus import GpuCeilings, get_gpu
 from dsa_lab.workload import MAX_NEXT_N, MAX_SEQ_LEN
 
@@ -181,7 +182,7 @@ def decode_step(
         check_positive("draft_indexer_us", draft_indexer_us, allow_zero=True)
     if next_n > 1 and draft_indexer_us is None:
         raise ValueError(f"draft_indexer_us: needed for next_n={next_n} (the MTP drafts run the indexer at next_n = 1)")
-    logit_bytes = 2 if spec.arch == "sm100" else 4  # DeepGEMM's SM100 kernel writes bf16 logits
+    logit_bytes = vllm_backend().model_traits[spec.arch].logit_bytes  # what vLLM's kernel writes there (SM100: bf16)
     components: dict[str, float] = {"indexer logits": shape.layers * indexer_us}
     lm_head = Part(hbm_bytes=2 * shape.vocab * shape.hidden, flops=0.0)
     for layers, moe in ((shape.layers - shape.dense_layers, True), (shape.dense_layers, False)):

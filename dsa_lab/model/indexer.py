@@ -5,7 +5,7 @@ Every launch of the step costs
     t = launch_us + max(combine(T_hbm, T_mma, T_epilogue), T_program)
 
 where each term is the launch's work at a ceiling of `gpus.GpuCeilings` times an
-efficiency fitted on this project's H200 sweep (`FITS`, per backend and strategy):
+efficiency fitted on this project's H200 sweeps (each backend's `model_fits`, per strategy):
 
 - T_hbm: DRAM bytes (KV as the kernel really fetches it from DRAM, logits written, q and
   weights) / (HBM bandwidth x `bw`);
@@ -16,7 +16,8 @@ efficiency fitted on this project's H200 sweep (`FITS`, per backend and strategy
 - T_program (a kernel of fixed KV slices, Triton's): its largest program (a fixed run of KV blocks of one request)
   at `serial` times one SM's share of the rates; DeepGEMM spreads work evenly.
 
-How each kernel works decides the counts (each backend's `ModelTraits`, read from its source):
+How each kernel works decides the counts (each backend's `ModelTraits`, read from its source;
+the model names no backend: it reads their descriptors, and `unmodeled` says which it cannot time):
 DeepGEMM's SM90 kernel takes 1, 2 or 4 rows natively; its SM100 kernel cuts a request's
 rows into Q blocks of 128 / heads tokens (2 at 64 heads) that re-read the request's KV
 chunk from L2, not DRAM, so any next_n is native with rows padded to an even count; it
@@ -33,8 +34,8 @@ from dataclasses import dataclass, field
 
 from dsa_lab.cache import CACHE_DTYPES, bytes_per_token, check_head_dim
 from dsa_lab.errors import check_choice, check_int_sequence, check_range
-from dsa_lab.kernels import get_backend, modeled_backends, vllm_backend
-from dsa_lab.kernels.registry import ModelTraits
+from dsa_lab.kernels import backend_names, get_backend, modeled_backends, vllm_backend
+from dsa_lab.kernels.descriptor import KernelFit, ModelTraits
 from dsa_lab.metadata import STRATEGIES, AtomPiece
 from dsa_lab.model.gpus import ARCH_MAJORS, GpuCeilings, get_gpu
 from dsa_lab.plan import LaunchPlan
@@ -43,45 +44,46 @@ from dsa_lab.workload import MAX_NEXT_N, SUPPORTED_BLOCK_SIZES
 BLOCK_TOKENS = SUPPORTED_BLOCK_SIZES[0]  # tokens a KV block holds (a Triton program's unit)
 
 
-@dataclass(frozen=True)
-class KernelFit:
-    """Efficiencies of one backend's strategy, fitted on the H200 sweep (`calibration.fit_efficiencies`)."""
-
-    bw: float  # fraction of HBM bandwidth
-    compute: float  # fraction of the FP8 and FP32 rates
-    launch_us: float  # fixed cost of a launch
-    overlap: float  # p of the p-norm that combines the three terms
-    serial: float = (
-        1.0  # a kernel of fixed KV slices: the fraction of one SM's share of the rates its largest program reaches
-    )
+class NotModeled(ValueError):
+    """A backend, path or cache the model cannot time, and why (what it lacks, what it has)."""
 
 
-# Fitted on the shipped H200 sweeps by `calibration.fit_efficiencies`: DeepGEMM and Triton on the study's
-# sweep, Gluon and PR #340 on the run that timed them (tests/test_model.py names both, re-fits and checks
-# these). Errors: `calibration.h200_errors`.
-FITS: dict[tuple[str, str], KernelFit] = {
-    ("deepgemm", "native"): KernelFit(0.8, 0.55, 7.0, 4.0),
-    ("deepgemm", "flatten"): KernelFit(0.95, 0.3, 6.0, 8.0),
-    ("deepgemm", "atom"): KernelFit(0.9, 0.525, 5.5, 8.0),
-    ("triton", "native"): KernelFit(0.85, 0.525, 6.0, 1.5, 0.7),
-    ("triton", "flatten"): KernelFit(0.65, 0.35, 4.5, 3.0, 0.5),
-    ("triton", "atom"): KernelFit(0.7, 0.675, 5.0, 1.5, 0.7),
-    ("gluon", "native"): KernelFit(0.8, 0.5, 8.0, 8.0),
-    ("gluon", "flatten"): KernelFit(0.95, 0.3, 7.0, 8.0),
-    ("deepgemm-pr340", "native"): KernelFit(0.8, 0.45, 7.0, 8.0),
-    ("deepgemm-pr340", "flatten"): KernelFit(0.9, 0.325, 6.0, 8.0),
-    ("deepgemm-pr340", "atom"): KernelFit(1.0, 0.45, 5.0, 8.0),
-}
-CALIBRATION = f"efficiencies fitted on the shipped H200 sweeps ({len(FITS)} backend x strategy fits)"
+def fits() -> dict[tuple[str, str], KernelFit]:
+    """Every modeled backend's fitted efficiencies, per (backend, strategy) (`LogitsBackend.model_fits`)."""
+    return {(name, s): fit for name in modeled_backends() for s, fit in get_backend(name).model_fits.items()}
+
+
+def calibration_note() -> str:
+    """What a prediction's efficiencies are, in words (every row the model makes carries it)."""
+    return f"efficiencies fitted on the shipped H200 sweeps ({len(fits())} backend x strategy fits)"
+
+
+def unmodeled(arch: str) -> dict[str, str]:
+    """Every registered backend the model cannot time on `arch` ('sm90', 'sm100'), with why."""
+    check_choice("arch", arch, tuple(ARCH_MAJORS))
+    out = {}
+    for name in backend_names():
+        backend = get_backend(name)
+        if not backend.model_traits:
+            out[name] = f"backend {name!r} declares no model_traits (how its kernel spends its work)"
+        elif arch not in backend.model_traits:
+            out[name] = f"backend {name!r} has no kernel on {arch} to model (it models {sorted(backend.model_traits)})"
+        elif not backend.model_fits:
+            out[name] = (
+                f"backend {name!r} declares model_traits but no model_fits (its efficiencies: "
+                "`model.calibration.fit_efficiencies` on a run that timed it)"
+            )
+    return out
 
 
 def traits(backend: str, arch: str) -> ModelTraits:
-    """How `backend`'s kernel on `arch` spends its work, as the backend declares it (`LogitsBackend.model_traits`)."""
-    check_choice("backend", backend, modeled_backends())
-    declared = get_backend(backend).model_traits
-    if arch not in declared:
-        raise ValueError(f"backend {backend!r} has no kernel on {arch} to model (it models {sorted(declared)})")
-    return declared[arch]
+    """How `backend`'s kernel on `arch` spends its work, as the backend declares it (`LogitsBackend.model_traits`);
+    NotModeled says why for a backend the model cannot time there (`unmodeled`)."""
+    check_choice("backend", backend, backend_names())
+    why = unmodeled(arch).get(backend)
+    if why is not None:
+        raise NotModeled(why)
+    return get_backend(backend).model_traits[arch]
 
 
 def native_sizes(backend: str, arch: str) -> tuple[int, ...] | None:
@@ -137,7 +139,7 @@ def step_work(
     kernel = traits(backend, gpu.arch)
     native = native_sizes(backend, gpu.arch)
     if strategy == "native" and native is not None and next_n not in native:
-        raise ValueError(f"next_n={next_n}: {backend} on {gpu.arch} runs {native} natively; use atom or flatten")
+        raise NotModeled(f"next_n={next_n}: {backend} on {gpu.arch} runs {native} natively; use atom or flatten")
     sizes = atom_sizes(backend, gpu.arch, next_n)
     plan = LaunchPlan(tuple(seq_lens), next_n, strategy, heads, head_dim, cache_dtype, sizes)
     per_token = bytes_per_token(head_dim, cache_dtype)
@@ -200,7 +202,7 @@ def mma_tflops(gpu: GpuCeilings, cache_dtype: str) -> float:
     if cache_dtype == "fp8":
         return gpu.fp8_tflops.value
     if gpu.fp4_tflops is None:
-        raise ValueError(f"cache_dtype={cache_dtype!r}: {gpu.name} has no MXFP4 MMA (vLLM accepts it on SM100 only)")
+        raise NotModeled(f"cache_dtype={cache_dtype!r}: {gpu.name} has no MXFP4 MMA (vLLM accepts it on SM100 only)")
     return gpu.fp4_tflops.value
 
 
@@ -272,7 +274,7 @@ class Prediction:
     mma_flops: float
     fit: KernelFit
     source: str = "modeled"
-    calibration: str = CALIBRATION
+    calibration: str = field(default_factory=calibration_note)
     assumptions: tuple[str, ...] = field(default_factory=tuple)
 
     def as_dict(self) -> dict[str, object]:
@@ -320,11 +322,12 @@ def predict(
     check_choice("cache_dtype", cache_dtype, CACHE_DTYPES)
     head_dim = check_head_dim(head_dim, cache_dtype)
     if cache_dtype not in kernel.cache_dtypes:
-        raise ValueError(f"cache_dtype={cache_dtype!r}: {backend} on {spec.name} is modeled for {kernel.cache_dtypes}")
+        raise NotModeled(f"cache_dtype={cache_dtype!r}: {backend} on {spec.name} is modeled for {kernel.cache_dtypes}")
     key = fit_key(backend, strategy, next_n, spec.arch)
-    if key not in FITS:
-        raise ValueError(f"backend={backend!r}, strategy={key[1]!r}: no fitted efficiencies (fitted: {sorted(FITS)})")
-    fit = FITS[key]
+    fitted = get_backend(backend).model_fits
+    if key[1] not in fitted:
+        raise NotModeled(f"backend={backend!r}, strategy={key[1]!r}: no fitted efficiencies (fitted: {sorted(fitted)})")
+    fit = fitted[key[1]]
     works = step_work(spec, backend, strategy, seq_lens, next_n, heads, head_dim, cache_dtype)
     total, ceiling, modeled, dominant = 0.0, dict.fromkeys(TERMS, 0.0), dict.fromkeys(TERMS, 0.0), (0.0, "launch")
     for work in works:

@@ -1,6 +1,6 @@
 """The ahead-of-time helpers of our Triton and Gluon kernels: an arch outside the allowed list, shapes and
-configs they do not take, all refused before Triton sees them (the Gluon checks are `kernels.gluon_config`'s
-and `gluon_native.compile_for`'s)."""
+configs they do not take, all refused before Triton sees them (the Gluon checks are `kernels.gluon.config`'s
+and `kernels.gluon.launch.compile_for`'s)."""
 
 from __future__ import annotations
 
@@ -88,13 +88,13 @@ for _args, _name in (
 
 
 def _gluon_config(**fields):
-    from dsa_lab.kernels import gluon_config as gc
+    from dsa_lab.kernels.gluon import config as gc
 
     return gc.GluonConfig(**fields)
 
 
 def _gluon_compile(arch=90, next_n=1, heads=64, head_dim=128, config=None):
-    from dsa_lab.kernels import gluon_native as gn
+    from dsa_lab.kernels.gluon import launch as gn
 
     return gn.compile_for(arch, next_n, heads, head_dim, _gluon_config() if config is None else config)
 
@@ -129,7 +129,7 @@ for _args, _name in (
 ):
 
     def _gluon_plan(tmp: Path, args=_args, name=_name) -> Result:
-        from dsa_lab.kernels import gluon_config as gc
+        from dsa_lab.kernels.gluon import config as gc
 
         return refused(lambda: gc.gluon_chunk_plan(*args), name)
 
@@ -157,7 +157,7 @@ for _args, _name in (
 ):
 
     def _shared(tmp: Path, args=_args, name=_name) -> Result:
-        from dsa_lab.kernels import gluon_config as gc
+        from dsa_lab.kernels.gluon import config as gc
 
         *shape, config = args
         config = _gluon_config() if config == "default" else config

@@ -1,7 +1,7 @@
 """The Gluon kernel's config space and the arithmetic of its resources, in plain Python.
 
 Nothing here needs Triton: the host checks a config, the shared memory and registers it takes,
-and how query rows become MMA chunks, on any machine. `gluon_kernel.py` reads the same functions
+and how query rows become MMA chunks, on any machine. `kernel.py` reads the same functions
 at compile time (through `triton.constexpr_function`), so host and kernel agree by construction.
 docs/triton_kernel.md (rounds 5-11) holds the H200 measurements behind `choose_gluon_config`.
 """
@@ -11,14 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsa_lab.errors import check_choice, check_range
-
-try:
-    from triton import constexpr_function as _constexpr_function  # the kernel calls these at compile time
-except ImportError:  # no Triton: plain functions, the host arithmetic still works
-
-    def _constexpr_function(fn):
-        return fn
-
+from dsa_lab.kernels.chunks import binary_chunks
+from dsa_lab.kernels.chunks import constexpr_function as _constexpr_function  # the kernel calls these at compile time
 
 BLOCK_SIZE = 64  # KV tokens a page holds, and the M of every MMA
 MAX_NEXT_N = 16
@@ -87,7 +81,7 @@ def check_shape(next_n: int, heads: int, head_dim: int) -> None:
 def chunk_plan(next_n: int, heads: int, mode: str, mma_columns: int) -> tuple[tuple[int, int], ...]:
     """(first query row, query rows) of each MMA, unchecked: the kernel calls this at compile time.
 
-    `pair`: full chunks of mma_columns / H rows, then the remainder's binary parts (n=3, H=64:
+    `pair`: the shared plan (`chunks.binary_chunks`) at mma_columns / H rows a chunk (n=3, H=64:
     2 + 1, i.e. N=128 + N=64). `row`: one N=H chunk a row. `pad`: next_n rounded up to a power of
     two, in chunks of at most mma_columns / H rows, so the last chunk may hold rows >= next_n,
     computed on unloaded shared memory and never stored (n=3: one N=256 MMA).
@@ -98,18 +92,7 @@ def chunk_plan(next_n: int, heads: int, mode: str, mma_columns: int) -> tuple[tu
     if mode == "pad":
         size = min(per_mma, 1 << (next_n - 1).bit_length())
         return tuple((first, size) for first in range(0, next_n, size))
-    plan = []
-    first = 0
-    for _ in range(next_n // per_mma):
-        plan.append((first, per_mma))
-        first += per_mma
-    size = per_mma
-    while first < next_n:
-        size //= 2
-        if next_n - first >= size:
-            plan.append((first, size))
-            first += size
-    return tuple(plan)
+    return binary_chunks(next_n, per_mma)
 
 
 @_constexpr_function

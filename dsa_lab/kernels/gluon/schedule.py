@@ -20,13 +20,13 @@ a clean tail. Both run under TRITON_INTERPRET, so the CPU tests run them against
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from dsa_lab.errors import check_choice, check_range, check_tensor
+from dsa_lab.kernels.jit import compile_ahead, jitted
 
 try:
     import triton
@@ -116,19 +116,6 @@ def _fill_tail_kernel(out_ptr, blocks_ptr, out_stride, width, chunks, NEXT_N: tl
 KERNELS = {"schedule": _schedule_kernel, "tail": _fill_tail_kernel}
 
 
-@functools.cache
-def _jitted(name: str, interpret: bool) -> Any:
-    """Decorate a kernel on first use, so the TRITON_INTERPRET in force then applies (`interpret` keys the cache)."""
-    del interpret
-    return triton.jit(KERNELS[name])
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def balanced_schedule(context_lens: torch.Tensor, block_table: torch.Tensor, programs: int) -> BalancedSchedule:
     """The schedule of a launch with these int32 [B, n] context lens and [B, W] block table over
     `programs` CTAs, made on the device with no host sync."""
@@ -145,7 +132,7 @@ def balanced_schedule(context_lens: torch.Tensor, block_table: torch.Tensor, pro
     ranges = torch.empty(programs + 1, 2, dtype=torch.int32, device=device)
     blocks = torch.empty(batch, dtype=torch.int32, device=device)
     pages = torch.empty(programs, FIRST_PAGES, dtype=torch.int32, device=device)
-    _jitted("schedule", _interpreting())[(1,)](
+    jitted(_schedule_kernel)[(1,)](
         context_lens, block_table, blocks, ranges, pages, batch, programs, block_table.stride(0), block_table.shape[1],
         NEXT_N=next_n, BLOCK=BLOCK_SIZE, CHUNK=SCHEDULE_CHUNK, TARGETS=triton.next_power_of_2(programs + 1),
         PAGES=FIRST_PAGES, num_warps=8,
@@ -166,7 +153,7 @@ def fill_tail(out: torch.Tensor, schedule: BalancedSchedule, next_n: int) -> Non
     if rows == 0 or width == 0:
         return
     chunks = triton.cdiv(width, TAIL_COLUMNS)
-    _jitted("tail", _interpreting())[(rows * chunks,)](
+    jitted(_fill_tail_kernel)[(rows * chunks,)](
         out, schedule.blocks, out.stride(0), width, chunks, NEXT_N=next_n, BLOCK=BLOCK_SIZE, COLUMNS=TAIL_COLUMNS,
     )  # fmt: skip
 
@@ -188,9 +175,6 @@ def compile_for(arch: int, kernel: str, next_n: int, programs: int = 132) -> Any
     check_range("programs", programs, 1, MAX_PROGRAMS)
     if triton is None:
         raise RuntimeError("compile_for needs triton, which is not importable here")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     if kernel == "schedule":
         constexprs = {"NEXT_N": next_n, "BLOCK": BLOCK_SIZE, "CHUNK": SCHEDULE_CHUNK,
                       "TARGETS": triton.next_power_of_2(programs + 1), "PAGES": FIRST_PAGES}  # fmt: skip
@@ -198,10 +182,7 @@ def compile_for(arch: int, kernel: str, next_n: int, programs: int = 132) -> Any
     else:
         constexprs = {"NEXT_N": next_n, "BLOCK": BLOCK_SIZE, "COLUMNS": TAIL_COLUMNS}
         signature, options = TAIL_SIGNATURE, {"num_warps": 4}
-    fn = triton.jit(KERNELS[kernel])
-    full = {param.name: "constexpr" if param.name in constexprs else signature[param.name] for param in fn.params}
-    source = ASTSource(fn=fn, signature=full, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    return compile_ahead(KERNELS[kernel], arch, signature, constexprs, options)
 
 
 def reference_schedule(

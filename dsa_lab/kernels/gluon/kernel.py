@@ -1,29 +1,22 @@
 """The warp-specialised Gluon paged MQA-logits kernel for Hopper (SM90): the device code only.
 
-Our own code after DeepGEMM's SM90 design (docs/triton_kernel.md, rounds 5-11, hold the design
-and the H200 measurements); `gluon_native.py` launches it, `gluon_config.py` holds its config.
+Our own code after DeepGEMM's SM90 design (docs/triton_kernel.md, rounds 5-12: the design and the H200
+measurements); `launch.py` launches it and says what it writes, `config.py` holds its config.
 
 * Persistent grid, one CTA an SM, over the work-balanced schedule of `schedule.py`: CTA p walks
   its contiguous share of the launch's real KV blocks (request-major), which may begin inside one
-  request and end inside another. Blocks past a request's longest row are never visited, so the
-  time does not grow with the logits' width (`max_context_len`).
+  request and end inside another; blocks past a request's longest row are never visited.
 * A load partition (one warp) walks that range. Per request it takes the page ids (32 a vector
-  load) and TMA-copies each K tile (`[64, D]` fp8) and its 64 float32 scales into the `KVRing`;
-  the request's first tile goes out before its Q and weights (`QueryBuffers`). The CTA's first 32
-  page ids come with the schedule (`BalancedSchedule.pages`), read alongside its range, so its
-  first KV copies wait behind one read, not two. The fused cache (page p: 64 x D
-  e4m3 bytes, then 64 f32 scales) is read through two views: K as 2-D fp8
-  `[num_blocks * (64 + 256 / D), D]`, the scales as 2-D f32 `[num_blocks, 16 * (D + 4)]`.
+  load; the CTA's first 32 come with the schedule, `BalancedSchedule.pages`) and TMA-copies each
+  K tile (`[64, D]` fp8) and its 64 float32 scales into the `KVRing`, the request's first tile
+  before its Q and weights (`QueryBuffers`). The fused cache (page p: 64 x D e4m3 bytes, then 64
+  f32 scales) is read through two views: K as 2-D fp8 `[num_blocks * (64 + 256 / D), D]`, the
+  scales as 2-D f32 `[num_blocks, 16 * (D + 4)]`.
 * `CONSUMERS` MMA + epilogue partitions (a warpgroup each) take the ring's items round-robin:
   async wgmma `S = K [64, D] @ Q_b^T` (FP8, fp32 accumulation) in chunk groups
-  (`gluon_config.chunk_groups`), then per query row relu x weights, the head sum and the k scale,
+  (`config.chunk_groups`), then per query row relu x weights, the head sum and the k scale,
   -inf past the row's context. One consumer's epilogue overlaps another's MMAs; inside a consumer
   chunk c's epilogue overlaps chunks c+1.. of its group.
-
-Every column of a visited block is written (-inf past each row's context); columns past a
-request's last block are not (DeepGEMM's convention; `schedule.fill_tail` cleans them on request).
-Gluon kernels do not run under TRITON_INTERPRET: tests/test_gluon_aot.py compiles this one for
-sm_90 on a CPU, and `scripts/gluon_dev.py check` runs it against the reference on the H200.
 """
 
 # No `from __future__ import annotations`: aggregates check their fields against the real annotation types.
@@ -38,7 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from dsa_lab.kernels.gluon_config import chunk_groups, slot_columns
+from dsa_lab.kernels.gluon.config import chunk_groups, slot_columns
 
 try:
     from triton.experimental.gluon import aggregate  # Triton >= 3.7
@@ -53,8 +46,7 @@ def _mma_layout(columns):
 
 @triton.constexpr_function
 def _group_size(groups, g):
-    """Chunks in issue group g (`gluon_config.chunk_groups`; read through these accessors, since
-    Triton 3.6 cannot subscript a nested constexpr tuple inside a kernel)."""
+    """Chunks in issue group g (`config.chunk_groups`; Triton 3.6 cannot subscript it in a kernel)."""
     return len(groups[g])
 
 
@@ -191,8 +183,8 @@ class LogitsLaunch:
     H: gl.constexpr
     BLOCK: gl.constexpr
     CONSUMERS: gl.constexpr
-    GROUPS: gl.constexpr  # gluon_config.chunk_groups
-    SLOT_COLUMNS: gl.constexpr  # gluon_config.slot_columns
+    GROUPS: gl.constexpr  # config.chunk_groups
+    SLOT_COLUMNS: gl.constexpr  # config.slot_columns
     RESIDENT_WEIGHTS: gl.constexpr
 
     @gluon.constexpr_function

@@ -1,12 +1,13 @@
 """The Gluon paged MQA-logits backend for Hopper (SM90): checks, the schedule, descriptors and the launch.
 
-The device code is `gluon_kernel.py` (warp-specialised, persistent, TMA loads, over the
-work-balanced schedule of `schedule.py`), the config space and its resources `gluon_config.py`.
+The device code is `kernel.py` (warp-specialised, persistent, TMA loads, over the
+work-balanced schedule of `schedule.py`), the config space and its resources `config.py`.
 Columns past a request's last 64-token block are left unwritten, as DeepGEMM leaves them
 (`cleans_tail = False`), so the step's time does not grow with `max_context_len`;
 `clean_tail=True` writes -inf there too (`schedule.fill_tail`, a second launch). Gluon has no
-interpreter: `tests/test_gluon_aot.py` compiles the kernel for sm_90 on a CPU machine, and
-`scripts/gluon_dev.py check` runs it against the reference on the H200.
+interpreter: `tests/test_gluon_aot.py` (and `dsa-lab env --aot`) compiles the kernel for sm_90 on a
+CPU machine, and on the H200 `tests/test_gluon_gpu.py` holds it to the reference at the edge cases and
+`dsa-lab bench --backend gluon` at every point it times (docs/triton_kernel.md, "Developing a kernel").
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any, ClassVar
 import torch
 
 from dsa_lab.errors import UnsupportedShape, check_choice
-from dsa_lab.kernels.gluon_config import (
+from dsa_lab.kernels.convention import check_native_call, num_sms, ready_native_call
+from dsa_lab.kernels.descriptor import RULE, Availability, ConfigSpace, KernelFit, LogitsBackend, ModelTraits
+from dsa_lab.kernels.gluon.config import (
     BLOCK_SIZE,
     MAX_NEXT_N,
     GluonConfig,
@@ -28,23 +31,14 @@ from dsa_lab.kernels.gluon_config import (
     query_box_rows,
     query_rows,
 )
-from dsa_lab.kernels.registry import (
-    Availability,
-    ConfigSpace,
-    LogitsBackend,
-    ModelTraits,
-    check_native_call,
-    num_sms,
-    ready_native_call,
-    register_backend,
-)
-from dsa_lab.kernels.schedule import MAX_PROGRAMS, BalancedSchedule, balanced_schedule, fill_tail
+from dsa_lab.kernels.gluon.schedule import MAX_PROGRAMS, BalancedSchedule, balanced_schedule, fill_tail
+from dsa_lab.kernels.jit import compile_ahead
+from dsa_lab.kernels.registry import register_backend
 
 try:
-    import triton
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from dsa_lab.kernels.gluon_kernel import paged_mqa_logits_gluon_kernel
+    from dsa_lab.kernels.gluon.kernel import paged_mqa_logits_gluon_kernel
 except ImportError as exc:  # the backend then reports itself unavailable, with this reason
     paged_mqa_logits_gluon_kernel = None
     GLUON_IMPORT_ERROR = f"triton.experimental.gluon (Hopper) is not importable ({exc})"
@@ -55,7 +49,7 @@ REQUIRED_CAPABILITY = (9, 0)  # wgmma and setmaxnreg: sm_90a only (SM100 has tcg
 COMPILE_ARCHS = (90,)
 
 # The kernel's runtime arguments after its four descriptors, with the types the launch gives them;
-# the AOT test and the dev script compile from these.
+# the AOT compile (`compile_for`, which the AOT test and `dsa-lab env --aot` run) types them from these.
 POINTER_ARGS = {
     "ctx_ptr": "*i32", "table_ptr": "*i32", "out_ptr": "*fp32", "ranges_ptr": "*i32", "blocks_ptr": "*i32",
     "pages_ptr": "*i32",
@@ -136,15 +130,9 @@ def compile_for(arch: int, next_n: int, heads: int, head_dim: int, config: Gluon
     check_config_fits(config, next_n, heads, head_dim)
     if paged_mqa_logits_gluon_kernel is None:
         raise RuntimeError(GLUON_IMPORT_ERROR)
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource  # sets num-warps before layouts are verified
-
     constexprs = kernel_constexprs(next_n, heads, head_dim, config)
     signature = kernel_signature(next_n, heads, head_dim, config)
-    fn = paged_mqa_logits_gluon_kernel
-    full = {param.name: "constexpr" if param.name in constexprs else signature[param.name] for param in fn.params}
-    source = GluonASTSource(fn=fn, signature=full, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=launch_options(config))
+    return compile_ahead(paged_mqa_logits_gluon_kernel, arch, signature, constexprs, launch_options(config), gluon=True)
 
 
 def availability(device: torch.device) -> Availability:
@@ -301,13 +289,23 @@ class GluonNativeBackend(LogitsBackend):
     label = "Gluon (ours)"
     marker = "P"
     color = "#bcbd22"
-    presets = ("smoke", "h200-full")  # SM90 only
+    presets = ("smoke", "h200-full", "step")  # SM90 only
     packages: ClassVar[tuple[str, ...]] = ("triton",)
     resume_fields: ClassVar[tuple[str, ...]] = ("triton",)
     cleans_tail: ClassVar[bool] = False  # DeepGEMM's convention: columns past a request's last block are left
     # Any rows natively, float32 logits, relu and a weighted FMA a head; the schedule balances the real KV blocks.
     model_traits: ClassVar[Mapping[str, ModelTraits]] = {"sm90": ModelTraits(1, 4, 2.0)}
+    # Fitted on the shipped H200 sweep that timed it (issue 13's; tests/test_model.py names it and fits again).
+    model_fits: ClassVar[Mapping[str, KernelFit]] = {
+        "native": KernelFit(0.8, 0.5, 8.0, 8.0),
+        "flatten": KernelFit(0.95, 0.3, 7.0, 8.0),
+    }
     config_space: ClassVar[ConfigSpace] = ConfigSpace(GluonConfig, choose_gluon_config, paged_mqa_logits_gluon)
+    aot_archs: ClassVar[tuple[int, ...]] = COMPILE_ARCHS
+
+    def compile_ahead(self, arch: int, next_n: int, heads: int, head_dim: int, config: str = RULE) -> tuple[str, Any]:
+        chosen = self.config_space.config(self.config_space.parse(self.name, config), next_n, heads, head_dim)
+        return chosen.describe(), compile_for(arch, next_n, heads, head_dim, chosen)
 
     def availability(self, device: torch.device) -> Availability:
         return availability(device)

@@ -1,0 +1,267 @@
+"""Ragged verification (issue 26): one CUDA graph, captured once, replayed over decode steps whose requests
+verify different numbers of drafts, the per-request lengths living only in device tensors.
+
+Adaptive verification (vLLM #51303) lets every request verify its own number of drafts, chosen on the
+device inside one CUDA graph. vLLM 0.33 flattens every such step on SM90 (`policy.steps.step_route`):
+no SM90 kernel there takes per-request query lengths from the device. A kernel that reads each row's
+context from a device tensor and skips a row of context 0 can take the step natively: that is what the
+timer 'replay' measures.
+
+The graph holds, for B requests of the point's cached lengths and one CUDA-graph padding request
+(length 0), every row a step may bring (next_n each) in one layout: native `[B + 1, next_n]`, or
+vLLM's flatten `[(B + 1) * next_n, 1]` (each row a pseudo-request re-reading its request's blocks).
+Its inputs are the requests' lengths and the rows each verifies (`decode_lens`, int32 on the device);
+inside the graph each row's context is computed from them (row j of a request of L tokens verifying d
+rows sees L - d + 1 + j tokens, a row j >= d none), then the backend's schedule (made on the device),
+the logits and the point's top-k, bounded by the longest context the step can have. Before each replay
+new decode lengths are drawn from the point's acceptance profile (a fresh seed per replay) and copied
+into the graph's input, the outputs are poisoned with NaN, the L2 is flushed and the replay is timed
+between CUDA events. After it, every replay is checked: the logits of sampled requests' verified rows
+against the reference, no NaN left there, and the top-k of every row, padding included, against
+`topk_per_row`, tie-aware. The row records the replays, the wrong ones and the worst error; a point
+with any wrong replay is failed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dsa_lab.acceptance import AcceptanceSpec
+from dsa_lab.bench.point import BLOCK_SIZE, Point
+from dsa_lab.bench.timing import GpuSpin, L2Flusher, TimingConfig, step_timing_method, summarize
+from dsa_lab.kernels import LogitsBackend, baseline_backend
+from dsa_lab.topk import DEFAULT_TOPK, TopkCall, compare_selections, get_topk, topk_per_row
+from dsa_lab.workload import DecodeInputs
+
+REPLAYS = 32  # decode steps one captured graph is replayed over, each drawn afresh and checked
+REPLAY_STRATEGIES = ("native", "flatten")
+
+
+@dataclass
+class RaggedGraph:
+    """The graph's static device tensors: the requests' lengths and drafts (its inputs), the rows' layout."""
+
+    seq_lens: torch.Tensor  # int32 [B + 1]: each request's tokens, its verified rows included; the pad 0
+    decode_lens: torch.Tensor  # int32 [B + 1]: rows each request verifies this step, written before a replay
+    q: torch.Tensor  # fp8 [B + 1, n, H, D] native, [(B + 1) n, 1, H, D] flatten
+    weights: torch.Tensor  # float32 [(B + 1) n, H]
+    block_table: torch.Tensor  # int32 [B + 1, W] native, [(B + 1) n, W] flatten
+    context: torch.Tensor  # int32 [B + 1, n] native, [(B + 1) n, 1] flatten: filled inside the graph
+    next_n: int
+
+    def fill_contexts(self) -> None:
+        """Each row's context from the requests' lengths and drafts, on the device (captured in the graph)."""
+        j = torch.arange(self.next_n, device=self.seq_lens.device, dtype=torch.int32)[None, :]
+        dec, seq = self.decode_lens[:, None], self.seq_lens[:, None]
+        rows = torch.where(j < dec, seq - dec + 1 + j, torch.zeros_like(j))
+        self.context.copy_(rows.reshape(self.context.shape))
+
+
+def ragged_graph(inputs: DecodeInputs, next_n: int, strategy: str, seed: int) -> RaggedGraph:
+    """The graph's tensors for `inputs`' requests plus one padding request, in `strategy`'s layout (fresh
+    random queries and weights for every row a step may bring; the cache and its block table are the point's)."""
+    batch, cache, device = inputs.batch, inputs.cache, inputs.q.device
+    requests, heads, dim = batch.batch_size + 1, batch.num_heads, batch.head_dim
+    gen = torch.Generator(device=device).manual_seed(seed + 7)
+    q = torch.randn(requests, next_n, heads, dim, generator=gen, device=device).to(torch.float8_e4m3fn)
+    weights = torch.randn(requests * next_n, heads, generator=gen, device=device) * heads**-0.5
+    pad_row = torch.zeros_like(cache.block_table[:1])  # block 0: a real block no row of the pad reads
+    table = torch.cat([cache.block_table, pad_row]).contiguous()
+    seq = torch.tensor([*batch.seq_lens, 0], dtype=torch.int32, device=device)
+    if strategy == "flatten":
+        q = q.reshape(requests * next_n, 1, heads, dim).contiguous()
+        table = table.repeat_interleave(next_n, dim=0).contiguous()
+        context = torch.zeros(requests * next_n, 1, dtype=torch.int32, device=device)
+    else:
+        context = torch.zeros(requests, next_n, dtype=torch.int32, device=device)
+    return RaggedGraph(seq, torch.zeros_like(seq), q, weights, table, context, next_n)
+
+
+def draws(point: Point, seed: int, replays: int) -> list[tuple[int, ...]]:
+    """The rows each request verifies in each replayed step, drawn from the point's acceptance (the pad 0)."""
+    spec = AcceptanceSpec.parse(point.acceptance)
+    return [(*spec.decode_lens(point.batch, point.next_n, seed + 1 + i), 0) for i in range(replays)]
+
+
+def ragged_step(
+    backend: LogitsBackend,
+    graph: RaggedGraph,
+    inputs: DecodeInputs,
+    width: int,
+    topk: TopkCall | None,
+    longest: int,
+) -> Callable[[], tuple[torch.Tensor, torch.Tensor | None]]:
+    """The step the graph captures: the rows' contexts, the backend's schedule, the logits, the top-k."""
+    cache = inputs.cache
+
+    def step() -> tuple[torch.Tensor, torch.Tensor | None]:
+        graph.fill_contexts()
+        schedule = backend.schedule(graph.context, BLOCK_SIZE, graph.block_table)
+        out = backend.logits(
+            graph.q,
+            cache.data,
+            graph.weights,
+            graph.context,
+            graph.block_table,
+            width,
+            schedule,
+            cache_dtype=cache.cache_dtype,
+        )
+        picks = None if topk is None else topk(out, graph.context.reshape(-1), longest)
+        return out, picks
+
+    return step
+
+
+@dataclass
+class ReplayCheck:
+    """What the checks of every replay found."""
+
+    wrong: int = 0
+    worst_rel_err: float = 0.0
+    topk_rows: int = 0
+    topk_rows_equal: int = 0
+    first_problem: str = ""
+
+    def add(self, replay: int, rel_err: float, nans: int, rows: int, rows_equal: int, tolerance: float) -> None:
+        self.worst_rel_err = max(self.worst_rel_err, rel_err)
+        self.topk_rows += rows
+        self.topk_rows_equal += rows_equal
+        problems = [
+            f"{nans} NaN among the checked rows' valid logits" if nans else "",
+            f"relative error {rel_err:.3e} > {tolerance:g}" if not rel_err <= tolerance else "",
+            f"top-k: {rows - rows_equal} of {rows} rows pick other scores" if rows_equal < rows else "",
+        ]
+        problems = [p for p in problems if p]
+        if problems:
+            self.wrong += 1
+            self.first_problem = self.first_problem or f"replay {replay}: " + "; ".join(problems)
+
+
+def check_replay(
+    graph: RaggedGraph,
+    inputs: DecodeInputs,
+    out: torch.Tensor,
+    picks: torch.Tensor | None,
+    width: int,
+    sample: list[int],
+) -> tuple[float, int, int, int]:
+    """One replay against the reference: (rel. error and NaN count over the sampled requests' verified rows,
+    top-k rows checked and rows equal, tie-aware, over every row)."""
+    n, device = graph.next_n, out.device
+    context = graph.context.reshape(-1)
+    decode = graph.decode_lens.tolist()
+    rows = [b * n + j for b in sample for j in range(decode[b])]
+    index = torch.tensor(rows, dtype=torch.long, device=device)
+    owners = index // n
+    q_all = graph.q.reshape(-1, *graph.q.shape[-2:])
+    ref = baseline_backend().logits(
+        q_all[index][:, None].contiguous(),
+        inputs.cache.data,
+        graph.weights[index].contiguous(),
+        context[index][:, None].contiguous(),
+        inputs.cache.block_table[owners].contiguous(),
+        width,
+        cache_dtype=inputs.cache.cache_dtype,
+    )
+    valid = torch.arange(width, device=device)[None, :] < context[index][:, None]
+    got = out[index]
+    got_valid, ref_valid = got[valid].double(), ref[valid].double()
+    nans = int(torch.isnan(got_valid).sum())
+    rel_err = float((got_valid.nan_to_num() - ref_valid).norm() / ref_valid.norm().clamp(min=1e-30))
+    if picks is None:
+        return rel_err, nans, 0, 0
+    inside = torch.arange(width, device=device)[None, :] < context[:, None]
+    if int(picks.min()) < -1 or not bool(torch.isfinite(out[inside]).all()):  # unwritten picks or logits
+        return rel_err, nans, picks.shape[0], 0
+    scores = torch.where(inside, out, 0.0)
+    expected = topk_per_row(scores, context, picks.shape[1])
+    agreement = compare_selections(picks.clone(), expected, scores, atol=0.0, rtol=0.0)
+    return rel_err, nans, agreement.rows, agreement.rows_equal
+
+
+def replay_skip(point: Point) -> str | None:
+    """Why a point cannot be timed by 'replay' (None: it can)."""
+    if point.strategy not in REPLAY_STRATEGIES:
+        return f"timer='replay' runs strategies {REPLAY_STRATEGIES} (one launch a step), not {point.strategy!r}"
+    if not AcceptanceSpec.parse(point.acceptance).per_request:
+        return "timer='replay' needs an acceptance profile that draws rows per request (not 'none')"
+    return None
+
+
+def replay_point(
+    point: Point,
+    backend: LogitsBackend,
+    inputs: DecodeInputs,
+    width: int,
+    tolerance: float,
+    sample_requests: int,
+    seed: int,
+    config: TimingConfig,
+    replays: int = REPLAYS,
+) -> dict[str, Any]:
+    """Capture the point's ragged step once, replay it over `replays` steps drawn from its acceptance; the
+    row's timing columns (one sample a replay) and what the checks of every replay found."""
+    device = inputs.q.device
+    graph = ragged_graph(inputs, point.next_n, point.strategy, seed)
+    topk = None
+    longest = max(inputs.batch.seq_lens)
+    if point.timed == "logits+topk":
+        topk = get_topk(point.topk_impl).prepare(graph.context.numel(), width, DEFAULT_TOPK, device)
+    step = ragged_step(backend, graph, inputs, width, topk, longest)
+    steps = draws(point, seed, replays)
+    graph.decode_lens.copy_(torch.tensor(steps[0], dtype=torch.int32))
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm-up off the default stream (JIT compiles, the allocator), as capture wants
+        for _ in range(max(1, config.warmup)):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    cuda_graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cuda_graph):
+        out, picks = step()
+    flush, spin = L2Flusher(device), GpuSpin(device)
+    lead_us = spin.lead_for(0.0)
+    longest_first = max(range(inputs.batch.batch_size), key=lambda b: inputs.batch.seq_lens[b])
+    found, samples, host = ReplayCheck(), [], []
+    for i, lens in enumerate(steps):
+        graph.decode_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        if picks is not None:
+            picks.fill_(-2)  # no pick is -2: an unwritten selection fails its check
+        flush()
+        spin(lead_us)
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        issued = time.perf_counter()
+        begin.record()
+        cuda_graph.replay()
+        end.record()
+        host.append((time.perf_counter() - issued) * 1e6)
+        torch.cuda.synchronize(device)
+        samples.append(begin.elapsed_time(end))
+        sample = list(dict.fromkeys([i % inputs.batch.batch_size, longest_first]))[: max(1, sample_requests)]
+        found.add(i, *check_replay(graph, inputs, out, picks, width, sample), tolerance)
+    method = step_timing_method(device, "replay", config)
+    measurement = summarize(samples, host, "cuda", method, "max_samples", config, lead_us)
+    row = {
+        **measurement.as_row(),
+        "replays": replays,
+        "replays_wrong": found.wrong,
+        "rel_err": found.worst_rel_err,
+        "topk_rows": found.topk_rows,
+        "topk_rows_equal": found.topk_rows_equal,
+        "topk_kernel": None if topk is None else topk.kernel,
+    }
+    del cuda_graph
+    if found.wrong:
+        return {
+            **row,
+            "status": "failed",
+            "message": f"{found.wrong} of {replays} replays wrong; {found.first_problem}",
+        }
+    return {**row, "status": "ok", "message": ""}

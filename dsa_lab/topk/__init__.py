@@ -1,0 +1,30 @@
+"""The step's top-k: the reference selection and its tie-aware comparison (`select`), and the implementations
+a timed step runs, each declared once (`registry`): `vllm` (vLLM 0.33's own decode top-k, `vllm_kernels`) and
+`torch` (a masked copy and `torch.topk`, not vLLM's: `torch_masked`). Importing the package registers both."""
+
+from dsa_lab.topk import torch_masked, vllm_kernels  # noqa: F401  (register "torch" and "vllm")
+from dsa_lab.topk.registry import TopkAvailability, TopkCall, TopkImpl, get_topk, register_topk, topk_names, vllm_topk
+from dsa_lab.topk.select import (
+    DEFAULT_TOPK,
+    MAX_TOPK,
+    SelectionAgreement,
+    compare_selections,
+    topk_in_context,
+    topk_per_row,
+)
+
+__all__ = [
+    "DEFAULT_TOPK",
+    "MAX_TOPK",
+    "SelectionAgreement",
+    "TopkAvailability",
+    "TopkCall",
+    "TopkImpl",
+    "compare_selections",
+    "get_topk",
+    "register_topk",
+    "topk_in_context",
+    "topk_names",
+    "topk_per_row",
+    "vllm_topk",
+]

@@ -1,0 +1,173 @@
+"""The whole step split into logits and top-k (issue 26): pairs a step's time with its logits' time under the same
+timer, and sets each workload's best step against the step vLLM runs there, per top-k, never mixing two."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from dsa_lab import axes
+from dsa_lab.analysis.step_split import route_ratio, step_split
+from dsa_lab.kernels import baseline_backend, vllm_backend
+from dsa_lab.kernels.reference import ReferenceBackend
+
+
+def _row(backend: str, strategy: str, timed: str, topk_impl: str, ms: float, route: str = "flatten", **axis) -> dict:
+    values = {
+        "backend": backend,
+        "strategy": strategy,
+        "batch": 16,
+        "context": "65536",
+        "next_n": 3,
+        "cache_dtype": "fp8",
+        "heads": 64,
+        "head_dim": 128,
+        "acceptance": "none",
+        "logits_width": "model:163840",
+        "timed": timed,
+        "timer": "graph",
+        "topk_impl": topk_impl,
+        "config": "rule",
+        **axis,
+    }
+    return {**values, "point_key": axes.point_key(values), "status": "ok", "median_ms": ms, "source": "measured",
+            "vllm_route": route}  # fmt: skip
+
+
+@pytest.fixture
+def frame() -> pd.DataFrame:
+    vllm, other = vllm_backend().name, baseline_backend().name
+    rows = [
+        _row(vllm, "flatten", "logits", "none", 0.020),
+        _row(vllm, "flatten", "logits+topk", "vllm", 0.041),
+        _row(vllm, "flatten", "logits+topk", "torch", 0.300),
+        _row(other, "native", "logits", "none", 0.012),
+        _row(other, "native", "logits+topk", "vllm", 0.030),
+        _row(other, "native", "logits+topk", "torch", 0.290),
+        _row(other, "native", "logits", "none", 0.013, timer="events"),  # no step under this timer: unpaired
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_the_top_k_costs_the_step_less_its_logits_under_the_same_timer(frame) -> None:
+    split = step_split(frame).set_index(["backend", "topk_impl"])
+    vllm = vllm_backend().name
+    assert len(split) == 4
+    assert split.loc[(vllm, "vllm"), "topk_us"] == pytest.approx(21.0)
+    assert split.loc[(vllm, "vllm"), "topk_share"] == pytest.approx(21 / 41)
+    assert split.loc[(baseline_backend().name, "torch"), "logits_us"] == pytest.approx(12.0)
+
+
+def test_the_route_ratio_sets_the_best_step_against_vllms_per_top_k(frame) -> None:
+    table = route_ratio(step_split(frame)).set_index("topk_impl")
+    assert set(table.index) == {"vllm", "torch"}  # two top-k implementations, two answers
+    assert table.loc["vllm", "route_us"] == pytest.approx(41.0) and table.loc["vllm", "best_us"] == pytest.approx(30.0)
+    assert table.loc["vllm", "route_over_best"] == pytest.approx(41 / 30)
+    assert table.loc["vllm", "best"] == f"native ({baseline_backend().name})"
+    assert not table.loc["vllm", "best_is_vllms_library"]
+
+
+def test_each_option_is_drawn_as_shares_of_vllms_step_its_top_k_stacked_on_its_logits(frame) -> None:
+    import matplotlib
+
+    matplotlib.use("agg")
+    from dsa_lab.analysis.step_split import against_route
+    from dsa_lab.plots.step_split import TOPK_HATCH, plot_step_split
+
+    split = against_route(step_split(frame))
+    mine = split[split["topk_impl"] == "vllm"].set_index("backend")
+    vllm = vllm_backend().name
+    assert mine.loc[vllm, "logits_rel"] + mine.loc[vllm, "topk_rel"] == pytest.approx(1.0)  # vLLM's own step is 1
+    assert mine.loc[baseline_backend().name, "topk_rel"] == pytest.approx(18 / 41)
+    fig = plot_step_split(split[split["topk_impl"] == "vllm"], footer="test run")
+    bars = [p for p in fig.axes[0].patches]
+    assert len(bars) == 4 and sum(p.get_hatch() == TOPK_HATCH for p in bars) == 2  # two options, two parts each
+    assert "41 µs" in fig.axes[0].get_xticklabels()[0].get_text()  # vLLM's step time under its batch
+
+
+def test_ragged_verification_draws_each_curves_replays_and_names_the_wrong_ones() -> None:
+    import matplotlib
+
+    matplotlib.use("agg")
+    from dsa_lab.plots.step_split import plot_ragged_verification
+
+    rows = pd.DataFrame(
+        [
+            {
+                "acceptance": c,
+                "next_n": n,
+                "strategy": s,
+                "backend": b,
+                "median_ms": m,
+                "p25_ms": m * 0.9,
+                "p75_ms": m * 1.1,
+                "replays": 32,
+                "replays_wrong": w,
+            }  # fmt: skip
+            for c, n in (("v3-sglang3582", 2), ("v4flash-ascend131", 4))
+            for s, b, m, w in (("flatten", vllm_backend().name, 0.4, 0), ("native", baseline_backend().name, 0.2, 1))
+        ]
+    )
+    fig = plot_ragged_verification(rows)
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert labels[0].startswith("v3-sglang3582") and "1 of 64 wrong" in labels[0]
+    assert len(fig.axes[0].patches) == 4
+
+
+# ---------------------------------------------------------------- a fused backend's unit is the step (issue 27)
+
+
+class _Fused(ReferenceBackend):
+    """Logits and top-k in one call: the reference's logits, then `topk_per_row` (its logits never leave it)."""
+
+    name, baseline, presets, fuses_topk = "test-fused", False, (), True
+
+    def logits(self, *args, **kwargs):
+        raise AssertionError("a fused backend's logits are never asked for")
+
+    def step(self, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule=None, *, cache_dtype,
+             topk, max_seq_len):  # fmt: skip
+        from dsa_lab.topk import topk_per_row
+
+        logits = super().logits(
+            q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype
+        )
+        return topk_per_row(logits, context_lens.reshape(-1), topk)
+
+
+class _FusedDropsOne(_Fused):
+    """Fused, but its last row's best pick goes missing."""
+
+    name = "test-fused-drops"
+
+    def step(self, *args, **kwargs):
+        picks = super().step(*args, **kwargs).clone()
+        picks[-1, 0] = -1
+        return picks
+
+
+def test_a_fused_backend_is_timed_on_the_step_and_checked_by_its_picks(tmp_path, monkeypatch) -> None:
+    from dsa_lab.bench.point import SweepSpec
+    from dsa_lab.bench.sweep import run_sweep
+    from dsa_lab.bench.timing import TimingConfig
+    from dsa_lab.kernels import registry
+    from dsa_lab.store import folders
+
+    for backend in (_Fused(), _FusedDropsOne()):
+        monkeypatch.setitem(registry._BACKENDS, backend.name, backend)
+    spec = SweepSpec(
+        backend=("test-fused", "test-fused-drops"), strategy=("native",), batch=(2,), context=("160",), next_n=(2,),
+        heads=(32,), head_dim=(64,), timed=("logits", "logits+topk"), topk_impl=("torch",),
+        timing=TimingConfig(warmup=1, min_samples=3, max_samples=5, max_seconds=0.05),
+    )  # fmt: skip
+    run_sweep(spec, tmp_path / "run", "cpu", progress=False)
+    rows = {(r["backend"], r["timed"]): r for r in folders.read_points(tmp_path / "run")}
+    assert (
+        rows[("test-fused", "logits")]["status"] == "skipped"
+        and "its unit is the step" in rows[("test-fused", "logits")]["message"]
+    )
+    fused = rows[("test-fused", "logits+topk")]
+    assert fused["status"] == "ok" and fused["topk_kernel"] == "fused (test-fused)" and fused["median_ms"] > 0
+    assert fused["topk_rows_equal"] == fused["topk_rows"] == 4
+    dropped = rows[("test-fused-drops", "logits+topk")]
+    assert dropped["status"] == "failed" and "1 of 4 rows" in dropped["message"] and dropped["median_ms"] is None
