@@ -61,6 +61,18 @@ class _SwapsBlocks(_Injected):
         return super().logits(q, kv_cache, weights, context_lens, block_table, *args, **kwargs)
 
 
+class _TogglesQ(_Injected):
+    """Right on every call, then flips the sign of a query element it was handed: undone by its next call."""
+
+    name = "test-toggles-q"
+
+    def logits(self, q, *args, **kwargs):
+        out = super().logits(q, *args, **kwargs)
+        raw = q.view(torch.uint8).view(-1)
+        raw[0] = raw[0] ^ 0x80
+        return out
+
+
 class _Counting(_Injected):
     calls = 0
 
@@ -109,7 +121,7 @@ class _Spy(_Injected):
         return super().logits(q, kv_cache, weights, context_lens, block_table, *args, **kwargs)
 
 
-BAD = (_ZeroesCache, _SwapsBlocks, _RightOnce, _RightFromSecond, _Exits, _AvailabilityRaises, _Spy)
+BAD = (_ZeroesCache, _SwapsBlocks, _TogglesQ, _RightOnce, _RightFromSecond, _Exits, _AvailabilityRaises, _Spy)
 
 
 @pytest.fixture
@@ -179,6 +191,7 @@ def test_a_guard_names_what_changed_and_guards_a_shared_tensor_once() -> None:
     [
         ("test-zeroes-cache", "the backend changed its inputs: KV cache"),
         ("test-swaps-blocks", "the backend changed its inputs: block table"),
+        ("test-toggles-q", "the backend changed its inputs: q (launch 0)"),
         ("test-right-once", "call 2 of 2 (call 1: 0.000e+00): relative error"),
         ("test-right-from-second", "call 1 of 2: relative error"),
     ],

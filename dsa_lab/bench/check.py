@@ -14,7 +14,7 @@ before (`InputGuard`), and a point whose candidate wrote into one fails naming i
 How "unchanged" is verified: a fingerprint per tensor (`fingerprint`), computed on its device
 before and after, not a copy. A copy of the KV cache would double a workload's largest
 allocation (gigabytes at B = 128, L = 64K) and cost a point its place in memory; a
-fingerprint reads the tensor once per pass with 16 MiB temporaries. It is two wrapping int64
+fingerprint reads the tensor once, in passes with 32 MiB temporaries. It is two wrapping int64
 sums over the bytes read as 32-bit words: the plain sum, which changes with any change confined
 to one word, and the sum weighted by each word's position, which changes with any swap of two
 different words (a zeroed cache, two swapped block ids) for tensors under 32 GiB. What it cannot
@@ -50,7 +50,7 @@ from dsa_lab.metadata import DecodeMetadata
 from dsa_lab.workload import DecodeBatch, DecodeInputs
 
 CHECKED_CALLS = 2  # calls of the step held to the reference on every device (CUDA runs one more first, also held)
-FINGERPRINT_WORDS = 1 << 21  # words a fingerprint pass reads: bounds its temporaries (16 MiB of int64 each)
+FINGERPRINT_WORDS = 1 << 22  # words a fingerprint pass reads: bounds its temporaries (32 MiB of int64 each)
 _ODD = 0x5851F42D4C957F2D  # an odd 63-bit multiplier of word positions (any odd number keeps positions apart)
 
 
@@ -300,7 +300,8 @@ def check_point(
             poisoned &= all(out.untyped_storage().data_ptr() in addresses for out in outputs)
         errors.append(_held(sample, metadata, outputs, max_len))
         del outputs
-    changed = guard.changed()
+        if changed := guard.changed():  # after each call: a change the next call undoes is seen too
+            break
     rel_err = max((err for _, err in errors), key=lambda err: (math.isnan(err), err))  # a NaN error wins
     result = {
         "rel_err": rel_err,

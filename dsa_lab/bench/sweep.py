@@ -134,6 +134,13 @@ def evaluate_point(visit: Visit, spec: SweepSpec, device: torch.device, gpu: Gpu
         message = _check_topk(row, backend, prepared, cache, longest, point.topk_impl, spec.check_tolerance)
         if message:
             return {**row, "status": "failed", "message": message, **roofline_columns(plan.cost, None, gpu, cleans)}
+    if changed := visit.handed.changed():  # written into during the checks (a change undone by the timing's end)
+        return {
+            **row,
+            "status": "failed",
+            "message": changed_message(changed),
+            **roofline_columns(plan.cost, None, gpu, cleans),
+        }
     if point.timer == "replay":  # one graph over many ragged steps, each checked: its own columns and verdict
         replayed = replay_point(point, backend, inputs, max_len, tolerance, spec.check_requests, spec.seed, spec.timing)
         return {**row, **replayed, **roofline_columns(plan.cost, None, gpu, cleans)}
@@ -420,8 +427,10 @@ def _sweep(
                 row.update(status="error", message=f"{_named(err)} raised while this point ran; the sweep stopped here")
                 store.append_point(run_dir, {**row, "elapsed_s": time.perf_counter() - point_started})
                 raise
-            if visit.handed is not None and (changed := visit.handed.changed()):
-                row = _inputs_changed(row, visit, gpu, changed)  # the walk rebuilds the workload for the next point
+            if visit.handed is not None:
+                changed, visit.handed = visit.handed.changed(), None  # its packed tensors go with the point
+                if changed:
+                    row = _inputs_changed(row, visit, gpu, changed)  # the walk rebuilds the workload for the next
             if visit.estimated_bytes is not None:
                 row.setdefault("estimated_bytes", visit.estimated_bytes)
             row["elapsed_s"] = time.perf_counter() - point_started

@@ -39,9 +39,10 @@ from papermill.exceptions import PapermillExecutionError
 from tqdm import tqdm
 
 from dsa_lab.notebook.display import FALLBACK_MIME, PROVENANCE_MIME
-from dsa_lab.paths import check_output_path
+from dsa_lab.paths import check_output_path, resolve_data_path
 from dsa_lab.plots.style import BETTER_BACKGROUND
 from dsa_lab.report import page as report_page
+from dsa_lab.store.folders import RunFormatError, load_run
 from dsa_lab.store.provenance import git_state
 from dsa_lab.store.writes import check_replaceable, write_text_atomic
 
@@ -370,11 +371,28 @@ def parse_parameter(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def run_flag(run: Path) -> str:
+    """`--run`'s run as the notebooks take it (a folder as given, resolved; else a path relative to data/), once it
+    is known to be a run `load_run` reads: a loop of links, a file, an absent or a damaged run is refused by name
+    before any notebook runs (each would fail, or fall back, one by one)."""
+    folder = run if run.is_dir() else resolve_data_path(run)
+    try:
+        resolved = folder.resolve(strict=True)
+    except (OSError, RuntimeError) as err:  # absent, or a loop of symbolic links
+        raise ValueError(f"--run={str(run)!r}: no run there ({err}); give a run folder or one under data/") from None
+    if not folder.is_dir():
+        raise ValueError(f"--run={str(run)!r}: {folder} is not a run folder")
+    try:
+        load_run(folder)  # as given: a run folder that is a link is refused, as the store refuses it everywhere
+    except RunFormatError as err:
+        raise ValueError(f"--run={str(run)!r}: {err}") from None
+    return str(resolved) if run.is_dir() else str(run)
+
+
 def _cli(args: argparse.Namespace) -> int:
     params = dict(parse_parameter(p) for p in args.parameter)
     if args.run is not None:  # one run everywhere: every notebook's main and serving sections, and the index
-        run = str(args.run.resolve()) if args.run.is_dir() else str(args.run)  # else relative to data/
-        params.update({name: run for name in RUN_PARAMETERS})
+        params.update(dict.fromkeys(RUN_PARAMETERS, run_flag(args.run)))
     device = params.pop("device", None)
     result = build_report(args.notebooks, args.out, params, device=device, only=args.only)
     for o in result.outcomes:

@@ -156,6 +156,7 @@ WHEN = {  # label -> (calls it changes the input at, before computing (else afte
     "after its first call": (lambda call: call == 1, False),
     "before its first call": (lambda call: call == 1, True),
     "from its second call on": (lambda call: call >= 2, True),
+    "after every call (a flip undone by the next)": (lambda call: True, False),
 }
 
 
@@ -634,3 +635,70 @@ def _(tmp: Path) -> Result:
 @case(NAMES, "bench --out ending in '..' is refused")
 def _(tmp: Path) -> Result:
     return cli_refused(["bench", "--device", "cpu", "--dry-run", "--out", f"{tmp}/x/.."], "--out", "run id")
+
+
+# ---------------------------------------------------------------- fused backends and the top-k registry
+
+
+def _fused(after: Callable[[dict[str, torch.Tensor]], None]) -> dict[str, Any]:
+    """A fused backend (its unit is the step): the reference's logits, the exact top-k, then `after` on what it was
+    handed."""
+
+    def step(self, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule=None, *, cache_dtype,
+             topk, max_seq_len):  # fmt: skip
+        from dsa_lab.topk import topk_per_row
+
+        logits = _base().logits(
+            self, q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype
+        )
+        picks = topk_per_row(logits, context_lens.reshape(-1), topk)
+        after({"kv_cache": kv_cache, "block_table": block_table, "context_lens": context_lens, "q": q})
+        return picks
+
+    return {"fuses_topk": True, "step": step}
+
+
+FUSED = {
+    "zeroes its KV cache": (lambda t: t["kv_cache"].zero_(), "KV cache"),
+    "swaps two block ids": (
+        lambda t: t["block_table"][0, :2].copy_(t["block_table"][0, :2].flip(0).clone()),
+        "block table",
+    ),  # fmt: skip
+    "shortens a context": (lambda t: t["context_lens"].view(-1)[:1].sub_(1), "context lens"),
+    "negates a query element": (lambda t: _flip(t["q"], 0, 0x80), "q"),
+}
+for _label, (_after, _says) in FUSED.items():
+
+    def _fused_case(tmp: Path, after=_after, says=_says) -> Result:
+        from dsa_lab.bench.sweep import run_sweep
+        from dsa_lab.kernels import get_backend
+        from dsa_lab.store import folders as store
+
+        with registered(**_fused(after)) as name, registered(**_spy()) as spy:
+            spec = _spec(name, spy, "reference", timed=("logits+topk",), topk_impl=("torch",))
+            run_sweep(spec, tmp / "run", "cpu", progress=False)
+            rows = {row["backend"]: row for row in store.read_points(tmp / "run")}
+            seen, clean = type(get_backend(spy)).seen, _clean(spec)
+        bad = rows[name]
+        if bad["status"] == "ok" or bad.get("median_ms") is not None:
+            return Result(WRONG, f"timed: {bad['status']} {bad.get('median_ms')}")
+        if not seen or any(s != clean for s in seen) or rows["reference"]["status"] != "ok":
+            return Result(WRONG, "a later point read the damaged inputs")
+        return Result(CLEAR, bad["message"][:200]) if says in bad["message"] else Result(UNCLEAR, bad["message"][:200])
+
+    case(GATE, f"a fused backend that {_label} after its picks is failed, untimed; the next points read clean")(
+        _fused_case
+    )
+
+for _impl in ("nope", "<b>", "", "torch,", "vllm|x", "Torch"):
+
+    def _topk_name(tmp: Path, impl: str = _impl) -> Result:
+        argv = ["bench", "--backend", "reference", "--batch", "1", "--context", "64", "--next-n", "1",
+                "--strategy", "native", "--timed", "logits+topk", "--topk-impl", impl, "--device", "cpu",
+                "--no-progress", "--out", str(tmp / "run")]  # fmt: skip
+        if impl == "torch,":  # an empty item after a comma: one list syntax reads it as 'torch' or refuses it
+            done = run_cli([*argv, "--dry-run"])
+            return Result(CLEAR, "read or refused") if done.raised is None else Result(UNCLEAR, repr(done.raised))
+        return cli_refused(argv, "topk", harm=_no_run(tmp))
+
+    case(NAMES, f"bench --topk-impl {_impl!r} is refused by name before the first point")(_topk_name)

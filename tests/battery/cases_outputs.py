@@ -428,3 +428,64 @@ def _(tmp: Path) -> Result:
     if found != [folder] or caught:
         return Result(WRONG, f"found {found}, warned {[str(w.message) for w in caught]}")
     return Result(CLEAR, "listed")
+
+
+# ---------------------------------------------------------------- report --run: the run every notebook reads
+
+RUN_PATHS = "run-paths"
+
+
+def _run_flag(tmp: Path, run: Path, *names: str) -> Result:
+    """report --run must refuse before any notebook runs: one line naming --run (a notebook run would take minutes)."""
+    return cli_refused(["report", "--only", "00", "--out", str(tmp / "out"), "--run", str(run)], "--run", *names)
+
+
+@case(RUN_PATHS, "report --run through a loop of links is named, not taken as absent")
+def _(tmp: Path) -> Result:
+    (tmp / "a").symlink_to(tmp / "b")
+    (tmp / "b").symlink_to(tmp / "a")
+    return _run_flag(tmp, tmp / "a")
+
+
+@case(RUN_PATHS, "report --run naming a file is refused")
+def _(tmp: Path) -> Result:
+    return _run_flag(tmp, SHIPPED / "results.parquet", "not a run folder")
+
+
+@case(RUN_PATHS, "report --run naming a FIFO is refused without blocking")
+def _(tmp: Path) -> Result:
+    os.mkfifo(tmp / "fifo")
+    return _run_flag(tmp, tmp / "fifo", "not a run folder")
+
+
+@case(RUN_PATHS, "report --run naming nothing is refused")
+def _(tmp: Path) -> Result:
+    return _run_flag(tmp, tmp / "gone", "no run there")
+
+
+@case(RUN_PATHS, "report --run naming an empty folder is refused, naming its provenance")
+def _(tmp: Path) -> Result:
+    (tmp / "empty").mkdir()
+    return _run_flag(tmp, tmp / "empty", "provenance")
+
+
+for _label in ("every key moved one row down", "a timed row's samples scaled by 2"):
+
+    def _damaged_run_flag(tmp: Path, change=REFUSED[_label]) -> Result:
+        return _run_flag(tmp, _damaged(tmp, change), "results.parquet")
+
+    case(RUN_PATHS, f"report --run naming a run with {_label} is refused before any notebook runs")(_damaged_run_flag)
+
+
+@case(RUN_PATHS, "report --run naming a run folder that is a link is refused")
+def _(tmp: Path) -> Result:
+    (tmp / "link").symlink_to(_run_copy(tmp))
+    return _run_flag(tmp, tmp / "link", "symbolic link")
+
+
+@case(RUN_PATHS, "report --run naming a run that holds a FIFO is refused without blocking")
+def _(tmp: Path) -> Result:
+    run = _run_copy(tmp)
+    (run / "points.jsonl").unlink(missing_ok=True)
+    os.mkfifo(run / "points.jsonl")
+    return _run_flag(tmp, run, "FIFO")
