@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dsa_lab.errors import as_int, check_range
+from dsa_lab.errors import check_range, check_seed
 from dsa_lab.workload import MAX_NEXT_N, MAX_REQUESTS, DecodeBatch
 
 ACCEPTANCE_STREAM = 0xACCE97  # added to the point's seed: the draw never reuses the context lengths' stream
@@ -166,10 +166,10 @@ class AcceptanceSpec:
         """Rows each of `batch` requests brings to one step (see the module docstring), seeded."""
         batch = check_range("batch", batch, 1, MAX_REQUESTS)
         if not self.per_request:  # every draft accepted: no draw (the same lengths, without its cost)
-            as_int("seed", seed)
+            check_seed("seed", seed)
             return (check_range("next_n", next_n, 1, MAX_NEXT_N),) * batch
         rates = torch.tensor(self.rates_for(next_n), dtype=torch.float64)
-        gen = torch.Generator().manual_seed(as_int("seed", seed) + ACCEPTANCE_STREAM)
+        gen = torch.Generator().manual_seed(check_seed("seed", seed) + ACCEPTANCE_STREAM)  # below 2**64: torch's
         u = torch.rand(batch, dtype=torch.float64, generator=gen)
         return tuple(int(x) for x in 1 + (u[:, None] < rates[None, :]).sum(dim=1))
 

@@ -91,6 +91,8 @@ def quantize_fp8(k: torch.Tensor, ue8m0: bool = False) -> tuple[torch.Tensor, to
     """
     check_tensor("k", k, dtype=KEY_DTYPES, ndim=2)
     check_choice("ue8m0", ue8m0, (False, True))
+    if k.shape[1] < 1:
+        raise ValueError(f"k: shape {tuple(k.shape)}: head_dim (its last dim) must be >= 1")
     check_finite("k", k)
     kf = k.float()
     scale = kf.abs().amax(dim=-1).clamp(min=FP8_MIN_AMAX) / FP8_MAX
@@ -116,8 +118,8 @@ def quantize_mxfp4(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     check_tensor("k", k, dtype=KEY_DTYPES, ndim=2)
     check_finite("k", k)
     tokens, dim = k.shape
-    if dim % MX_GROUP:
-        raise ValueError(f"k: head_dim {dim} must be a multiple of {MX_GROUP} for mxfp4")
+    if dim % MX_GROUP or dim < 1:
+        raise ValueError(f"k: head_dim {dim} must be a positive multiple of {MX_GROUP} for mxfp4")
     groups = k.float().reshape(tokens, dim // MX_GROUP, MX_GROUP)
     amax = groups.abs().amax(dim=-1).clamp(min=2.0**-126)
     exponent = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from dsa_lab.errors import probe
 from dsa_lab.kernels import backend_names, external, get_backend, vllm_backend
 from dsa_lab.policy.vllm import CAPABILITY_FAMILIES, CDNA_BY_GFX, Platform
 from dsa_lab.topk import get_topk, topk_names
@@ -119,10 +120,10 @@ def environment_facts(backends: Iterable[str] = ()) -> dict[str, Any]:
 @functools.cache
 def _facts(requested: frozenset[str]) -> dict[str, Any]:
     """Cached (importing deep_gemm is slow)."""
-    backends = {
+    backends = {  # a backend's environment() that raises is named (errors.probe), not a traceback of every run
         key: value
         for name in backend_names()
-        for key, value in get_backend(name).environment(requested=name in requested).items()
+        for key, value in probe(name, "environment()", lambda name=name: _environment(name, name in requested)).items()
     }
     return {
         **_gpu_facts(),
@@ -142,6 +143,13 @@ def _facts(requested: frozenset[str]) -> dict[str, Any]:
 
 
 environment_facts.cache_clear = _facts.cache_clear  # type: ignore[attr-defined]  # what tests call to reset it
+
+
+def _environment(name: str, requested: bool) -> dict[str, Any]:
+    facts = get_backend(name).environment(requested=requested)
+    if not isinstance(facts, dict):
+        raise TypeError(f"returned {type(facts).__name__}, not a dict")
+    return facts
 
 
 def version_line(environment: Mapping[str, Any]) -> str:

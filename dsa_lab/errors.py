@@ -9,12 +9,15 @@ timed loop; each caller says where.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
-from typing import Any
+import re
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import torch
 
 INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a name that ends up in files and pages
+PLAIN_NAME_RULE = "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
 class BackendUnavailable(RuntimeError):
@@ -27,6 +30,25 @@ class UnsupportedShape(ValueError):
 
 class NonFiniteLogits(ValueError):
     """Logits inside a row's context hold NaN or inf: a kernel wrote garbage (or read it)."""
+
+
+class BackendProbeError(RuntimeError):
+    """A backend's own probe (its availability, numerics, config space, native next_n...) raised: the message
+    names the backend, the probe and what it raised, so a plug-in's bug reads as that, not as the harness's."""
+
+
+T = TypeVar("T")
+
+
+def probe(backend: str, what: str, call: Callable[[], T]) -> T:
+    """`call()`, a question asked of `backend` (`what`: 'availability()'...); what it raises, other than the
+    answers a probe may give (`UnsupportedShape`, `BackendUnavailable`), becomes `BackendProbeError`."""
+    try:
+        return call()
+    except (UnsupportedShape, BackendUnavailable, BackendProbeError):
+        raise
+    except Exception as err:
+        raise BackendProbeError(f"backend {backend!r}: {what} raised {type(err).__name__}: {err}") from err
 
 
 def _is_int(value: Any) -> bool:
@@ -66,6 +88,14 @@ def check_seed(name: str, value: Any) -> int:
     wrapped (torch would map -1 to 2**64 - 1), so one run's seed means one thing.
     """
     return check_range(name, value, 0, MAX_SEED)
+
+
+def check_plain_name(name: str, value: Any) -> str:
+    """A name that ends up in run files, folders and pages (a run id, a backend, a config): `PLAIN_NAME`, so it
+    carries no markup, separator or path, and a run that holds it loads back (`store.format` holds the same)."""
+    if not isinstance(value, str) or not PLAIN_NAME.fullmatch(value):
+        raise ValueError(f"{name}={value!r}: not a plain name; allowed are {PLAIN_NAME_RULE}")
+    return value
 
 
 def check_int_sequence(name: str, values: Any, low: int, high: int) -> tuple[int, ...]:

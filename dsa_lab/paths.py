@@ -8,6 +8,7 @@ a user may import the package from anywhere. Every reader of `data/` goes throug
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 DATA_ENV = "DSA_LAB_DATA"
@@ -90,12 +91,18 @@ def docs_dir() -> Path:
     return root / "docs"
 
 
-def check_output_path(path: str | os.PathLike[str], inputs: list[str | os.PathLike[str]], flag: str) -> Path:
+def check_output_path(
+    path: str | os.PathLike[str], inputs: list[str | os.PathLike[str]], flag: str, folder: bool = False
+) -> Path:
     """`path`, an output a command writes, when it neither is nor lies inside one of `inputs` (the files and
-    folders the command reads), links resolved; else a ValueError naming both. No command destroys its inputs."""
+    folders the command reads), links resolved, and is absent or what the command writes there (`check_target`);
+    else a ValueError naming it. No command destroys its inputs, or anything but its own file or folder."""
     if not str(path).strip():
         raise ValueError(f"{flag}={str(path)!r}: give a path")
-    output = Path(path).expanduser().resolve()
+    try:
+        output = Path(path).expanduser().resolve()
+    except (OSError, RuntimeError) as err:  # a loop of links
+        raise ValueError(f"{flag}={str(path)!r}: cannot be resolved ({err})") from None
     for given in inputs:
         read = Path(given).expanduser().resolve()
         if output == read or read in output.parents:
@@ -104,4 +111,38 @@ def check_output_path(path: str | os.PathLike[str], inputs: list[str | os.PathLi
                 f"{flag}={str(path)!r} {where} {given}, which this command reads; an output never "
                 "overwrites an input: choose another path"
             )
+    check_target(Path(path).expanduser(), flag, folder)
     return Path(path)
+
+
+def file_kind(mode: int) -> str:
+    """What an `os.lstat` mode is, in words: 'a regular file', 'a folder', 'a FIFO (named pipe)'..."""
+    kinds = (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def check_target(path: Path, flag: str, folder: bool = False) -> None:
+    """An output's own path: absent, or a regular file (`folder`: a folder) it may replace; a link, a device
+    (/dev/null), a FIFO, a socket, or a folder where a file belongs is refused by name, never replaced or written
+    through."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise ValueError(f"{flag}={str(path)!r}: cannot be inspected ({err.strerror or err})") from None
+    wanted, want = (stat.S_ISDIR, "a folder") if folder else (stat.S_ISREG, "a regular file")
+    if not wanted(mode):
+        target = f" to {os.readlink(path)}" if stat.S_ISLNK(mode) else ""
+        raise ValueError(
+            f"{flag}={str(path)!r} is {file_kind(mode)}{target}, not {want}: dsa_lab writes only its own "
+            "files and folders, never through a link or over anything else; choose another path"
+        )

@@ -166,7 +166,7 @@ def lognormal_length_batch(
     median = check_range("median", median, *LOGNORMAL_CLIP)
     if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not 0 < sigma <= MAX_LOGNORMAL_SIGMA:
         raise ValueError(f"sigma={sigma!r}: must be a number in (0, {MAX_LOGNORMAL_SIGMA:g}]")
-    gen = torch.Generator().manual_seed(as_int("seed", seed))
+    gen = torch.Generator().manual_seed(check_seed("seed", seed))
     z = torch.empty(batch_size, dtype=torch.float64).normal_(generator=gen)
     lens = (median * torch.exp(float(sigma) * z)).round().clamp(max(LOGNORMAL_CLIP[0], next_n), LOGNORMAL_CLIP[1])
     return DecodeBatch(tuple(int(x) for x in lens), (next_n,) * batch_size, next_n, **shape)

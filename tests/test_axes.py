@@ -15,7 +15,7 @@ from dsa_lab import axes
 from dsa_lab.analysis import compare
 from dsa_lab.bench import cli as bench_cli
 from dsa_lab.bench.point import Point, SweepSpec, preset
-from dsa_lab.bench.sweep import _recorded_form
+from dsa_lab.bench.run_folder import _recorded_form
 from dsa_lab.profiling.ncu_tables import CONFIG_KEYS
 from dsa_lab.store import folders as store
 

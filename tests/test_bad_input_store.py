@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -20,7 +21,6 @@ from dsa_lab.store import folders as store
 from dsa_lab.store.listing import list_runs
 
 ROW = {
-    "point_key": "k",
     "backend": "reference",
     "strategy": "native",
     "batch": 1,
@@ -43,6 +43,12 @@ ROW = {
     "strategy_bytes": 1e3,
     "flops": 1e6,
 }  # the plan's columns: every timed row has them
+KEY = ROW["point_key"] = axes.point_key(ROW)  # a row's key is its axes' (`store.format.check_keys`)
+
+
+def rekey(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with each row's point_key made again from its axes, as a producer that changed them would."""
+    return frame.assign(point_key=[axes.point_key(row) for row in frame.to_dict("records")])
 
 
 def provenance(run_id: str, created: str = "2026-01-01T00:00:00+00:00", **extra) -> dict:
@@ -139,12 +145,15 @@ BAD_ROWS = {
     "results source": (lambda f: f.assign(source="modeled"), "source"),
     "median NaN": (
         lambda f: f.assign(median_ms=float("nan")),
-        r"1 timed row\(s\) with non-finite or non-positive times .*: row 0 \(k\)",
+        r"1 timed row\(s\) with non-finite or non-positive times .*: row 0 \(" + re.escape(KEY),
     ),
     "median inf": (lambda f: f.assign(median_ms=float("inf"), p75_ms=float("inf")), "non-finite or non-positive"),
     "median zero": (lambda f: f.assign(median_ms=0.0, p25_ms=0.0), "non-finite or non-positive"),
     "p25 negative": (lambda f: f.assign(p25_ms=-1.0), "non-finite or non-positive"),
-    "quartiles swapped": (lambda f: f.assign(p25_ms=1.1, p75_ms=0.9), r"quartiles out of order .*: row 0 \(k\)"),
+    "quartiles swapped": (
+        lambda f: f.assign(p25_ms=1.1, p75_ms=0.9),
+        r"quartiles out of order .*: row 0 \(" + re.escape(KEY),
+    ),
     "median above p75": (lambda f: f.assign(median_ms=2.0), "quartiles out of order"),
 }
 
@@ -155,7 +164,8 @@ def test_untimed_rows_may_hold_no_times(tmp_path: Path) -> None:
         run_dir,
         {
             **ROW,
-            "point_key": "k2",
+            "next_n": 2,
+            "point_key": axes.point_key({**ROW, "next_n": 2}),
             "status": "skipped",
             "median_ms": None,
             "p25_ms": None,
@@ -417,12 +427,15 @@ def test_a_resumed_log_must_hold_only_its_grid_and_sane_rows(tmp_path: Path, cap
 
     out = _resumable(tmp_path)
     row = store.read_points(out)[0]
-    foreign = {**row, "point_key": row["point_key"].replace("batch=1", "batch=9")}
+    foreign = {**row, "batch": 9, "point_key": row["point_key"].replace("batch=1", "batch=9")}
     with open(out / POINTS, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(foreign) + "\n")
     (out / PARQUET).unlink()
     assert main([*FAST_BENCH, "--next-n", "1,2", "--out", str(out), "--resume"]) == 2
     assert "1 logged point(s) not in the run's grid, e.g. " in capsys.readouterr().err
+    (out / POINTS).write_text(json.dumps({**row, "next_n": 2}) + "\n")  # its key no longer its axes
+    with pytest.raises(store.RunFormatError, match=r"points\.jsonl: line 1 holds point_key .* but its axes make"):
+        store.read_points(out)
     (out / POINTS).write_text(json.dumps({**row, "median_ms": "fast"}) + "\n")
     with pytest.raises(store.RunFormatError, match=r"points\.jsonl: line 1 is timed but its median_ms is 'fast'"):
         store.read_points(out)
@@ -464,13 +477,13 @@ def test_load_run_validates_every_column_naming_the_file_and_rows(tmp_path: Path
     change(pd.read_parquet(run_dir / PARQUET)).to_parquet(run_dir / PARQUET, index=False)
     with pytest.raises(store.RunFormatError, match=says) as err:
         store.load_run(run_dir)
-    assert PARQUET in str(err.value) and ("row 0 (k)" in str(err.value) or "columns" in case)
+    assert PARQUET in str(err.value) and (f"row 0 ({KEY})" in str(err.value) or "columns" in case)
 
 
 def test_a_run_of_a_backend_this_checkout_does_not_know_loads(tmp_path: Path) -> None:
     """A backend from a module not loaded here (docs/add_a_kernel.md) is a plain name in a stored run."""
     run_dir = make_run(tmp_path, "a")
-    pd.read_parquet(run_dir / PARQUET).assign(backend="nobody").to_parquet(run_dir / PARQUET, index=False)
+    rekey(pd.read_parquet(run_dir / PARQUET).assign(backend="nobody")).to_parquet(run_dir / PARQUET, index=False)
     assert list(store.load_run(run_dir).results["backend"]) == ["nobody"]
 
 
@@ -479,7 +492,7 @@ def test_every_registered_backend_and_a_run_from_before_the_config_axis_load(tmp
     """The vocabularies are the axis table's: every registered backend is a name a run may hold, and a run
     stored before the `config` axis existed (no column) loads with the value it was measured at."""
     run_dir = make_run(tmp_path, "a")
-    frame = pd.read_parquet(run_dir / PARQUET).assign(backend=backend)
+    frame = rekey(pd.read_parquet(run_dir / PARQUET).assign(backend=backend))
     frame.drop(columns=[c for c in ("config",) if c in frame]).to_parquet(run_dir / PARQUET, index=False)
     results = store.load_run(run_dir).results
     assert list(results["backend"]) == [backend] and list(results["config"]) == [axes.axis("config").old_value]
@@ -541,3 +554,32 @@ def test_profile_discovery_reports_the_runs_it_skips(tmp_path: Path, drop: str) 
     scan = scan_profile_runs(tmp_path)
     assert scan.runs == [] and [f for f, _ in scan.ignored] == [str(folder)]
     assert PROV in scan.ignored[0][1] and (drop in scan.ignored[0][1] or "kind" in scan.ignored[0][1])
+
+
+@pytest.mark.parametrize("drop", ["created", "kind"])
+def test_find_profile_runs_names_the_runs_it_passes_over(tmp_path: Path, drop: str) -> None:
+    """`find_profile_runs` (re-exported by dsa_lab.profile) used to return [] for such a run without a word."""
+    from dsa_lab.profiling import find_profile_runs
+
+    folder = make_profile(tmp_path, "p", "2026-01-01T00:00:00+00:00")
+    (folder / "torch_kernels.parquet").unlink()
+    (folder / "trace_reference.json.gz").write_bytes(gzip.compress(b"{}"))  # only a trace: still a profile's file
+    path = folder / PROV
+    fields = json.loads(path.read_text())
+    fields.pop(drop)
+    path.write_text(json.dumps(fields))
+    with pytest.warns(UserWarning, match=rf"find_profile_runs: ignored {re.escape(str(folder))}: .*{PROV}"):
+        assert find_profile_runs(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", [POINTS, PARQUET, PROV])
+def test_a_fifo_in_a_run_folder_is_refused_by_name_never_read_or_written(tmp_path: Path, name: str) -> None:
+    """A FIFO where a run file belongs used to block every read (and an append) of it forever."""
+    run_dir = make_run(tmp_path, "a")
+    (run_dir / name).unlink()
+    os.mkfifo(run_dir / name)
+    reads = [lambda: store.read_points(run_dir), lambda: store.append_point(run_dir, ROW)] if name == POINTS else []
+    for call in (lambda: store.load_run(run_dir), *reads):
+        with pytest.raises(store.RunFormatError, match=rf"{re.escape(name)}: a FIFO \(named pipe\), not a regular"):
+            call()
+    assert (run_dir / name).is_fifo()

@@ -109,6 +109,13 @@ def test_the_example_keeps_the_contract_of_every_backend(own_registry, monkeypat
     assert external.load_backend_files([str(EXAMPLE)]) == ("my-kernel",)  # once a process
 
 
+def _registers(name: str) -> str:
+    return (
+        "from dsa_lab.kernels.registry import LogitsBackend, register_backend\n"
+        f"@register_backend\nclass Named(LogitsBackend):\n    name, family, label = {name!r}, 'a', 'A'\n"
+    )
+
+
 BAD_MODULES = {
     "import_error.py": ("import not_a_package_anywhere\n", "importing it failed: ModuleNotFoundError"),
     "syntax.py": ("def broken(:\n", "importing it failed: SyntaxError"),
@@ -126,14 +133,21 @@ BAD_MODULES = {
         "backend 'mine' declares baseline=True",
     ),
     "missing.py": (None, "no such file"),
+    "markup_name.py": (_registers("my kernel<b>"), "backend name 'my kernel<b>' is not a plain name"),
+    "comma_name.py": (_registers("a,b"), "backend name 'a,b' is not a plain name"),
+    "empty_name.py": (_registers(""), "backend name '' is not a plain name"),
+    "never_returns.py": ("import time\nwhile True:\n    time.sleep(0.05)\n", "its import was still running after 1 s"),
+    "interrupts.py": ("raise KeyboardInterrupt\n", "importing it was interrupted (KeyboardInterrupt)"),
+    "swallows.py": ("try:\n    while True: pass\nexcept Exception:\n    pass\n", "still running after 1 s"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_MODULES))
 def test_a_bad_module_is_one_line_naming_the_file_and_leaves_nothing_registered(
-    own_registry, tmp_path: Path, capsys, case: str
+    own_registry, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
     text, problem = BAD_MODULES[case]
+    monkeypatch.setenv(external.TIMEOUT_VAR, "1")
     path = tmp_path / case
     if text is not None:
         path.write_text(text)
@@ -143,6 +157,27 @@ def test_a_bad_module_is_one_line_naming_the_file_and_leaves_nothing_registered(
     assert err.startswith(f"dsa-lab bench: error: --backend-module {path}: ") and problem in err
     assert "\n" not in err and "Traceback" not in err
     assert registry.backend_names() == before
+
+
+@pytest.mark.parametrize("kind", ["folder", "loop", "bad limit"])
+def test_a_folder_a_loop_of_links_or_a_bad_time_limit_is_named(
+    own_registry, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    path = tmp_path / "mine"
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "loop":
+        (tmp_path / "other").symlink_to(path)
+        path.symlink_to(tmp_path / "other")
+    else:
+        path = tmp_path / "fresh.py"
+        path.write_text(_registers("fresh-one"))
+        monkeypatch.setenv(external.TIMEOUT_VAR, "soon")
+    assert main(["bench", "--backend-module", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    says = {"folder": "is a folder; give the Python file", "loop": "a loop of symbolic links",
+            "bad limit": "DSA_LAB_IMPORT_TIMEOUT_S='soon': must be a finite number of seconds > 0"}[kind]  # fmt: skip
+    assert says in err and "\n" not in err and "Traceback" not in err, err
 
 
 def test_a_second_module_with_a_taken_name_is_named_by_the_first(own_registry, tmp_path: Path) -> None:

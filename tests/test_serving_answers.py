@@ -220,7 +220,9 @@ def test_a_card_without_a_stored_run_says_so() -> None:
 def test_report_run_sets_every_run_parameter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     parser = argparse.ArgumentParser()
     register_cli(parser.add_subparsers())
-    args = parser.parse_args(["report", "--run", str(tmp_path), "-p", "seed=3"])
+    run = tmp_path / "run"
+    shutil.copytree(SHIPPED, run)  # --run must name a run load_run reads
+    args = parser.parse_args(["report", "--run", str(run), "-p", "seed=3"])
     captured = {}
 
     def fake_build(notebooks, out, params, device=None, only=()):
@@ -230,8 +232,11 @@ def test_report_run_sets_every_run_parameter(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(report, "build_report", fake_build)
     with pytest.raises(SystemExit):
         args.func(args)
-    assert captured == {"seed": 3, **{name: str(tmp_path.resolve()) for name in RUN_PARAMETERS}}
-    assert resolve_data_path(captured["run_path"]) == tmp_path.resolve()
+    assert captured == {"seed": 3, **{name: str(run.resolve()) for name in RUN_PARAMETERS}}
+    assert resolve_data_path(captured["run_path"]) == run.resolve()
+    for bad, says in ((tmp_path / "empty", "no run there"), (run / "results.parquet", "is not a run folder")):
+        with pytest.raises(ValueError, match=f"--run=.*{says}"):
+            args.func(parser.parse_args(["report", "--run", str(bad)]))
 
 
 def test_the_answer_grids_outline_where_the_ragged_answer_differs() -> None:

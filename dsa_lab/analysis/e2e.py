@@ -16,7 +16,7 @@ import pandas as pd
 
 from dsa_lab import axes
 from dsa_lab.analysis.runs import ChosenRun
-from dsa_lab.errors import check_choice
+from dsa_lab.errors import check_choice, check_range
 from dsa_lab.kernels import get_backend, vllm_backend
 from dsa_lab.model import calibration
 from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS, DEEPSEEK_V32, DEPLOYMENT, decode_step, tokens_per_step
@@ -24,6 +24,7 @@ from dsa_lab.model.gpus import get_gpu
 from dsa_lab.model.indexer import atom_sizes, predict
 from dsa_lab.policy.steps import step_path
 from dsa_lab.policy.vllm import Platform, PolicyQuery
+from dsa_lab.workload import MAX_NEXT_N, MAX_REQUESTS
 
 CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072, 262144)
 # What the notebook compares, by label: each strategy on what vLLM runs (DeepGEMM), vLLM 0.33's own
@@ -84,7 +85,12 @@ class IndexerTimes:
 def step_row(
     times: IndexerTimes, gpu: str, label: str, batch: int, context: int, next_n: int, cache_dtype: str = "fp8"
 ) -> dict[str, object]:
-    """One modeled decode step with the indexer as `label` runs it: components, share, source."""
+    """One modeled decode step with the indexer as `label` runs it: components, share, source (NaN where the
+    strategy has no launch at this next_n on this GPU; a value no step has is refused by name)."""
+    check_choice("strategy", label, LABELS)
+    check_range("batch", batch, 1, MAX_REQUESTS)
+    check_range("context", context, 1, 1 << 31)
+    check_range("next_n", next_n, 1, MAX_NEXT_N)
     indexer_us, source = times(gpu, label, batch, context, next_n, cache_dtype)
     draft_us, _ = times(gpu, label, batch, context, 1, cache_dtype)
     if indexer_us != indexer_us:  # NaN: no such strategy here
@@ -136,6 +142,7 @@ def throughput_frame(
 ) -> pd.DataFrame:
     """Tokens per second per GPU for every strategy, context and next_n the acceptance preset
     covers: batch x (1 + sum of a_k) per step, over the modeled step time."""
+    check_choice("preset", preset, tuple(ACCEPTANCE_PRESETS))
     acceptance, _ = ACCEPTANCE_PRESETS[preset]
     rows = []
     for label in labels:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from dsa_lab.analysis.frames import measured_ok
+from dsa_lab.errors import check_choice
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.markup import md_code, md_text
 from dsa_lab.model.indexer import BLOCK_TOKENS
@@ -182,6 +183,7 @@ def roofline_reading(comparison: pd.DataFrame, frame: pd.DataFrame, gpu: GpuSpec
 
 def decision_reading(release: str, platform: Platform, batch: DecodeBatch) -> str:
     """One paragraph: the path the release takes for this batch, and vLLM's reason."""
+    check_choice("release", release, tuple(RELEASES))
     version, detail = RELEASES[release]
     decision = POLICIES[release](PolicyQuery(platform, batch.next_n))
     text = (

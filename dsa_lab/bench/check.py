@@ -1,25 +1,42 @@
-"""The harness's one correctness measure: poisoned outputs compared with the reference, before any measurement.
+"""The harness's one correctness measure: the reference first, then the candidate's calls, each held to it,
+and the candidate's inputs verified untouched, before any measurement.
 
 Every mode checks a point this way before measuring it (timing, torch.profiler, Nsight
 Compute), so a configuration that computes the wrong numbers is never timed or profiled.
 
-On CUDA a first run tells the byte size of each output allocation; NaN-filled blocks of
-exactly those sizes are then handed back to the caching allocator, which gives them to
-the checked run's outputs, so an element the kernel never writes stays NaN (the row says
-whether every output really landed in poisoned memory). The reference scores a sample of
-requests (all of them when that is cheap) and the error is ||out - ref|| / ||ref|| over
-the valid positions only, since some kernels leave the tail past each context unspecified.
-A point passes when that error is at most its bound and no valid position is NaN. The bound
-is the spec's `check_tolerance` (1e-3) unless the backend's arithmetic on this platform is
-coarser (`bench.numerics`, with the reason: DeepGEMM on SM100, 1e-2); it is decided here,
-so every mode checks against the same bound, and the result says which and why. (The
-profiler once had a measure of its own, max |out - ref| / max |ref|; one measure now
-serves every mode, so a point passes or fails the same way in each.)
+Inputs are not the candidate's to keep. The reference scores the sampled requests first, on
+inputs no candidate has touched; then the candidate's step runs `CHECKED_CALLS` times on every
+device and each call's outputs are held to that reference (a kernel right only on its first
+call, or only from its second, fails); then every tensor it was handed (q, weights, the KV
+cache, the block tables, the context lengths: `handed_inputs`) must be bit for bit what it was
+before (`InputGuard`), and a point whose candidate wrote into one fails naming it.
+
+How "unchanged" is verified: a fingerprint per tensor (`fingerprint`), computed on its device
+before and after, not a copy. A copy of the KV cache would double a workload's largest
+allocation (gigabytes at B = 128, L = 64K) and cost a point its place in memory; a
+fingerprint reads the tensor once, in passes with 32 MiB temporaries. It is two wrapping int64
+sums over the bytes read as 32-bit words: the plain sum, which changes with any change confined
+to one word, and the sum weighted by each word's position, which changes with any swap of two
+different words (a zeroed cache, two swapped block ids) for tensors under 32 GiB. What it cannot
+see is a write crafted to keep both sums, a kernel written against this check.
+
+On CUDA a first call tells the byte size of each output allocation (it is held to the reference
+too); NaN-filled blocks of exactly those sizes are then handed back to the caching allocator
+before each later call, which gives them to that call's outputs, so an element the kernel never
+writes stays NaN (the row says whether every output really landed in poisoned memory). The
+reference scores a sample of requests (all of them when that is cheap) and the error is
+||out - ref|| / ||ref|| over the valid positions only, since some kernels leave the tail past
+each context unspecified. A point passes when every held call's error is at most its bound and
+no valid position is NaN. The bound is the spec's `check_tolerance` (1e-3) unless the backend's
+arithmetic on this platform is coarser (`bench.numerics`, with the reason: DeepGEMM on SM100,
+1e-2); it is decided here, so every mode checks against the same bound, and the result says
+which and why.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,17 +49,23 @@ from dsa_lab.kernels import LogitsBackend, baseline_backend
 from dsa_lab.metadata import DecodeMetadata
 from dsa_lab.workload import DecodeBatch, DecodeInputs
 
+CHECKED_CALLS = 2  # calls of the step held to the reference on every device (CUDA runs one more first, also held)
+FINGERPRINT_WORDS = 1 << 22  # words a fingerprint pass reads: bounds its temporaries (32 MiB of int64 each)
+_ODD = 0x5851F42D4C957F2D  # an odd 63-bit multiplier of word positions (any odd number keeps positions apart)
+
 
 @dataclass(frozen=True)
 class CheckResult:
     ok: bool
-    rel_err: float
+    rel_err: float  # the largest of the held calls'
     checked_requests: int
     checked_tokens: int
-    poisoned: bool  # every output landed in NaN-filled memory before the run
+    poisoned: bool  # every output of every call after the first landed in NaN-filled memory (False off CUDA)
     message: str = ""
     tolerance: float | None = None  # the bound rel_err was held to
     tolerance_reason: str = ""  # why that bound (`bench.numerics`)
+    inputs_changed: tuple[str, ...] = ()  # the inputs the candidate wrote into, by name
+    calls: int = 0  # calls of the step held to the reference
 
 
 def checked_requests(batch: DecodeBatch, limit: int, count: int) -> list[int]:
@@ -53,6 +76,99 @@ def checked_requests(batch: DecodeBatch, limit: int, count: int) -> list[int]:
     longest = max(range(batch.batch_size), key=lambda b: batch.seq_lens[b])
     picks = dict.fromkeys([0, batch.batch_size - 1, longest])
     return [b for b in picks if batch.decode_lens[b]][: max(1, count)]
+
+
+# ---------------------------------------------------------------- inputs untouched
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s bytes as one flat tensor of 32-bit words (bytes when its size or offset allows no words)."""
+    raw = t.detach().reshape(-1).view(torch.uint8) if t.dim() else t.detach().reshape(1).view(torch.uint8)
+    try:
+        return raw.view(torch.int32)
+    except RuntimeError:  # a byte count or storage offset not a multiple of 4
+        return raw
+
+
+def fingerprint(t: torch.Tensor) -> torch.Tensor:
+    """Two int64 sums over `t`'s bytes read as words, on its device (module docstring): the plain sum and the
+    sum weighted by each word's position; wrapping arithmetic, read in passes of `FINGERPRINT_WORDS`."""
+    words = _words(t)
+    weights = torch.arange(min(words.numel(), FINGERPRINT_WORDS), dtype=torch.int64, device=words.device) * _ODD
+    sums = torch.zeros(2, dtype=torch.int64, device=words.device)
+    for start in range(0, words.numel(), FINGERPRINT_WORDS):
+        part = words[start : start + FINGERPRINT_WORDS].long()
+        plain = part.sum()
+        offset = (start * _ODD + (1 << 63)) % (1 << 64) - (1 << 63)  # start * _ODD as a wrapped int64
+        sums[0] += plain
+        sums[1] += (part * weights[: part.numel()]).sum() + plain * offset
+    return sums
+
+
+@dataclass(frozen=True)
+class InputGuard:
+    """Named tensors fingerprinted now; `changed()` names those whose bytes differ later. Take it before a
+    candidate runs on them, verify after (the check does; `bench.walk.prepare` takes one per point for the
+    sweep, and a 'logits+topk' check may verify its own calls with one)."""
+
+    names: tuple[str, ...]
+    tensors: tuple[torch.Tensor, ...]
+    before: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def of(cls, named: Mapping[str, torch.Tensor]) -> InputGuard:
+        """A guard over `named`; a tensor given under two names (a launch's block table that is the cache's) is
+        fingerprinted once, under its first name."""
+        seen: dict[tuple[int, int, tuple[int, ...], torch.dtype], str] = {}
+        for name, tensor in named.items():
+            if not isinstance(tensor, torch.Tensor):
+                raise ValueError(f"{name}: expected a torch.Tensor to guard, got {type(tensor).__name__}")
+            seen.setdefault((tensor.data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.dtype), name)
+        kept = {name: named[name] for name in seen.values()}
+        return cls(tuple(kept), tuple(kept.values()), tuple(fingerprint(t) for t in kept.values()))
+
+    def changed(self) -> tuple[str, ...]:
+        """The names of the guarded tensors whose bytes are not what they were (one host copy for all)."""
+        if not self.names:
+            return ()
+        now = [fingerprint(t) for t in self.tensors]
+        differ = [bool((a != b).any()) for a, b in zip(torch.stack(now).cpu(), torch.stack(self.before).cpu())]
+        return tuple(name for name, changed in zip(self.names, differ, strict=True) if changed)
+
+
+def workload_inputs(inputs: DecodeInputs) -> dict[str, torch.Tensor]:
+    """The step's own tensors by name: its q and weights, the KV cache and the cache's block table."""
+    return {
+        "KV cache": inputs.cache.data,
+        "block table": inputs.cache.block_table,
+        "q": inputs.q,
+        "weights": inputs.weights,
+    }
+
+
+def handed_inputs(inputs: DecodeInputs, packed: Sequence[LaunchInputs]) -> dict[str, torch.Tensor]:
+    """Every tensor a backend is handed for the step, by name: the step's own (`workload_inputs`) and each
+    launch's packed q, weights, context lengths and block table."""
+    named = workload_inputs(inputs)
+    for i, p in enumerate(packed):
+        where = f" (launch {i})"
+        named.update(
+            {
+                f"q{where}": p.q,
+                f"weights{where}": p.weights,
+                f"context lens{where}": p.context_lens,
+                f"block table{where}": p.block_table,
+            }
+        )
+    return named
+
+
+def changed_message(changed: Sequence[str]) -> str:
+    """What a row says of a candidate that wrote into its inputs."""
+    return f"the backend changed its inputs: {', '.join(changed)} (inputs are not the candidate's to keep)"
+
+
+# ---------------------------------------------------------------- the calls
 
 
 def _poison(sizes: Sequence[int], device: torch.device) -> set[int]:
@@ -73,13 +189,17 @@ def run_launches(
     return [launch_logits(backend, p, cache, max_len, s) for p, s in zip(packed, schedules, strict=True)]
 
 
+def _sizes(outputs: Sequence[torch.Tensor]) -> list[int]:
+    return [out.untyped_storage().nbytes() for out in outputs]
+
+
 def poisoned(run: Callable[[], list[torch.Tensor]], device: torch.device) -> tuple[list[torch.Tensor], bool]:
     """`run`'s outputs written into poisoned memory on CUDA (a first run, which JIT-compiles, tells each
     output's byte size; all bits set: NaN as float32, -1 as int32), and whether every output really landed
     there (False off CUDA)."""
     if device.type != "cuda":
         return run(), False
-    addresses = _poison([out.untyped_storage().nbytes() for out in run()], device)
+    addresses = _poison(_sizes(run()), device)
     outputs = run()
     return outputs, all(out.untyped_storage().data_ptr() in addresses for out in outputs)
 
@@ -96,37 +216,24 @@ def poisoned_run(
     return poisoned(lambda: run_launches(backend, packed, cache, max_len, schedules), device)
 
 
-def check_point(
-    inputs: DecodeInputs,
-    metadata: DecodeMetadata,
-    backend: LogitsBackend,
-    packed: Sequence[LaunchInputs],
-    schedules: Sequence[Any],
-    tolerance: float,
-    full_check_limit: int,
-    sample_requests: int,
-) -> CheckResult:
-    """Poisoned run of every launch, then ||out - ref|| / ||ref|| on the valid positions of sampled requests.
+@dataclass(frozen=True)
+class _Sample:
+    """The sampled requests' tokens, where each lands in the gathered outputs, and their reference."""
 
-    `tolerance` is the spec's `check_tolerance`; the backend's numerics on this device may
-    loosen it (`bench.numerics.backend_numerics`), never tighten it.
-    """
-    device = inputs.q.device
-    tolerance, tolerance_reason = backend_numerics(backend, device).check_tolerance(tolerance)
-    batch, max_len = inputs.batch, metadata.max_context_len
-    outputs, poisoned = poisoned_run(backend, packed, inputs.cache, max_len, schedules, device)
-    requests = checked_requests(batch, full_check_limit, sample_requests)
+    tokens: list[int]
+    position: torch.Tensor  # token -> its row among the sampled (-1: not sampled)
+    contexts: torch.Tensor
+    valid: torch.Tensor  # [tokens, max_len]: inside each token's context
+    ref: torch.Tensor  # float64 on the valid positions
+
+
+def _reference(inputs: DecodeInputs, requests: Sequence[int], max_len: int) -> _Sample:
+    """The baseline's logits of the sampled requests, computed before any candidate call."""
+    batch, device = inputs.batch, inputs.q.device
     owners, wanted = batch.token_requests(), set(requests)
     tokens = [t for t, b in enumerate(owners) if b in wanted]
     position = torch.full((batch.num_decode_tokens,), -1, dtype=torch.long, device=device)
     position[torch.tensor(tokens, device=device)] = torch.arange(len(tokens), device=device)
-    got = torch.full((len(tokens), max_len), float("nan"), dtype=torch.float32, device=device)
-    for launch, out in zip(metadata.launches, outputs):
-        rows = launch.token_rows.reshape(-1)
-        slot = torch.where(rows >= 0, position[rows.clamp(min=0)], torch.full_like(rows, -1))
-        keep = slot >= 0
-        got[slot[keep]] = out[keep, :max_len].float()
-    del outputs
     contexts = torch.tensor(batch.token_context_lens(), dtype=torch.int32, device=device)[tokens]
     table = inputs.cache.block_table[torch.tensor([owners[t] for t in tokens], device=device)]
     ref = baseline_backend().logits(
@@ -139,20 +246,82 @@ def check_point(
         cache_dtype=inputs.cache.cache_dtype,
     )
     valid = torch.arange(max_len, device=device)[None, :] < contexts[:, None]
-    got_valid, ref_valid = got[valid].double(), ref[valid].double()
+    return _Sample(tokens, position, contexts, valid, ref[valid].double())
+
+
+def _held(
+    sample: _Sample, metadata: DecodeMetadata, outputs: Sequence[torch.Tensor], max_len: int
+) -> tuple[int, float]:
+    """One call's outputs against the reference: (NaN count, relative error) on the valid positions."""
+    got = torch.full((len(sample.tokens), max_len), float("nan"), dtype=torch.float32, device=sample.ref.device)
+    for launch, out in zip(metadata.launches, outputs, strict=True):
+        rows = launch.token_rows.reshape(-1)
+        slot = torch.where(rows >= 0, sample.position[rows.clamp(min=0)], torch.full_like(rows, -1))
+        keep = slot >= 0
+        got[slot[keep]] = out[keep, :max_len].float()
+    got_valid = got[sample.valid].double()
     nans = int(torch.isnan(got_valid).sum())
-    rel_err = float((got_valid - ref_valid).norm() / ref_valid.norm().clamp(min=1e-30))
-    common = {
+    return nans, float((got_valid - sample.ref).norm() / sample.ref.norm().clamp(min=1e-30))
+
+
+def check_point(
+    inputs: DecodeInputs,
+    metadata: DecodeMetadata,
+    backend: LogitsBackend,
+    packed: Sequence[LaunchInputs],
+    schedules: Sequence[Any],
+    tolerance: float,
+    full_check_limit: int,
+    sample_requests: int,
+) -> CheckResult:
+    """The reference first, then the step `CHECKED_CALLS` times (one more first on CUDA, which sizes the poisoned
+    outputs), each call's ||out - ref|| / ||ref|| on the valid positions of sampled requests; then the inputs the
+    candidate was handed verified unchanged.
+
+    `tolerance` is the spec's `check_tolerance`; the backend's numerics on this device may
+    loosen it (`bench.numerics.backend_numerics`), never tighten it.
+    """
+    device = inputs.q.device
+    tolerance, tolerance_reason = backend_numerics(backend, device).check_tolerance(tolerance)
+    max_len = metadata.max_context_len
+    guard = InputGuard.of(handed_inputs(inputs, packed))
+    requests = checked_requests(inputs.batch, full_check_limit, sample_requests)
+    sample = _reference(inputs, requests, max_len)
+    calls = CHECKED_CALLS + (device.type == "cuda")
+    errors: list[tuple[int, float]] = []
+    sizes: list[int] | None = None
+    poisoned = device.type == "cuda"
+    for _ in range(calls):
+        addresses = _poison(sizes, device) if sizes is not None else None
+        outputs = run_launches(backend, packed, inputs.cache, max_len, schedules)
+        if device.type == "cuda" and sizes is None:
+            sizes = _sizes(outputs)
+        elif addresses is not None:
+            poisoned &= all(out.untyped_storage().data_ptr() in addresses for out in outputs)
+        errors.append(_held(sample, metadata, outputs, max_len))
+        del outputs
+        if changed := guard.changed():  # after each call: a change the next call undoes is seen too
+            break
+    rel_err = max((err for _, err in errors), key=lambda err: (math.isnan(err), err))  # a NaN error wins
+    result = {
+        "rel_err": rel_err,
         "checked_requests": len(requests),
-        "checked_tokens": len(tokens),
+        "checked_tokens": len(sample.tokens),
         "poisoned": poisoned,
         "tolerance": tolerance,
         "tolerance_reason": tolerance_reason,
+        "inputs_changed": changed,
+        "calls": calls,
     }
-    if nans:
-        return CheckResult(
-            False, rel_err, message=f"{nans} NaN among {got_valid.numel()} valid positions (unwritten?)", **common
-        )
-    if not rel_err <= tolerance:
-        return CheckResult(False, rel_err, message=f"relative error {rel_err:.3e} > {tolerance:g}", **common)
-    return CheckResult(True, rel_err, **common)
+    if changed:
+        return CheckResult(False, message=changed_message(changed), **result)
+    for call, (nans, err) in enumerate(errors, start=1):
+        which = f"call {call} of {calls}" + ("" if call == 1 else f" (call 1: {errors[0][1]:.3e})")
+        if nans:
+            valid = int(sample.valid.sum())
+            return CheckResult(
+                False, message=f"{which}: {nans} NaN among {valid} valid positions (unwritten?)", **result
+            )
+        if not err <= tolerance:
+            return CheckResult(False, message=f"{which}: relative error {err:.3e} > {tolerance:g}", **result)
+    return CheckResult(True, **result)

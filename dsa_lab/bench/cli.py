@@ -10,7 +10,11 @@ as is every CPU run (`store.is_scratch`): study data goes to data/ only when ask
 
 bench: `--max-minutes` (held even against a hung kernel: `--point-timeout`), `--max-points`,
 `--resume` (the spec comes from the run's provenance), `--retry-errors`; ends with a table
-in µs. An interrupt exits 130 and prints the command that resumes the run.
+in µs. Its exit code says how the sweep ended: 0 when every point was recorded or a limit the
+user set (`--max-points`, `--max-minutes`) stopped it (the command that resumes it is printed);
+130 on an interrupt; 3 when a point hung inside C (`bench.sweep.HUNG_EXIT_CODE`); `STOPPED_SHORT`
+(4) when the device was lost, a backend called `sys.exit` (`exited`) or the loop crashed (`crashed`,
+whose traceback follows): never 0 for a run that stopped short of what was asked.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dsa_lab import axes
 from dsa_lab.bench.point import PRESETS
 
 INTERRUPTED = 130
+STOPPED_SHORT = 4  # the sweep ended before its points were recorded, not by a limit the user set
 
 
 def _log(message: str) -> None:
@@ -119,11 +124,22 @@ def scratch_run(args: argparse.Namespace, device: Any) -> bool:
 
 
 def check_folder_flags(args: argparse.Namespace) -> None:
-    """--out and --root name folders (an empty one would silently mean the working directory); --run-id
-    goes with --root, not with --out (which names the folder itself)."""
+    """--out and --root name folders (an empty one would silently mean the working directory); --out is absent
+    or a folder (not a link, a device or a file) and its last part is the run id, a plain name, checked before
+    anything is measured (a run `load_run` refuses is a study lost at the end); --run-id goes with --root, not
+    with --out (which names the folder itself)."""
+    from dsa_lab.paths import check_target
+    from dsa_lab.store import folders as store
+
     for flag, value in (("--out", args.out), ("--root", args.root)):
         if value is not None and not str(value).strip():
             raise ValueError(f"{flag}={value!r}: give a folder")
+    if args.out is not None:
+        check_target(Path(args.out).expanduser(), "--out", folder=True)
+        try:
+            store.check_run_id(Path(args.out).name)
+        except ValueError as err:
+            raise ValueError(f"--out={args.out!r}: its last part is the run id; {err}") from None
     if args.out is not None and args.run_id is not None:
         raise ValueError(
             f"--run-id={args.run_id!r} with --out={args.out!r}: --out names the run folder itself; "
@@ -218,7 +234,8 @@ def numerics_notes(spec: Any, device: Any) -> list[str]:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from dsa_lab.bench.estimate import START_S, estimate, estimate_table, skipped_on
-    from dsa_lab.bench.sweep import DEFAULT_POINT_TIMEOUT_S, resume_command, run_sweep
+    from dsa_lab.bench.run_folder import resume_command
+    from dsa_lab.bench.sweep import SHORT_STOPS
     from dsa_lab.store import folders as store
 
     _check_limits(args)
@@ -254,7 +271,38 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     )
     for line in numerics_notes(spec, device):
         print(line, flush=True)
-    summary = run_sweep(
+    try:
+        summary = _run(args, spec, run_dir, device)
+    except SystemExit as err:  # a backend called sys.exit: the sweep recorded it ('exited') and stopped
+        _log(
+            f"dsa-lab bench: the sweep stopped: a backend raised SystemExit({err.code!r}) (recorded as stop 'exited', "
+            f"the point named in the run). Resume with: {resume_command(run_dir)}"
+        )
+        return STOPPED_SHORT
+    print(
+        f"run {summary.run_dir}: {summary.recorded_now} points now, {summary.recorded_before} before, "
+        f"{summary.remaining} left of {summary.total}; {summary.counts}; stop: {summary.stop_reason}"
+    )
+    if summary.stop_reason == "interrupted":
+        _log(f"dsa-lab bench: interrupted; the points so far are kept. Resume with: {resume_command(summary.run_dir)}")
+        return INTERRUPTED
+    print(results_table(store.load_run(summary.run_dir).results, spec.timing.noisy_rel_iqr))
+    if summary.stop_reason in SHORT_STOPS:
+        _log(
+            f"dsa-lab bench: the sweep stopped short ({summary.stop_reason}); {summary.remaining} points left. "
+            f"Resume with: {resume_command(summary.run_dir)}"
+        )
+        return STOPPED_SHORT
+    if summary.remaining:
+        print(f"{summary.remaining} points left; continue with: {resume_command(summary.run_dir)}")
+    return 0
+
+
+def _run(args: argparse.Namespace, spec: Any, run_dir: Path, device: Any) -> Any:
+    """The sweep of a bench command (`bench.sweep.run_sweep`), its limits and provenance from the flags."""
+    from dsa_lab.bench.sweep import DEFAULT_POINT_TIMEOUT_S, run_sweep
+
+    return run_sweep(
         spec,
         run_dir,
         device,
@@ -271,17 +319,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             "scratch": scratch_run(args, device),
         },
     )
-    print(
-        f"run {summary.run_dir}: {summary.recorded_now} points now, {summary.recorded_before} before, "
-        f"{summary.remaining} left of {summary.total}; {summary.counts}; stop: {summary.stop_reason}"
-    )
-    if summary.stop_reason == "interrupted":
-        _log(f"dsa-lab bench: interrupted; the points so far are kept. Resume with: {resume_command(summary.run_dir)}")
-        return INTERRUPTED
-    print(results_table(store.load_run(summary.run_dir).results, spec.timing.noisy_rel_iqr))
-    if summary.remaining:
-        print(f"{summary.remaining} points left; continue with: {resume_command(summary.run_dir)}")
-    return 0
 
 
 # ---------------------------------------------------------------- registration

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
+from dsa_lab.errors import probe
 from dsa_lab.kernels import LogitsBackend, get_backend
 from dsa_lab.kernels.descriptor import DEFAULT_NUMERICS, K_SCALE_FORMATS, Numerics
 
@@ -39,12 +40,18 @@ def backend_numerics(backend: LogitsBackend | str, device: str | torch.device) -
     """What `backend` needs on `device` (its capability decides, `LogitsBackend.numerics`); DEFAULT where
     nothing differs."""
     backend = get_backend(backend) if isinstance(backend, str) else backend
+    return probe(backend.name, "its numerics", lambda: _numerics(backend, torch.device(device)))
+
+
+def _numerics(backend: LogitsBackend, device: torch.device) -> Numerics:
     if not backend.numerics:
         return DEFAULT
-    device = torch.device(device)
     if not backend.availability(device).ok:  # it does not run here: its points are skipped
         return DEFAULT
-    return backend.numerics.get(_capability_major(device), DEFAULT)
+    numerics = backend.numerics.get(_capability_major(device), DEFAULT)
+    if not isinstance(numerics, Numerics):
+        raise TypeError(f"declares {type(numerics).__name__} for this capability, not a Numerics")
+    return numerics
 
 
 def cache_k_scales(cache_dtype: str, backends: Sequence[str], device: str | torch.device) -> str:

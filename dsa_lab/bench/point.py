@@ -308,6 +308,8 @@ def _check_config(config: str, backends: Sequence[str]) -> None:
             return
         except UnsupportedShape as err:
             refusals.append(str(err))
+        except Exception as err:  # a backend's own probe failing: named; another may take the config (its points err)
+            refusals.append(f"backend {name!r}: configured({config!r}) raised {type(err).__name__}: {err}")
     raise ValueError(f"config={config!r}: no backend of the grid takes it ({'; '.join(refusals)})")
 
 

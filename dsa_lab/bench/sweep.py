@@ -21,14 +21,19 @@ The run folder cannot be corrupted by the sweep: it is locked for the whole swee
 second writer is refused); a resume is refused when the folder's rows disagree with its
 log or when the device or environment differ from its provenance (`store.check_resume`);
 `retry_errors` re-runs points whose last row is an error; an interrupt (Ctrl-C, SIGTERM)
-records `stop_reason: "interrupted"`; and a deadline per point (`point_timeout_s`, and
-whatever `max_minutes` leaves) holds even against a hung kernel (`bench.guard`).
+records `stop_reason: "interrupted"`; a `SystemExit` (a backend calling sys.exit) or any other
+exception out of the loop records `exited` or `crashed` with its name (and the point in flight as
+an error) before it propagates, so no run reads as complete when it is not; and a deadline per
+point (`point_timeout_s`, and whatever `max_minutes` leaves) holds even against a hung kernel
+(`bench.guard`). Before the first point the run id and the grid are held to what `load_run` reads
+back (`bench.run_folder.check_storable`). After each point the inputs its backend was handed are
+verified unchanged (`Visit.handed`): a point that wrote into them at any call, timed ones included,
+is failed with its timing dropped, and the walk rebuilds the workload for the next point.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
@@ -40,13 +45,13 @@ from typing import Any
 import torch
 
 from dsa_lab.bench import guard
-from dsa_lab.bench.check import check_point
+from dsa_lab.bench.check import changed_message, check_point
 from dsa_lab.bench.guard import PointTimeout, deadline
-from dsa_lab.bench.numerics import numerics_record
 from dsa_lab.bench.point import PRESETS, Point, SweepPoint, SweepSpec, expand, preset
 from dsa_lab.bench.replay import replay_point
+from dsa_lab.bench.run_folder import check_storable, open_run, resume_command
 from dsa_lab.bench.timed_unit import check_step_topk, timed_step
-from dsa_lab.bench.timing import Measurement, TimingConfig, measure_ceilings, time_callable, time_step, timing_method
+from dsa_lab.bench.timing import Measurement, TimingConfig, measure_ceilings, time_callable, time_step
 from dsa_lab.bench.walk import Prepared, Visit, prepare, release, skip_reason, walk
 from dsa_lab.cache import PagedCache
 from dsa_lab.env_info import device_name
@@ -55,7 +60,6 @@ from dsa_lab.kernels import LogitsBackend
 from dsa_lab.model.roofline import GpuSpec, gpu_for_device, roofline_columns
 from dsa_lab.policy.vllm import CAPABILITY_FAMILIES, Platform
 from dsa_lab.store import folders as store
-from dsa_lab.store.provenance import build_provenance
 from dsa_lab.topk import DEFAULT_TOPK
 from dsa_lab.workload import ContextSpec
 
@@ -76,7 +80,18 @@ __all__ = [
 RESULTS_EVERY_S = 30.0  # results.parquet is refreshed this often during a sweep
 STUDY_PLATFORM = Platform("sm90", True)  # vLLM with DeepGEMM on Hopper: whose route a run off CUDA records
 DEFAULT_POINT_TIMEOUT_S = 300.0  # a point (JIT compile, check, timing) still running after this is an error
-STOP_REASONS = ("complete", "max_points", "max_minutes", "device_lost", "interrupted", "point_hung")
+STOP_REASONS = (
+    "complete",  # every point recorded
+    "max_points",  # the limits the user set: the run resumes
+    "max_minutes",
+    "device_lost",  # a sticky device error: every later point would fail too
+    "interrupted",  # Ctrl-C or SIGTERM
+    "point_hung",  # a point past its deadline inside C: the process ended
+    "exited",  # SystemExit raised under the sweep (a backend calling sys.exit): recorded, then it propagates
+    "crashed",  # any other exception out of the loop: recorded with its name, then it propagates
+)
+SHORT_STOPS = ("device_lost", "interrupted", "point_hung", "exited", "crashed")  # not what the user asked for
+MEASURED = (set(Measurement.__dataclass_fields__) - {"device"}) | {"schedule_ms"}  # a timing's columns
 HUNG_EXIT_CODE = 3
 
 
@@ -119,6 +134,13 @@ def evaluate_point(visit: Visit, spec: SweepSpec, device: torch.device, gpu: Gpu
         message = _check_topk(row, backend, prepared, cache, longest, point.topk_impl, spec.check_tolerance)
         if message:
             return {**row, "status": "failed", "message": message, **roofline_columns(plan.cost, None, gpu, cleans)}
+    if changed := visit.handed.changed():  # written into during the checks (a change undone by the timing's end)
+        return {
+            **row,
+            "status": "failed",
+            "message": changed_message(changed),
+            **roofline_columns(plan.cost, None, gpu, cleans),
+        }
     if point.timer == "replay":  # one graph over many ragged steps, each checked: its own columns and verdict
         replayed = replay_point(point, backend, inputs, max_len, tolerance, spec.check_requests, spec.seed, spec.timing)
         return {**row, **replayed, **roofline_columns(plan.cost, None, gpu, cleans)}
@@ -246,69 +268,6 @@ class SweepSummary:
         return self.total - self.recorded_before - self.recorded_now
 
 
-def resume_command(run_dir: Path, retry_errors: bool = False) -> str:
-    """The command that continues a run (its spec comes from its provenance)."""
-    return f"dsa-lab bench --resume --out {run_dir}" + (" --retry-errors" if retry_errors else "")
-
-
-def open_run(
-    spec: SweepSpec, run_dir: Path, device: torch.device, resume: bool, extra: dict[str, Any]
-) -> dict[str, Any]:
-    """Create the run folder (refusing an existing one) or reopen it to resume (refusing a mismatch)."""
-    from dsa_lab.env_info import environment_facts
-
-    numerics = numerics_record(spec.backend, spec.cache_dtype, spec.check_tolerance, device)
-    extra.setdefault("scratch", store.scratch_device(device.type))
-    if resume:
-        provenance = store.check_resume(
-            run_dir, _recorded_form(run_dir, spec), device.type, device_name(device), environment_facts(spec.backend)
-        )
-        _check_logged_points(run_dir, spec)
-        stamp = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": extra.get("command")}
-        fields: dict[str, Any] = {"resumed": provenance.get("resumed", []) + [stamp]}
-        if "numerics" not in provenance:  # a run from before the numerics were recorded
-            fields["numerics"] = numerics
-        store.update_provenance(run_dir, **fields)
-        return store.read_provenance(run_dir / store.PROVENANCE_FILE)
-    provenance = build_provenance(
-        run_id=run_dir.name,
-        device=device.type,
-        device_name=device_name(device),
-        source="measured",
-        seed=spec.seed,
-        timing_method=timing_method(device, spec.timing),
-        spec=spec.to_dict(),
-        extra={**{key: value for key, value in extra.items() if key != "command"}, "numerics": numerics},
-        backends=spec.backend,  # a union of grids records its grids, the backend axis their union
-    )
-    store.create_run(run_dir, provenance)
-    return provenance
-
-
-def _recorded_form(run_dir: Path, spec: SweepSpec) -> dict[str, Any]:
-    """`spec` as the run's provenance spells it when the two are the same grid: a run recorded before a
-    setting existed (min_seconds, cpu_threads...) holds that setting's default, and resumes under it."""
-    recorded = store.read_provenance(run_dir / store.PROVENANCE_FILE).get("spec")
-    try:
-        same = json.dumps(SweepSpec.from_dict(recorded).to_dict(), default=str) == json.dumps(
-            spec.to_dict(), default=str
-        )
-    except (ValueError, TypeError):
-        return spec.to_dict()  # check_resume names the mismatch
-    return recorded if same else spec.to_dict()
-
-
-def _check_logged_points(run_dir: Path, spec: SweepSpec) -> None:
-    """Every point the log holds belongs to the run's grid (a foreign point would join its results)."""
-    keys = {point.key for point in spec.points()}
-    foreign = [key for key in store.latest_rows(run_dir) if key not in keys]
-    if foreign:
-        raise store.RunFormatError(
-            f"{run_dir / store.POINTS_FILE}: {len(foreign)} logged point(s) not in the run's grid, e.g. {foreign[0]}: "
-            "the log is not this run's; refusing to resume"
-        )
-
-
 def run_sweep(
     spec: SweepSpec,
     run_dir: str | Path,
@@ -337,6 +296,7 @@ def run_sweep(
     if point_timeout_s is not None:
         check_positive("point_timeout_s", point_timeout_s)
     device, run_dir = as_device("device", device), Path(run_dir)
+    check_storable(spec, run_dir)  # a run load_run would refuse is refused before its first point
     if resume:
         store.require_run(run_dir)
     else:
@@ -388,7 +348,7 @@ def _sweep(
     todo = [p for p in points if p.key not in logged or p.key in redo]
     started = last_write = time.perf_counter()
     counts: Counter[str] = Counter()
-    stop = "complete"
+    stop, stopped_by = "complete", ""
     bar = tqdm(
         total=len(points),
         initial=len(points) - len(todo),
@@ -398,12 +358,14 @@ def _sweep(
         mininterval=0.1 if _watched() else 15.0,  # a log file gets a line every 15 s, not every point
     )
 
-    def finish(reason: str) -> None:
+    def finish(reason: str, error: str = "") -> None:
         store.write_results(run_dir)
-        recorded = len(store.done_keys(run_dir))
-        store.update_provenance(
-            run_dir, progress={"points_total": len(points), "points_recorded": recorded, "stop_reason": reason}
-        )
+        progress = {
+            "points_total": len(points),
+            "points_recorded": len(store.done_keys(run_dir)),
+            "stop_reason": reason,
+        }
+        store.update_provenance(run_dir, progress={**progress, **({"stop_error": error} if error else {})})
 
     visits = walk(todo, spec, device)
     try:
@@ -457,6 +419,18 @@ def _sweep(
             except Exception as err:  # the sweep goes on; out-of-memory included
                 row.update(status="error", message=f"{type(err).__name__}: {err}")
                 release(device)
+            except KeyboardInterrupt:
+                raise  # not recorded: the point re-runs on resume
+            except (
+                BaseException
+            ) as err:  # SystemExit from a backend, or worse: the point is named, then the sweep stops
+                row.update(status="error", message=f"{_named(err)} raised while this point ran; the sweep stopped here")
+                store.append_point(run_dir, {**row, "elapsed_s": time.perf_counter() - point_started})
+                raise
+            if visit.handed is not None:
+                changed, visit.handed = visit.handed.changed(), None  # its packed tensors go with the point
+                if changed:
+                    row = _inputs_changed(row, visit, gpu, changed)  # the walk rebuilds the workload for the next
             if visit.estimated_bytes is not None:
                 row.setdefault("estimated_bytes", visit.estimated_bytes)
             row["elapsed_s"] = time.perf_counter() - point_started
@@ -472,12 +446,33 @@ def _sweep(
                 last_write = time.perf_counter()
     except KeyboardInterrupt:
         stop = "interrupted"
+    except SystemExit as err:
+        stop, stopped_by = "exited", _named(err)
+        raise
+    except BaseException as err:  # recorded as what it was before it propagates: no run reads as complete
+        stop, stopped_by = "crashed", _named(err)
+        raise
     finally:
         bar.close()
         with contextlib.suppress(KeyboardInterrupt):
             visits.close()
-        finish(stop)
+        finish(stop, stopped_by)
     return SweepSummary(run_dir, len(points), len(points) - len(todo), sum(counts.values()), dict(counts), stop)
+
+
+def _named(err: BaseException) -> str:
+    """What a provenance and a row call an exception that ended a sweep: 'SystemExit(0)', 'TypeError: ...'."""
+    return f"SystemExit({err.code!r})" if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
+
+
+def _inputs_changed(row: dict[str, Any], visit: Visit, gpu: GpuSpec | None, changed: tuple[str, ...]) -> dict[str, Any]:
+    """A point whose backend wrote into its inputs (`Visit.handed`): failed whatever it measured, its timing
+    dropped (it was measured on inputs it changed), the inputs it changed named."""
+    kept = {key: value for key, value in row.items() if key not in MEASURED}
+    before = f"; its own result: {row['status']} {row['message']}".rstrip() if row.get("message") else ""
+    untimed = roofline_columns(visit.plan.cost, None, gpu, visit.backend.cleans_tail) if visit.plan else {}
+    times = dict.fromkeys(("median_ms", "p25_ms", "p75_ms", "iqr_ms"))
+    return {**kept, **untimed, **times, "status": "failed", "message": changed_message(changed) + before}
 
 
 def _watched() -> bool:

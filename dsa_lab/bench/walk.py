@@ -8,7 +8,15 @@ point's workload (once per workload: the next points of the same workload reuse 
 scales in the format the run's backends need on this device, `bench.numerics`), and
 yields a `Visit`. A workload that fails to build is an error for its own points only; the
 next workload is built afresh. `prepare` turns a visit into the packed launches, checked
-once (the value scan) outside any measured region.
+once (the value scan) outside any measured region, and fingerprints what the backend is
+handed (`Visit.handed`, a `bench.check.InputGuard`) so the mode can verify it afterwards.
+
+A workload is shared only while it is what was built: before each later point of it the
+loop verifies its tensors against their fingerprints at build time (`bench.check.InputGuard`)
+and rebuilds it when a backend wrote into them (`Visit.rebuilt` says which), so no point is
+measured on inputs an earlier point damaged, whatever the mode. A backend's own probes
+(`availability`, its numerics, its config space, `native_next_n`, `require`) that raise make
+that point an error naming the backend and the probe (`errors.probe`), not the walk's crash.
 """
 
 from __future__ import annotations
@@ -21,14 +29,14 @@ from typing import Any
 
 import torch
 
-from dsa_lab.bench.check import checked_requests
+from dsa_lab.bench.check import InputGuard, checked_requests, handed_inputs
 from dsa_lab.bench.inputs import MEMORY_HEADROOM, Workload, free_device_bytes, point_bytes, workload_bytes
 from dsa_lab.bench.numerics import cache_k_scales
 from dsa_lab.bench.point import BLOCK_SIZE, Point, SweepSpec
 from dsa_lab.bench.replay import replay_skip
 from dsa_lab.bench.timing import TimingConfig, step_timing_method
 from dsa_lab.decode import LaunchInputs, check_launches, native_sizes_for, pack_launch
-from dsa_lab.errors import BackendUnavailable, UnsupportedShape
+from dsa_lab.errors import BackendUnavailable, UnsupportedShape, probe
 from dsa_lab.kernels import LogitsBackend, get_backend
 from dsa_lab.metadata import DecodeMetadata
 from dsa_lab.plan import LaunchPlan
@@ -48,6 +56,8 @@ class Visit:
     error: str | None = None  # why it could not be prepared (status 'error')
     estimated_bytes: int | None = None
     k_scales: str | None = None  # the K scale format of the workload's cache ('float32' or 'ue8m0'), once built
+    rebuilt: str = ""  # why the workload was rebuilt before this point (an earlier point wrote into it)
+    handed: InputGuard | None = None  # what `prepare` hands the backend, fingerprinted before it runs
 
     @property
     def ready(self) -> bool:
@@ -67,7 +77,20 @@ class Prepared:
 def point_backend(point: Point) -> LogitsBackend:
     """The point's backend running its config (`LogitsBackend.configured`); UnsupportedShape when the
     backend has no such knob (a config of a grid meant for another of its backends)."""
-    return get_backend(point.backend).configured(point.config)
+    backend = get_backend(point.backend)
+    return probe(point.backend, f"configured({point.config!r}) (its config space)", lambda: _configured(backend, point))
+
+
+def _configured(backend: LogitsBackend, point: Point) -> LogitsBackend:
+    configured = backend.configured(point.config)
+    if not isinstance(configured, LogitsBackend):
+        raise TypeError(f"returned {type(configured).__name__}, not a LogitsBackend")
+    return configured
+
+
+def native_sizes(backend: LogitsBackend, device: torch.device) -> tuple[int, ...]:
+    """`decode.native_sizes_for`, asked as a probe of the backend (a failure names it)."""
+    return probe(backend.name, "native_next_n()", lambda: native_sizes_for(backend, device))
 
 
 def skip_reason(point: Point, device: torch.device, plan: LaunchPlan | None = None, seed: int = 0) -> str | None:
@@ -76,9 +99,9 @@ def skip_reason(point: Point, device: torch.device, plan: LaunchPlan | None = No
         backend = point_backend(point)
     except UnsupportedShape as err:
         return str(err)
-    state = backend.availability(device)
-    if not state.ok:
-        return f"backend {point.backend!r} unavailable on {device.type}: {state.reason}"
+    ok, reason = probe(point.backend, "availability()", lambda: _availability(backend, device))
+    if not ok:
+        return f"backend {point.backend!r} unavailable on {device.type}: {reason}"
     try:
         step_timing_method(device, point.timer, TimingConfig())
     except ValueError as err:  # a CUDA-graph replay off CUDA
@@ -93,15 +116,24 @@ def skip_reason(point: Point, device: torch.device, plan: LaunchPlan | None = No
         except (ValueError, BackendUnavailable) as err:  # vLLM's top-k off CUDA, or a k it does not take
             return str(err)
     if plan is None:
-        plan = point.plan(point.seq_lens(seed), native_sizes_for(backend, device), seed)
+        plan = point.plan(point.seq_lens(seed), native_sizes(backend, device), seed)
     if plan.same_as_native:
         return f"atom plan is one native piece of {point.next_n}: the same launch as native"
     for width in plan.widths:
         try:
-            backend.require(device, width, point.heads, point.head_dim, point.cache_dtype)
+            probe(point.backend, "require()", lambda w=width: _require(backend, device, point, w))
         except (UnsupportedShape, BackendUnavailable) as err:
             return str(err)
     return None
+
+
+def _availability(backend: LogitsBackend, device: torch.device) -> tuple[bool, str]:
+    state = backend.availability(device)
+    return bool(state.ok), str(state.reason)
+
+
+def _require(backend: LogitsBackend, device: torch.device, point: Point, width: int) -> None:
+    backend.require(device, width, point.heads, point.head_dim, point.cache_dtype)
 
 
 def release(device: torch.device) -> None:
@@ -115,28 +147,34 @@ def release(device: torch.device) -> None:
 
 
 def walk(points: Sequence[Point], spec: SweepSpec, device: torch.device, memory_check: bool = True) -> Iterator[Visit]:
-    """Each point of `points` (in order) as a `Visit`; builds each workload once, frees it when the next begins."""
+    """Each point of `points` (in order) as a `Visit`; builds each workload once, frees it when the next begins,
+    and rebuilds it before a point when an earlier point's backend wrote into it."""
     max_n = max(spec.next_n)
     workload: Workload | None = None
+    clean: InputGuard | None = None  # the workload's tensors as built
     key: tuple | None = None
     workload_error = ""
     try:
         for point in points:
-            if point.workload_key != key:
-                workload, key, workload_error = None, point.workload_key, ""
-                release(device)  # the old workload's memory goes back before the next is built
             visit = Visit(point)
+            if point.workload_key != key:
+                workload, clean, key, workload_error = None, None, point.workload_key, ""
+                release(device)  # the old workload's memory goes back before the next is built
+            elif clean is not None and (changed := clean.changed()):
+                visit.rebuilt = f"workload rebuilt: an earlier point's backend changed its {', '.join(changed)}"
+                workload, clean = None, None
+                release(device)
             try:
                 visit.backend = point_backend(point)
                 seq_lens = point.seq_lens(spec.seed)
-                visit.plan = point.plan(seq_lens, native_sizes_for(visit.backend, device), spec.seed)
+                visit.plan = point.plan(seq_lens, native_sizes(visit.backend, device), spec.seed)
                 visit.skip = skip_reason(point, device, visit.plan, spec.seed)
                 if visit.skip is None and workload_error:
                     visit.error = f"workload not built: {workload_error}"
                 if visit.skip is None and visit.error is None:
-                    probe = point.decode_batch(seq_lens, spec.seed)
-                    checked = point.next_n * len(checked_requests(probe, spec.full_check_limit, spec.check_requests))
-                    need = point_bytes(point, visit.plan, checked, device)
+                    probe_batch = point.decode_batch(seq_lens, spec.seed)
+                    sampled = checked_requests(probe_batch, spec.full_check_limit, spec.check_requests)
+                    need = point_bytes(point, visit.plan, point.next_n * len(sampled), device)
                     need += workload_bytes(seq_lens, point, max_n) if workload is None else 0
                     visit.estimated_bytes = need
                     free = free_device_bytes(device) if memory_check else None
@@ -144,13 +182,15 @@ def walk(points: Sequence[Point], spec: SweepSpec, device: torch.device, memory_
                         visit.skip = f"needs ~{need / 2**30:.2f} GiB, {free / 2**30:.2f} GiB free"
             except UnsupportedShape as err:  # a config of the grid this backend has no knob for
                 visit.skip = str(err)
-            except (ValueError, RuntimeError) as err:  # a bad plan or availability probe: this point only
+            except Exception as err:  # a bad plan, or a backend's probe that raised (named): this point only
                 visit.error = f"{type(err).__name__}: {err}"
             if visit.skip is None and visit.error is None and workload is None:
                 try:
-                    k_scales = cache_k_scales(point.cache_dtype, spec.backend, device)
+                    k_scales = cache_k_scales(point.cache_dtype, spec.backend, device)  # every backend's numerics
                     workload = Workload(point, seq_lens, max_n, spec.seed, device, k_scales)
-                except Exception as err:  # out of memory, a failing generator: this workload's points only
+                    clean = InputGuard.of(_workload_tensors(workload))
+                except Exception as err:  # out of memory, a failing generator or probe: this workload's points only
+                    workload, clean = None, None
                     workload_error = f"{type(err).__name__}: {err}"
                     visit.error = f"workload not built: {workload_error}"
                     release(device)
@@ -158,8 +198,14 @@ def walk(points: Sequence[Point], spec: SweepSpec, device: torch.device, memory_
                 visit.inputs, visit.k_scales = workload.inputs(point), workload.k_scales
             yield visit
     finally:
-        workload = None
+        workload = clean = None
         release(device)
+
+
+def _workload_tensors(workload: Workload) -> dict[str, torch.Tensor]:
+    """What every point of a workload reads: its KV cache, block table, queries and weights (all next_n rows)."""
+    return {"KV cache": workload.cache.data, "block table": workload.cache.block_table, "q": workload.q,
+            "weights": workload.weights}  # fmt: skip
 
 
 def prepare(visit: Visit, device: torch.device) -> Prepared:
@@ -174,7 +220,11 @@ def prepare(visit: Visit, device: torch.device) -> Prepared:
         torch.cuda.synchronize(device)
     metadata_ms = (time.perf_counter() - started) * 1e3
     check_launches(metadata, inputs)  # the value scan, once, outside every measured region
+    visit.handed = InputGuard.of(handed_inputs(inputs, packed))  # before the backend's first call, its schedule
     for p in packed:
-        backend.require(device, p.q.shape[1], point.heads, point.head_dim, point.cache_dtype)
-    schedules = tuple(backend.schedule(p.context_lens, BLOCK_SIZE, p.block_table) for p in packed)
+        probe(point.backend, "require()", lambda p=p: _require(backend, device, point, p.q.shape[1]))
+    schedules = tuple(
+        probe(point.backend, "schedule()", lambda p=p: backend.schedule(p.context_lens, BLOCK_SIZE, p.block_table))
+        for p in packed
+    )
     return Prepared(metadata, packed, schedules, metadata_ms)

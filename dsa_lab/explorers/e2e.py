@@ -10,6 +10,7 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from dsa_lab.analysis.e2e import CONTEXTS, LABELS, VLLM, IndexerTimes, step_row
+from dsa_lab.errors import check_choice
 from dsa_lab.explorers.base import dropdown, explore, show_figure
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS, tokens_per_step
@@ -38,9 +39,10 @@ def e2e_explorer(times: IndexerTimes, interactive: bool = True) -> None:
         return {"label": labels, "preset": presets}
 
     def draw(gpu: str, batch: int, context: int, next_n: int, label: str, preset: str) -> None:
+        check_choice("preset", preset, tuple(ACCEPTANCE_PRESETS))
         acceptance, source = ACCEPTANCE_PRESETS[preset]
+        row = step_row(times, gpu, label, batch, context, next_n)  # a batch, context or next_n no step has: named
         accepted = tokens_per_step(acceptance, next_n)
-        row = step_row(times, gpu, label, batch, context, next_n)
         if row["step_us"] != row["step_us"]:
             raise ValueError(
                 f"strategy={label!r}: no such launch for next_n={next_n} on {gpu} (SM90 {vllm_backend().label}: "

@@ -127,6 +127,11 @@ def latency_explorer(
         if not backends or not strategies:
             raise ValueError("backends / strategies: select at least one of each (ctrl-click to select several)")
         data, device, run_caption = run_data(run)
+        for i, name in enumerate(POINT_AXES):  # the first control whose value the run lacks is the one named
+            present = at_point({"run": run, **point_values}, i)[name]
+            if not (present == point_values[name]).any():
+                measured = context_order(present) if name == "context" else sorted(present.unique())
+                raise ValueError(f"{name}={point_values[name]!r}: not measured here; this run has {measured}")
         point = at_point({"run": run, **point_values})
         shown = point[point["backend"].isin(backends) & point["strategy"].isin(strategies)]
         if shown.empty:

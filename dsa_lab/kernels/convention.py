@@ -40,6 +40,8 @@ def check_logits_args(
     check_choice("cache_dtype", cache_dtype, CACHE_DTYPES)
     check_tensor("q", q, dtype=torch.float8_e4m3fn, ndim=4)
     batch, next_n, heads, dim = q.shape
+    if min(q.shape) < 1:
+        raise ValueError(f"q: shape {tuple(q.shape)}: batch, next_n, heads and head_dim must each be >= 1")
     check_tensor("kv_cache", kv_cache, dtype=torch.uint8, ndim=4, device=q.device)
     width = bytes_per_token(dim, cache_dtype)
     blocks, block_size, one, got = kv_cache.shape

@@ -17,10 +17,18 @@ variable, which is an explicit list of files to load in every process). An entry
 imported only when its name is asked for (`registry.ask_backend`: `--backend NAME`, `get_backend(NAME)`,
 a notebook's `candidate_backend`) or when `dsa-lab env` lists every backend (`load_entry_points`, saying
 so), never by loading a run that names it: `store.load_run` takes a backend name it does not know as a
-plain name. A module that fails (missing file, an error while importing, no backend registered, a name
-a built-in or another module already has, a descriptor the registry refuses) raises
-`ExternalBackendError` naming the file and what is wrong, and leaves no backend of it registered; the
-CLI prints that as one line. A failure of a `DSA_LAB_BACKEND_MODULES` file at import is kept (and
+plain name. A module that fails (missing file, a folder or a loop of links given for it, an error while
+importing, `sys.exit` or `KeyboardInterrupt` raised by its code, an import still running after
+`IMPORT_TIMEOUT_S` (`DSA_LAB_IMPORT_TIMEOUT_S`), no backend registered, a backend name that is not a plain
+name (`errors.PLAIN_NAME`: a run holding it could not be read back, so it is refused here, before any
+point is measured), a name a built-in or another module already has, a descriptor the registry refuses)
+raises `ExternalBackendError` naming the file and what is wrong, and leaves no backend of it registered;
+the CLI prints that as one line.
+
+The time limit is a SIGALRM timer in the main thread (where the CLI and notebooks import): it stops an
+import stuck in Python code (a loop, a sleep, a wait), not one blocked inside a C call, which no signal
+interrupts; off the main thread no limit is set. An outer timer already running (a caller's deadline) is
+left to fire first when it is the shorter, and re-armed afterwards. A failure of a `DSA_LAB_BACKEND_MODULES` file at import is kept (and
 warned about), and raised when a backend is asked for by a name not registered (`check_environment`).
 
 Every run records which module provided each external backend it names (`origins`: the file's path
@@ -30,26 +38,74 @@ resumed only with the same files (`env_info.RESUME_FIELDS`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
 import os
+import signal
 import sys
+import threading
+import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dsa_lab.errors import PLAIN_NAME_RULE, check_plain_name, check_positive
 from dsa_lab.kernels.registry import BackendClash, add_lookup, backend_names, forget_backends, get_backend
 from dsa_lab.paths import repository_root
 
 ENV_VAR = "DSA_LAB_BACKEND_MODULES"
+TIMEOUT_VAR = "DSA_LAB_IMPORT_TIMEOUT_S"
+IMPORT_TIMEOUT_S = 120.0  # a backend module's import still running after this is refused (TIMEOUT_VAR overrides)
 ENTRY_POINT_GROUP = "dsa_lab.backends"
 MODULE_PREFIX = "dsa_lab_backend_module_"  # the private module name a file is imported under
 
 
 class ExternalBackendError(ValueError):
     """A backend module could not be loaded; the message names the file (or entry point) and what is wrong."""
+
+
+class _ImportTimedOut(BaseException):
+    """A module's import ran past its time limit (a BaseException, so the module's `except Exception` cannot
+    swallow it)."""
+
+
+def import_timeout_s() -> float:
+    """The time limit of one backend module's import: `TIMEOUT_VAR` when set (a number > 0), else the default."""
+    given = os.environ.get(TIMEOUT_VAR)
+    if given is None or not given.strip():
+        return IMPORT_TIMEOUT_S
+    try:
+        return check_positive(TIMEOUT_VAR, float(given))
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_VAR}={given!r}: must be a finite number of seconds > 0") from None
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Raise `_ImportTimedOut` in the main thread after `seconds` (module docstring: what it can stop)."""
+    outer_left, _ = signal.getitimer(signal.ITIMER_REAL) if hasattr(signal, "getitimer") else (0.0, 0.0)
+    usable = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+    if not usable or 0 < outer_left <= seconds:  # no timer here, or the caller's fires first anyway
+        yield
+        return
+
+    def alarm(signum: int, frame: object) -> None:
+        raise _ImportTimedOut(f"still importing after {seconds:g} s")
+
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer_left > 0:  # the caller's timer, less the time spent here (fired at once when it is due)
+            signal.setitimer(signal.ITIMER_REAL, max(outer_left - (time.monotonic() - started), 1e-6))
 
 
 @dataclass(frozen=True)
@@ -86,6 +142,13 @@ def _check_registered(what: str, new: tuple[str, ...]) -> None:
             "@register_backend, from dsa_lab.kernels)"
         )
     for name in new:
+        try:
+            check_plain_name("backend", name)
+        except ValueError:
+            raise ExternalBackendError(
+                f"{what}: backend name {name!r} is not a plain name (allowed are {PLAIN_NAME_RULE}): a run naming "
+                "it could not be read back"
+            ) from None
         backend = get_backend(name)
         for flag, holder in (("baseline", "the reference"), ("in_vllm", "DeepGEMM")):
             if getattr(backend, flag):
@@ -105,12 +168,23 @@ def _run_module(what: str, run: Any) -> tuple[str, ...]:
     failure none of them stays registered and ExternalBackendError names `what` and the reason."""
     before = frozenset(backend_names())
     builtin = frozenset(name for name in before if name not in _ORIGINS)
+    seconds = import_timeout_s()
     try:
-        run()
+        with _time_limit(seconds):
+            run()
     except BackendClash as err:
         forget_backends(tuple(n for n in backend_names() if n not in before))
         raise _clash(what, err, builtin) from None
-    except (Exception, SystemExit) as err:  # anything its import raises, sys.exit included
+    except _ImportTimedOut:
+        forget_backends(tuple(n for n in backend_names() if n not in before))
+        raise ExternalBackendError(
+            f"{what}: its import was still running after {seconds:g} s (a module that never returns?); "
+            f"refused (raise the limit with {TIMEOUT_VAR})"
+        ) from None
+    except KeyboardInterrupt:  # raised by its code, or Ctrl-C while it imported: either way this module failed
+        forget_backends(tuple(n for n in backend_names() if n not in before))
+        raise ExternalBackendError(f"{what}: importing it was interrupted (KeyboardInterrupt); not loaded") from None
+    except BaseException as err:  # anything else its import raises, sys.exit and GeneratorExit included
         forget_backends(tuple(n for n in backend_names() if n not in before))
         raise ExternalBackendError(f"{what}: importing it failed: {type(err).__name__}: {err}") from None
     new = tuple(n for n in backend_names() if n not in before)
@@ -124,11 +198,18 @@ def _run_module(what: str, run: Any) -> tuple[str, ...]:
 
 def load_backend_file(path: str | os.PathLike[str], via: str = "--backend-module") -> tuple[str, ...]:
     """Import the Python file at `path` (once a process) and return the backends it registered."""
-    given = Path(path).expanduser()
-    resolved = given.resolve()
     what = f"{via} {path}"
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ExternalBackendError(f"{what}: give the path of a Python file")
+    given = Path(path).expanduser()
+    try:
+        resolved = given.resolve()
+    except (OSError, RuntimeError) as err:  # a loop of symbolic links
+        raise ExternalBackendError(f"{what}: cannot be resolved ({err}): a loop of symbolic links?") from None
     if resolved in _FILES:
         return _FILES[resolved]
+    if resolved.is_dir():
+        raise ExternalBackendError(f"{what}: {resolved} is a folder; give the Python file that registers the backends")
     if not resolved.is_file():
         where = "" if given.is_absolute() else f" (relative to the current directory {Path.cwd()})"
         raise ExternalBackendError(f"{what}: no such file {resolved}{where}")

@@ -23,8 +23,10 @@ The policies read like the code they model; `tests/test_conformance_vllm.py` che
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -155,6 +157,24 @@ class Decision:
         return SYMBOLS[self.path]
 
 
+def _takes(kind: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A policy function whose first argument must be a `kind` (a `Platform` or a `PolicyQuery`): anything else is a
+    ValueError naming the function and what it takes, not an AttributeError from inside it."""
+
+    def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def checked(first: Any, *args: Any) -> Any:
+            if not isinstance(first, kind):
+                raise ValueError(
+                    f"{function.__name__}: takes a {kind.__name__}, got {type(first).__name__} {first!r:.80}"
+                )
+            return function(first, *args)
+
+        return checked
+
+    return wrap
+
+
 def _native(reason: str) -> Decision:
     return Decision(False, True, reason, "native")
 
@@ -174,6 +194,7 @@ def _fp4_off_sm100(q: PolicyQuery) -> Decision | None:
     return None
 
 
+@_takes(PolicyQuery)
 def before_pr45322(q: PolicyQuery) -> Decision:
     """vLLM before PR #45322 (i.e. before 0.24): the FP4 cache or any non-SM100 GPU
     flattens next_n outside {1, 2}; SM100 with FP8 runs any next_n natively.
@@ -190,6 +211,7 @@ def before_pr45322(q: PolicyQuery) -> Decision:
     return _native("SM100 FP8: any next_n native")
 
 
+@_takes(PolicyQuery)
 def pr45322(q: PolicyQuery) -> Decision:
     """vLLM PR #45322 (released in 0.24): flatten iff not SM100 and next_n not in {1, 2};
     the FP4 cache on SM100 goes native for next_n > 2 too.
@@ -203,6 +225,7 @@ def pr45322(q: PolicyQuery) -> Decision:
     return _flatten(f"{q.platform.family}: kernel takes next_n in {{1, 2}} only")
 
 
+@_takes(PolicyQuery)
 def pr52164(q: PolicyQuery) -> Decision:
     """vLLM PR #52164: as #45322, plus SM90 native for next_n in {1, 2, 4} (DeepGEMM's
     2-CTA multicast kernel for next_n = 4); SM90 next_n 3 and >= 5 still flatten.
@@ -234,18 +257,22 @@ def _capability_family_90(p: Platform) -> bool:
     return p.family == "sm90" or (p.family == "rocm" and p.cdna in (2, 3, 4))
 
 
+@_takes(Platform)
 def native_next_n_supported(p: Platform, next_n: int) -> bool:
     """`vllm.utils.deep_gemm.native_next_n_supported`: capability family 9 -> {1, 2, 4}, else any.
 
     On ROCm it says {1, 2, 4} too - harmless, since `_supports_native_decode` never
     consults it off CUDA.
     """
+    check_range("next_n", next_n, 1, MAX_NEXT_N)
     return next_n in VLLM_SM90_NATIVE if _capability_family_90(p) else True
 
 
+@_takes(Platform)
 def supports_native_decode(p: Platform, next_n: int) -> bool:
     """`_supports_native_decode`: without CUDA + DeepGEMM, {1, 2}; SM100 any; SM90 asks
     DeepGEMM ({1, 2, 4}); every other GPU (SM120 included) {1, 2}."""
+    check_range("next_n", next_n, 1, MAX_NEXT_N)
     if not _cuda_with_deep_gemm(p):
         return next_n in (1, 2)
     if p.family == "sm100":
@@ -255,6 +282,7 @@ def supports_native_decode(p: Platform, next_n: int) -> bool:
     return next_n in (1, 2)
 
 
+@_takes(Platform)
 def vllm_native_sizes(p: Platform) -> tuple[int, ...]:
     """vLLM's view of the row counts the platform's kernel takes natively (`supports_native_decode`):
     what an atom plan as vLLM would see it cuts next_n into. The harness asks each backend instead
@@ -262,6 +290,7 @@ def vllm_native_sizes(p: Platform) -> tuple[int, ...]:
     return tuple(n for n in range(1, MAX_DECODE_ROWS + 1) if supports_native_decode(p, n)) or (1,)
 
 
+@_takes(Platform)
 def supports_varlen(p: Platform) -> bool:
     """`_supports_varlen_paged_mqa_logits`: CUDA SM100 with DeepGEMM."""
     return p.family == "sm100" and p.has_deep_gemm
@@ -276,6 +305,7 @@ def _adaptive_forces_flatten(q: PolicyQuery) -> bool:
     return q.adaptive_verification and (sm90_dg or rocm_v4)
 
 
+@_takes(PolicyQuery)
 def fp4_rejection_0_33(q: PolicyQuery) -> str | None:
     """`dsa_indexer_uses_fp4`, which raises at startup: why an MXFP4 cache is refused, or None.
 
@@ -298,6 +328,7 @@ def fp4_rejection_0_33(q: PolicyQuery) -> str | None:
     return None
 
 
+@_takes(PolicyQuery)
 def indexer_builder(q: PolicyQuery) -> str:
     """The indexer metadata builder vLLM 0.33 wires: 'rocm_mxfp4' for DeepSeek-V4 / V4.1
     whose MXFP4 cache ROCm accepted (aiter's paged kernels), 'dense' for everything else.
@@ -309,6 +340,7 @@ def indexer_builder(q: PolicyQuery) -> str:
     return "rocm_mxfp4" if rocm_fp4 and q.model_arch in DEEPSEEK_V4_ARCHS else "dense"
 
 
+@_takes(PolicyQuery)
 def indexer_backend_takes_device_query_lens(q: PolicyQuery) -> bool:
     """`supports_device_cpu_query_lens_mismatch()` of the model's indexer backend: the
     varlen kernel or SM90's flattened device lens; V4 / V4.1 backends also on any ROCm."""
@@ -317,6 +349,7 @@ def indexer_backend_takes_device_query_lens(q: PolicyQuery) -> bool:
     return cuda or (p.family == "rocm" and q.model_arch in DEEPSEEK_V4_ARCHS)
 
 
+@_takes(PolicyQuery)
 def adaptive_rejection_0_33(q: PolicyQuery) -> str | None:
     """`maybe_create_adaptive_verification_manager`, which raises at startup: why adaptive
     verification is refused, or None.
@@ -334,6 +367,7 @@ def adaptive_rejection_0_33(q: PolicyQuery) -> str | None:
     )
 
 
+@_takes(PolicyQuery)
 def use_flattening_0_33(q: PolicyQuery) -> bool:
     """`_use_flattening(vllm_config)`: no native kernel for next_n, or adaptive
     verification where device-side query lens need the flattened form."""
@@ -352,6 +386,7 @@ def _rocm_mxfp4_decision(q: PolicyQuery) -> Decision:
     return Decision(True, True, reason, "native", "rocm_mxfp4")
 
 
+@_takes(PolicyQuery)
 def vllm_0_33_0(q: PolicyQuery) -> Decision:
     """vLLM 0.33.0 as released: startup acceptance, then the builder-time path
     (`use_flattening`, `supports_varlen`, or the ROCm MXFP4 builder's native sequences).

@@ -27,6 +27,7 @@ from dsa_lab.bench.cli import (
     scratch_run,
     spec_from_args,
 )
+from dsa_lab.bench.run_folder import check_storable
 from dsa_lab.errors import check_choice, check_positive, check_range
 from dsa_lab.profiling.ncu import NcuUnavailable, detect_ncu
 from dsa_lab.profiling.runs import profile_provenance, write_tables
@@ -90,6 +91,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         )
     nsight = _nsight_for(tools, device)
     out = run_dir_from_args(args, device, "profile", sub="profiles")
+    check_storable(spec, out)  # a run that could not be read back is refused before its first point
     store.check_new_folder(out)
     with store.run_lock(out):
         provenance = profile_provenance(out.name, device, spec, settings, status)

@@ -16,8 +16,10 @@ useful_flops, device); `load_profile_run` renames them (`LEGACY_NAMES`), so old 
 runs read alike.
 
 Nothing damaged is passed over silently: `scan_profile_runs` returns the folders it
-ignored with the file and the problem, and a loaded run carries them (`ProfileRun.ignored`)
-so a notebook can say which file it ignored and why.
+ignored with the file and the problem (a provenance that cannot be read, or one without
+`kind: profile` beside a profile run's files: tables, ncu output, reports, traces), a loaded
+run carries them (`ProfileRun.ignored`) so a notebook can say which file it ignored and why,
+and `find_profile_runs`, which returns only the runs, warns naming each one it passed over.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import os
+import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,20 +154,34 @@ def scan_profile_runs(root: str | Path) -> ProfileRunScan:
             continue
         if provenance.get("kind") == KIND:
             runs.append((provenance["created"], path.parent))
-        elif any((path.parent / f"{name}.parquet").is_file() for name in TABLES):
+        elif files := profile_files(path.parent):
             ignored.append(
                 (
                     str(path.parent),
-                    f"{path}: holds profile tables, but its kind is {provenance.get('kind')!r}, not {KIND!r}",
+                    f"{path}: holds a profile run's files ({', '.join(files[:3])}), but its kind is "
+                    f"{provenance.get('kind')!r}, not {KIND!r}",
                 )
             )
     return ProfileRunScan([folder for _, folder in sorted(runs, key=lambda item: item[0], reverse=True)], ignored)
 
 
+def profile_files(folder: Path) -> list[str]:
+    """The files in `folder` only a profile run writes: its tables, ncu's raw output and reports, Chrome traces."""
+    names = {f"{name}.parquet" for name in TABLES} | {RAW_NCU}
+    return sorted(
+        p.name
+        for p in folder.iterdir()
+        if p.name in names or (p.name.startswith("ncu_") and p.suffix == ".ncu-rep") or p.name.startswith("trace_")
+    )
+
+
 def find_profile_runs(root: str | Path) -> list[Path]:
-    """Profile run folders under `root` (any depth), newest first; `scan_profile_runs` also
-    returns the folders ignored as damaged."""
-    return scan_profile_runs(root).runs
+    """Profile run folders under `root` (any depth), newest first; each folder passed over as damaged is named in
+    a warning (`scan_profile_runs` returns them)."""
+    scan = scan_profile_runs(root)
+    for folder, problem in scan.ignored:
+        warnings.warn(f"find_profile_runs: ignored {folder}: {problem}", stacklevel=2)
+    return scan.runs
 
 
 def _read_table(path: Path) -> pd.DataFrame:

@@ -39,11 +39,12 @@ from papermill.exceptions import PapermillExecutionError
 from tqdm import tqdm
 
 from dsa_lab.notebook.display import FALLBACK_MIME, PROVENANCE_MIME
-from dsa_lab.paths import check_output_path
+from dsa_lab.paths import check_output_path, resolve_data_path
 from dsa_lab.plots.style import BETTER_BACKGROUND
 from dsa_lab.report import page as report_page
+from dsa_lab.store.folders import RunFormatError, load_run
 from dsa_lab.store.provenance import git_state
-from dsa_lab.store.writes import write_text_atomic
+from dsa_lab.store.writes import check_replaceable, write_text_atomic
 
 PAPERMILL_BANNER_TAG = "papermill-error-cell-tag"
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_.+\.ipynb$")
@@ -140,9 +141,7 @@ def build_report(
     """
     notebooks_dir, out_dir = Path(notebooks_dir), Path(out_dir)
     notebooks = find_notebooks(notebooks_dir, only)
-    check_output_path(out_dir, [notebooks_dir], "out_dir")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise FileExistsError(f"out_dir={str(out_dir)!r}: an existing file, not a folder; choose another --out")
+    check_output_path(out_dir, [notebooks_dir], "out_dir", folder=True)  # absent, or a folder (not a link to one)
     params = {"interactive": False, **(parameters or {}), "device": device or default_device()}
     out_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(cwd) if cwd is not None else notebooks_dir.resolve().parent
@@ -201,10 +200,13 @@ def _run_one(
 ) -> NotebookOutcome:
     executed = out_dir / path.name
     for stale in (executed, executed.with_suffix(".html"), executed.with_suffix(".code.html")):
+        check_replaceable(stale)  # a link, device or FIFO where a page belongs is refused by name, never removed
         stale.unlink(missing_ok=True)  # never report a previous run's output
     start = time.perf_counter()
     outcome = NotebookOutcome(name=path.stem, status="ok", seconds=0.0)
     running = executed.with_name(f".tmp-{os.getpid()}-{executed.name}")  # papermill saves as it goes: moved at the end
+    if running.is_symlink() or running.exists():
+        running.unlink()  # a stale temp file, or a link planted at its name: removed, never written through
     try:
         papermill.execute_notebook(
             str(path),
@@ -362,14 +364,35 @@ def parse_parameter(text: str) -> tuple[str, Any]:
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError):
         value = raw
+    except (RecursionError, MemoryError):  # '1+1+...' 300,000 terms deep: no parameter a notebook declares
+        raise ValueError(
+            f"parameter {key.strip()!r}: a value of {len(raw)} characters nested too deep to read"
+        ) from None
     return key.strip(), value
+
+
+def run_flag(run: Path) -> str:
+    """`--run`'s run as the notebooks take it (a folder as given, resolved; else a path relative to data/), once it
+    is known to be a run `load_run` reads: a loop of links, a file, an absent or a damaged run is refused by name
+    before any notebook runs (each would fail, or fall back, one by one)."""
+    folder = run if run.is_dir() else resolve_data_path(run)
+    try:
+        resolved = folder.resolve(strict=True)
+    except (OSError, RuntimeError) as err:  # absent, or a loop of symbolic links
+        raise ValueError(f"--run={str(run)!r}: no run there ({err}); give a run folder or one under data/") from None
+    if not folder.is_dir():
+        raise ValueError(f"--run={str(run)!r}: {folder} is not a run folder")
+    try:
+        load_run(folder)  # as given: a run folder that is a link is refused, as the store refuses it everywhere
+    except RunFormatError as err:
+        raise ValueError(f"--run={str(run)!r}: {err}") from None
+    return str(resolved) if run.is_dir() else str(run)
 
 
 def _cli(args: argparse.Namespace) -> int:
     params = dict(parse_parameter(p) for p in args.parameter)
     if args.run is not None:  # one run everywhere: every notebook's main and serving sections, and the index
-        run = str(args.run.resolve()) if args.run.is_dir() else str(args.run)  # else relative to data/
-        params.update({name: run for name in RUN_PARAMETERS})
+        params.update(dict.fromkeys(RUN_PARAMETERS, run_flag(args.run)))
     device = params.pop("device", None)
     result = build_report(args.notebooks, args.out, params, device=device, only=args.only)
     for o in result.outcomes:

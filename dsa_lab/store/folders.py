@@ -46,8 +46,8 @@ from dsa_lab.store.format import PLAIN_NAME, TIME_COLUMNS, RunFormatError, check
 from dsa_lab.store.writes import (
     TEMP_PATTERN,
     check_no_links,
+    check_regular,
     open_no_follow,
-    refuse_link,
     write_atomic,
     write_json,
     writing,
@@ -333,8 +333,7 @@ def _json_default(value: Any) -> Any:
 
 def _repair_points(path: Path) -> None:
     """Drop a torn last line (a point cut off mid-write), so appends start on a fresh line."""
-    if path.is_symlink():
-        refuse_link(path)
+    check_regular(path)
     if not path.exists():
         return
     data = path.read_bytes()
@@ -348,8 +347,7 @@ def _repair_points(path: Path) -> None:
 def read_points(run_dir: str | Path) -> list[dict[str, Any]]:
     """Rows of points.jsonl; a torn last line is ignored, any other bad line is an error naming the file."""
     path = Path(run_dir) / POINTS_FILE
-    if path.is_symlink():
-        refuse_link(path)
+    check_regular(path)  # a link is refused by name; a FIFO would block the read
     if not path.exists():
         return []
     try:
@@ -366,6 +364,11 @@ def read_points(run_dir: str | Path) -> list[dict[str, Any]]:
         if not isinstance(row, dict) or not isinstance(row.get("point_key"), str):
             raise RunFormatError(f"{path}: line {number} is not a point (a JSON object with a string 'point_key')")
         _check_logged(row, path, number)
+        if all(a.name in row for a in axes.AXES if a.stored_always) and _key_of(row) != row["point_key"]:
+            raise RunFormatError(
+                f"{path}: line {number} holds point_key {row['point_key']!r:.200}, but its axes make "
+                f"{_key_of(row)!r:.200}: a line moved or edited; resume and compare match rows by key"
+            )
         rows.append(row)
     del torn  # a line without its newline was cut off mid-write: that point re-runs
     return rows
@@ -382,6 +385,14 @@ def _check_logged(row: dict[str, Any], path: Path, number: int) -> None:
             value = row.get(column)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise RunFormatError(f"{path}: line {number} is timed but its {column} is {value!r}, not a number")
+
+
+def _key_of(row: dict[str, Any]) -> str | None:
+    """The key a logged row's axes make (`axes.point_key`); None when an axis holds what no key can be made of."""
+    try:
+        return axes.point_key(row)
+    except (TypeError, ValueError):
+        return None
 
 
 def done_keys(run_dir: str | Path) -> set[str]:
@@ -422,8 +433,7 @@ class Run:
 
 def read_provenance(path: Path) -> dict[str, Any]:
     """A run's provenance.json, checked: one of ours, of this schema, every field a reader uses of its type."""
-    if path.is_symlink():
-        refuse_link(path)
+    check_regular(path)
     if not path.is_file():
         raise RunFormatError(f"{path}: no provenance file (is this a dsa_lab run folder?)")
     try:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +31,12 @@ import numpy as np
 import pandas as pd
 
 from dsa_lab import axes
+from dsa_lab.errors import PLAIN_NAME
 
 TIME_COLUMNS = ("p25_ms", "median_ms", "p75_ms")  # in this order for every timed (status ok) row
 TIMED_COLUMNS = ("launches", "kernel_rows", "pieces", "unique_bytes", "strategy_bytes", "flops")  # the plan's
 TEXT_COLUMNS = ("point_key", "status", "message", "source")  # besides the text axes (`axes.AXES`)
 NUMBER_COLUMNS = (*TIME_COLUMNS, "iqr_ms", "samples", *(c for c in TIMED_COLUMNS if c != "pieces"))
-PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # one folder name: a run id
 PROVENANCE_TYPES: dict[str, tuple[type, ...]] = {
     "run_id": (str,),
     "created": (str,),
@@ -50,6 +49,7 @@ PROVENANCE_TYPES: dict[str, tuple[type, ...]] = {
     "seed": (int,),
 }
 SHOWN_ROWS = 3
+MEDIAN_RTOL = 1e-6  # a row's median_ms against the median of its own samples_ms: rounding, never a swap
 
 
 class RunFormatError(ValueError):
@@ -137,6 +137,7 @@ def check_results(results: pd.DataFrame, path: Path) -> None:
                 path, results, ~results[column].map(lambda v: isinstance(v, str)), f"column {column!r} holds non-text"
             )
     check_axes(results, path)
+    check_keys(results, path)
     timed = results[results["status"] == "ok"]
     if timed.empty:
         return
@@ -162,6 +163,49 @@ def check_results(results: pd.DataFrame, path: Path) -> None:
             ~timed["samples_ms"].map(_valid_samples),
             "timed rows whose samples_ms are not a list of finite, positive times",
         )
+        _check_medians(timed, path)
+
+
+def check_keys(results: pd.DataFrame, path: Path) -> None:
+    """Every row's point_key is the key of its own axis columns (`axes.point_key`): compare and resume match rows
+    by key, so a key moved to another row would set different points against each other."""
+    if results.empty or "point_key" not in results:
+        return
+    columns = [a.column for a in axes.AXES if a.column in results]
+    names = [a.name for a in axes.AXES if a.column in results]
+    expected = [
+        axes.point_key(
+            {name: value.item() if isinstance(value, np.generic) else value for name, value in zip(names, row)}
+        )
+        for row in results[columns].itertuples(index=False)
+    ]
+    wrong = results["point_key"].to_numpy() != np.asarray(expected, dtype=object)
+    if wrong.any():
+        first = int(np.flatnonzero(wrong)[0])
+        _fail(
+            path,
+            results,
+            wrong,
+            f"point_key is not the key of the row's own axis columns (e.g. row {results.index[first]} holds "
+            f"{results['point_key'].iat[first]!r:.200}, its axes make {expected[first]!r:.200}): rows moved or edited",
+        )
+
+
+def _check_medians(timed: pd.DataFrame, path: Path) -> None:
+    """A timed row's median_ms is the median of its own samples_ms (within `MEDIAN_RTOL`), where it stores them."""
+
+    def off(median: float, samples: Any) -> bool:
+        if samples is None or (isinstance(samples, float) and math.isnan(samples)):
+            return False
+        return not math.isclose(float(np.median(np.asarray(samples, dtype=np.float64))), median, rel_tol=MEDIAN_RTOL)
+
+    wrong = [off(float(m), s) for m, s in zip(timed["median_ms"], timed["samples_ms"], strict=True)]
+    _fail(
+        path,
+        timed,
+        wrong,
+        f"timed rows whose median_ms is not the median of their own samples_ms (within {MEDIAN_RTOL:g})",
+    )
 
 
 def _valid_samples(value: Any) -> bool:

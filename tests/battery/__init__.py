@@ -1,4 +1,9 @@
-"""An adversarial battery over the surfaces issue 20 names: each case is one bad or hostile input.
+"""An adversarial battery over the surfaces issues 20 and 29 name: each case is one bad or hostile input.
+
+Issue 29 added the correctness gate (`cases_gate`: backends that write into their inputs or are right
+only once, how a sweep ends, names checked before the first point), outputs, load integrity and profile
+discovery (`cases_outputs`), and the cases it found unclear (`cases_params`: papermill parameters,
+plug-in imports, seeds, helpers that name what they refuse).
 
 Every case ends in one of three outcomes:
 
@@ -240,7 +245,10 @@ def load_cases() -> list[Case]:
         cases_batches,
         cases_cli,
         cases_compare,
+        cases_gate,
         cases_model,
+        cases_outputs,
+        cases_params,
         cases_pr340,
         cases_report,
         cases_store,
