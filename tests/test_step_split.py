@@ -171,3 +171,33 @@ def test_a_fused_backend_is_timed_on_the_step_and_checked_by_its_picks(tmp_path,
     assert fused["topk_rows_equal"] == fused["topk_rows"] == 4
     dropped = rows[("test-fused-drops", "logits+topk")]
     assert dropped["status"] == "failed" and "1 of 4 rows" in dropped["message"] and dropped["median_ms"] is None
+
+
+class _FusedRightOnce(_Fused):
+    """Fused, right on its first call only."""
+
+    name = "test-fused-once"
+    calls = 0
+
+    def step(self, *args, **kwargs):
+        type(self).calls += 1
+        picks = super().step(*args, **kwargs)
+        return picks if type(self).calls == 1 else picks.flip(0).contiguous()
+
+
+def test_a_fused_backend_right_only_once_is_failed_and_never_timed(tmp_path, monkeypatch) -> None:
+    from dsa_lab.bench.point import SweepSpec
+    from dsa_lab.bench.sweep import run_sweep
+    from dsa_lab.bench.timing import TimingConfig
+    from dsa_lab.kernels import registry
+    from dsa_lab.store import folders
+
+    monkeypatch.setitem(registry._BACKENDS, "test-fused-once", _FusedRightOnce())
+    spec = SweepSpec(
+        backend=("test-fused-once",), strategy=("native",), batch=(2,), context=("mixed:100-200",), next_n=(2,),
+        heads=(32,), head_dim=(64,), timed=("logits+topk",), topk_impl=("torch",),
+        timing=TimingConfig(warmup=1, min_samples=3, max_samples=5, max_seconds=0.05),
+    )  # fmt: skip
+    run_sweep(spec, tmp_path / "run", "cpu", progress=False)
+    (row,) = folders.read_points(tmp_path / "run")
+    assert row["status"] == "failed" and "top-k check" in row["message"] and row["median_ms"] is None

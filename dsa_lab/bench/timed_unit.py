@@ -177,20 +177,25 @@ def _check_fused(
     topk: int,
     tolerance: float,
 ) -> TopkCheck:
-    """A fused backend's check: its selections (into poisoned memory: an unwritten pick reads -1) against
+    """A fused backend's check: its selections (into poisoned memory: an unwritten pick reads -1), and a second
+    call's, against
     `topk_per_row` on the reference's logits, tie-aware within the point's bound (`tolerance`, loosened by the
     backend's numerics), since its scores are its own arithmetic's and a near tie at the k-th may fall either way."""
     device = packed[0].q.device
     selections, poisoned_out = poisoned(run, device)
+    selections = [s.clone() for s in selections]
+    again = run()  # a second call held to the same picks: a kernel right only once is not timed
     reference = run_launches(baseline_backend(), packed, cache, max_context_len, [None] * len(packed))
     logits, context = scatter_logits(metadata, reference, device)
     bound, _ = backend_numerics(backend, device).check_tolerance(tolerance)
     inside = torch.arange(logits.shape[1], device=device)[None, :] < context[:, None]
     scale = float(logits[inside].abs().max()) if bool(inside.any()) else 0.0
     expected = topk_per_row(logits, context, topk)
-    picks = gather_selections(metadata, [s.clone() for s in selections])
-    agreement = compare_selections(picks, expected, logits, atol=bound * scale, rtol=0.0)
-    return TopkCheck(agreement, poisoned_out, f"fused ({backend.name})")
+    agreements = [
+        compare_selections(gather_selections(metadata, list(calls)), expected, logits, atol=bound * scale, rtol=0.0)
+        for calls in (selections, again)
+    ]
+    return TopkCheck(min(agreements, key=lambda a: a.rows_equal), poisoned_out, f"fused ({backend.name})")
 
 
 def check_topk(
