@@ -1,12 +1,12 @@
 """One indexer decode step end to end: metadata -> logits launches -> top-k. Glue only.
 
 Checks are placed by cost. Host checks (shapes, dtypes, the cache dtype against its byte
-width) run inside every backend call. The value scan of a launch (context lens within
+width) run where a backend call is made (`LogitsCall`). The value scan of a launch (context lens within
 its block table, every block id a row reads within the cache, token rows within the
 step) copies from the device, so `check_launches` runs it once per step where the
 launches are prepared: here in `run_logits`, in the sweep before a point is checked and
-timed, in the profiler before the warm-up. Timed loops then call `launch_logits` on
-launches already checked, with no device sync.
+timed, in the profiler before the warm-up. A launch's call is made once (`launch_call`: its host checks
+then), and timed loops hand it to the backend (`backend.logits(call)`) with no device sync.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from dsa_lab.cache import PagedCache
 from dsa_lab.errors import check_range, check_tensor
-from dsa_lab.kernels import LogitsBackend, baseline_backend, get_backend
+from dsa_lab.kernels import LogitsBackend, LogitsCall, baseline_backend, get_backend
 from dsa_lab.kernels.convention import check_logits_values
 from dsa_lab.metadata import DecodeMetadata, KernelLaunch, build_metadata
 from dsa_lab.topk import DEFAULT_TOPK, MAX_TOPK, topk_per_row
@@ -98,27 +98,39 @@ def pack_launch(launch: KernelLaunch, inputs: DecodeInputs) -> LaunchInputs:
     )
 
 
-def launch_logits(
-    backend: LogitsBackend, packed: LaunchInputs, cache: PagedCache, max_context_len: int, schedule: Any = None
-) -> torch.Tensor:
-    """One backend call on a packed launch, the form decode, benchmarks and profiles share.
+def launch_call(packed: LaunchInputs, cache: PagedCache, max_context_len: int, schedule: Any = None) -> LogitsCall:
+    """The one backend call of a packed launch (`kernels.LogitsCall`), the form decode, the harness and the profiler
+    share: made once where the launch is prepared, its host checks run then (no device sync).
 
-    The cache passes its declared dtype (`cache_dtype=`), never left to its byte width.
-    Only the backend's host checks run here (no device sync: this is what gets timed);
-    the launch's values were scanned once by `check_launches`.
+    The cache passes its declared dtype, never left to its byte width; the launch's values were
+    scanned once by `check_launches`.
     """
+    if not isinstance(packed, LaunchInputs):
+        raise ValueError(f"packed: expected a LaunchInputs (see decode.pack_launch), got {type(packed).__name__}")
     if not isinstance(cache, PagedCache):  # a bare tensor would leave its dtype to be guessed
         raise ValueError(f"cache: expected a PagedCache (it carries cache_dtype), got {type(cache).__name__}")
-    return backend.logits(
+    return LogitsCall(
         packed.q,
         cache.data,
         packed.weights,
         packed.context_lens,
         packed.block_table,
         max_context_len,
+        cache.cache_dtype,
         schedule,
-        cache_dtype=cache.cache_dtype,
     )
+
+
+def scheduled(backend: LogitsBackend, call: LogitsCall) -> LogitsCall:
+    """`call` with `backend`'s schedule for it (`LogitsBackend.schedule`, made on the device: no sync)."""
+    return call.scheduled(backend.schedule(call.context_lens, call.kv_cache.shape[1], call.block_table))
+
+
+def launch_logits(
+    backend: LogitsBackend, packed: LaunchInputs, cache: PagedCache, max_context_len: int, schedule: Any = None
+) -> torch.Tensor:
+    """One backend call on a packed launch (`launch_call`, then `backend.logits`)."""
+    return backend.logits(launch_call(packed, cache, max_context_len, schedule))
 
 
 def native_sizes_for(backend: LogitsBackend, device: torch.device) -> tuple[int, ...]:
@@ -183,19 +195,16 @@ def gather_selections(metadata: DecodeMetadata, selections: Sequence[torch.Tenso
 def run_logits(
     inputs: DecodeInputs, metadata: DecodeMetadata, backend: LogitsBackend, schedules: Sequence[Any] | None = None
 ) -> list[torch.Tensor]:
-    """Launch the backend once per launch of the metadata (values checked first); return the raw outputs."""
+    """Launch the backend once per launch of the metadata (values checked first; each launch with its schedule of
+    `schedules`, else the backend's own); return the raw outputs."""
     check_launches(metadata, inputs)
     if schedules is not None and len(schedules) != len(metadata.launches):
         raise ValueError(f"schedules: {len(schedules)} for {len(metadata.launches)} launches; need one per launch")
     outputs = []
     for i, launch in enumerate(metadata.launches):
-        packed = pack_launch(launch, inputs)
-        schedule = (
-            schedules[i]
-            if schedules is not None
-            else backend.schedule(packed.context_lens, inputs.batch.block_size, packed.block_table)
-        )
-        outputs.append(launch_logits(backend, packed, inputs.cache, metadata.max_context_len, schedule))
+        call = launch_call(pack_launch(launch, inputs), inputs.cache, metadata.max_context_len)
+        call = call.scheduled(schedules[i]) if schedules is not None else scheduled(backend, call)
+        outputs.append(backend.logits(call))
     return outputs
 
 

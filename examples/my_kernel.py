@@ -1,8 +1,9 @@
 """An example backend of your own, in one file: paged MQA logits in float32 PyTorch.
 
-A backend is a `LogitsBackend` subclass in DeepGEMM's calling convention, registered with
-`@register_backend`; its class attributes are its descriptor (who wrote it, how charts draw it,
-which sweep presets it joins, the shapes it takes). Load this file with
+A backend is a `LogitsBackend` subclass registered with `@register_backend`; its `logits` takes one
+`LogitsCall` (DeepGEMM's calling convention as one object, host-checked when it was made), and its class
+attributes are its descriptor (who wrote it, how charts draw it, which sweep presets it joins, the shapes
+it takes). Load this file with
 `dsa-lab bench --backend-module examples/my_kernel.py --backend my-kernel ...`, or name it in
 `DSA_LAB_BACKEND_MODULES` so that notebooks and `dsa-lab report` see it too
 (docs/add_a_kernel.md walks through it).
@@ -14,12 +15,10 @@ against the reference measures a real (float32-sized) difference.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from dsa_lab.cache import PagedCache, gather_request_keys
-from dsa_lab.kernels import LogitsBackend, check_logits_args, check_logits_values, register_backend
+from dsa_lab.kernels import LogitsBackend, LogitsCall, register_backend
 
 
 @register_backend
@@ -33,26 +32,15 @@ class MyKernel(LogitsBackend):
     color = "#17becf"
     presets = ("ci",)  # `dsa-lab bench --preset ci` runs it beside the reference
 
-    def logits(
-        self,
-        q: torch.Tensor,
-        kv_cache: torch.Tensor,
-        weights: torch.Tensor,
-        context_lens: torch.Tensor,
-        block_table: torch.Tensor,
-        max_context_len: int,
-        schedule: Any = None,
-        *,
-        cache_dtype: str,
-    ) -> torch.Tensor:
-        check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype)
-        check_logits_values(kv_cache, context_lens, block_table, max_context_len)  # reads lens: fine off a GPU
-        self.check_shape(q.shape[2], q.shape[3], cache_dtype)
+    def logits(self, call: LogitsCall) -> torch.Tensor:
+        call.check_values()  # context lens and block ids within the cache: a host read, fine off a GPU
+        q, weights, lens_per_row = call.q, call.weights, call.context_lens
+        self.check_shape(q.shape[2], q.shape[3], call.cache_dtype)
         batch, next_n, heads, dim = q.shape
-        cache = PagedCache(kv_cache, block_table, dim, cache_dtype)
-        out = torch.full((batch * next_n, max_context_len), float("-inf"), dtype=torch.float32, device=q.device)
+        cache = PagedCache(call.kv_cache, call.block_table, dim, call.cache_dtype)
+        out = torch.full((call.rows, call.max_context_len), float("-inf"), dtype=torch.float32, device=q.device)
         for b in range(batch):
-            lens = context_lens[b].long()  # [next_n]: the tokens each of the request's rows sees
+            lens = lens_per_row[b].long()  # [next_n]: the tokens each of the request's rows sees
             longest = int(lens.max())
             if longest == 0:  # a padding request
                 continue

@@ -13,7 +13,7 @@ from dsa_lab import axes
 from dsa_lab.bench.point import PRESETS, preset
 from dsa_lab.bench.sweep import run_sweep
 from dsa_lab.bench.timing import TimingConfig
-from dsa_lab.decode import pack_launch
+from dsa_lab.decode import launch_call, pack_launch
 from dsa_lab.env_info import PACKAGES
 from dsa_lab.errors import BackendUnavailable, UnsupportedShape
 from dsa_lab.kernels import backend_names, baseline_backend, get_backend, vllm_backend
@@ -62,17 +62,17 @@ def _ragged_launch():
 def test_each_backend_writes_every_element_here_or_says_why_not(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     backend = get_backend(name)
     inputs, packed, width = _ragged_launch()
-    args = (packed.q, inputs.cache.data, packed.weights, packed.context_lens, packed.block_table, width)
+    call = launch_call(packed, inputs.cache, width)
     state = backend.availability(CPU)
     if not state.ok:
         assert state.reason
         with pytest.raises(BackendUnavailable, match=rf"backend '{name}' unavailable on cpu: "):
-            backend.logits(*args, cache_dtype="fp8")
+            backend.logits(call)
         return
-    reference = baseline_backend().logits(*args, cache_dtype="fp8")
+    reference = baseline_backend().logits(call)
     empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))  # poisoned outputs
-    out = backend.logits(*args, cache_dtype="fp8")
+    out = backend.logits(call)
     valid = torch.arange(width)[None, :] < packed.context_lens.reshape(-1, 1)
     assert not out[valid].isnan().any(), "a valid element was never written"
     assert torch.allclose(out[valid], reference[valid], rtol=1e-3, atol=1e-3)

@@ -59,8 +59,8 @@ class _WrongBackend(_Injected):
 
     name = "test-wrong"
 
-    def logits(self, *args, **kwargs):
-        return super().logits(*args, **kwargs) * 1.01
+    def logits(self, call):
+        return super().logits(call) * 1.01
 
 
 class _HoleBackend(_Injected):
@@ -68,8 +68,8 @@ class _HoleBackend(_Injected):
 
     name = "test-hole"
 
-    def logits(self, *args, **kwargs):
-        out = super().logits(*args, **kwargs).clone()
+    def logits(self, call):
+        out = super().logits(call).clone()
         out[:, 0] = float("nan")
         return out
 
@@ -77,7 +77,7 @@ class _HoleBackend(_Injected):
 class _BrokenBackend(_Injected):
     name = "test-broken"
 
-    def logits(self, *args, **kwargs):
+    def logits(self, call):
         raise RuntimeError("kernel exploded")
 
 
@@ -96,10 +96,10 @@ class _SleepyBackend(_Injected):
     name = "test-sleepy"
     SLEEP_S = 60.0  # far above any deadline the tests set, and above what a busy CI machine adds around them
 
-    def logits(self, q, *args, **kwargs):
-        if q.shape[1] == 3:
+    def logits(self, call):
+        if call.q.shape[1] == 3:
             time.sleep(self.SLEEP_S)
-        return super().logits(q, *args, **kwargs)
+        return super().logits(call)
 
 
 class _InterruptedBackend(_Injected):
@@ -107,10 +107,10 @@ class _InterruptedBackend(_Injected):
 
     name = "test-interrupted"
 
-    def logits(self, q, *args, **kwargs):
-        if q.shape[1] == 3:
+    def logits(self, call):
+        if call.q.shape[1] == 3:
             raise KeyboardInterrupt
-        return super().logits(q, *args, **kwargs)
+        return super().logits(call)
 
 
 @pytest.fixture
@@ -744,11 +744,11 @@ HUNG_SCRIPT = textwrap.dedent(
 
     class Hung(ReferenceBackend):
         name, baseline = "test-hung", False
-        def logits(self, q, *args, **kwargs):
-            if q.shape[1] == 3:  # a call stuck in C: no Python signal handler can run
+        def logits(self, call):
+            if call.q.shape[1] == 3:  # a call stuck in C: no Python signal handler can run
                 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
                 time.sleep(60)
-            return super().logits(q, *args, **kwargs)
+            return super().logits(call)
 
     registry._BACKENDS["test-hung"] = Hung()
     guard.HANG_GRACE_S = 1.0

@@ -42,9 +42,9 @@ class _ZeroesCache(_Injected):
 
     name = "test-zeroes-cache"
 
-    def logits(self, q, kv_cache, *args, **kwargs):
-        out = super().logits(q, kv_cache, *args, **kwargs)
-        kv_cache.zero_()
+    def logits(self, call):
+        out = super().logits(call)
+        call.kv_cache.zero_()
         return out
 
 
@@ -54,11 +54,11 @@ class _SwapsBlocks(_Injected):
     name = "test-swaps-blocks"
     swapped = False
 
-    def logits(self, q, kv_cache, weights, context_lens, block_table, *args, **kwargs):
+    def logits(self, call):
         if not self.swapped:
-            block_table[0, :2] = block_table[0, :2].flip(0).clone()
+            call.block_table[0, :2] = call.block_table[0, :2].flip(0).clone()
             self.swapped = True
-        return super().logits(q, kv_cache, weights, context_lens, block_table, *args, **kwargs)
+        return super().logits(call)
 
 
 class _TogglesQ(_Injected):
@@ -66,9 +66,9 @@ class _TogglesQ(_Injected):
 
     name = "test-toggles-q"
 
-    def logits(self, q, *args, **kwargs):
-        out = super().logits(q, *args, **kwargs)
-        raw = q.view(torch.uint8).view(-1)
+    def logits(self, call):
+        out = super().logits(call)
+        raw = call.q.view(torch.uint8).view(-1)
         raw[0] = raw[0] ^ 0x80
         return out
 
@@ -76,9 +76,9 @@ class _TogglesQ(_Injected):
 class _Counting(_Injected):
     calls = 0
 
-    def logits(self, *args, **kwargs):
+    def logits(self, call):
         type(self).calls += 1
-        out = super().logits(*args, **kwargs)
+        out = super().logits(call)
         return out if self.right(type(self).calls) else out * 1.01
 
 
@@ -99,7 +99,7 @@ class _RightFromSecond(_Counting):
 class _Exits(_Injected):
     name = "test-exits"
 
-    def logits(self, *args, **kwargs):
+    def logits(self, call):
         sys.exit(0)
 
 
@@ -116,9 +116,11 @@ class _Spy(_Injected):
     name = "test-spy"
     seen: list[tuple[list[int], list[int]]] = []
 
-    def logits(self, q, kv_cache, weights, context_lens, block_table, *args, **kwargs):
-        type(self).seen.append((check.fingerprint(kv_cache).tolist(), check.fingerprint(block_table).tolist()))
-        return super().logits(q, kv_cache, weights, context_lens, block_table, *args, **kwargs)
+    def logits(self, call):
+        type(self).seen.append(
+            (check.fingerprint(call.kv_cache).tolist(), check.fingerprint(call.block_table).tolist())
+        )
+        return super().logits(call)
 
 
 BAD = (_ZeroesCache, _SwapsBlocks, _TogglesQ, _RightOnce, _RightFromSecond, _Exits, _AvailabilityRaises, _Spy)
@@ -216,11 +218,11 @@ def test_a_backend_that_damages_its_inputs_only_while_timed_is_failed_too(tmp_pa
         name = "test-late-damage"
         calls = 0
 
-        def logits(self, q, kv_cache, *args, **kwargs):
+        def logits(self, call):
             type(self).calls += 1
-            out = super().logits(q, kv_cache, *args, **kwargs)
+            out = super().logits(call)
             if type(self).calls > check.CHECKED_CALLS:
-                kv_cache.zero_()
+                call.kv_cache.zero_()
             return out
 
     monkeypatch.setitem(registry._BACKENDS, Late.name, Late())

@@ -58,8 +58,8 @@ class SkewedBackend(ReferenceBackend):
     baseline = False
     presets = ()
 
-    def logits(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        return super().logits(*args, **kwargs) * 1.01
+    def logits(self, call):  # type: ignore[no-untyped-def]
+        return super().logits(call) * 1.01
 
 
 class HoleBackend(ReferenceBackend):
@@ -70,8 +70,8 @@ class HoleBackend(ReferenceBackend):
     presets = ()
     cleans_tail: ClassVar[bool] = False
 
-    def logits(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        out = super().logits(*args, **kwargs)
+    def logits(self, call):  # type: ignore[no-untyped-def]
+        out = super().logits(call)
         out[0, 0] = float("nan")
         return out
 

@@ -10,7 +10,7 @@ from dsa_lab.acceptance import AcceptanceSpec, accepted_batch
 from dsa_lab.axes import TIMED_UNITS, TIMERS
 from dsa_lab.bench.timed_unit import check_topk, timed_step
 from dsa_lab.bench.timing import TimingConfig, step_timing_method, time_step
-from dsa_lab.decode import gather_selections, pack_launch, run_decode
+from dsa_lab.decode import gather_selections, launch_call, pack_launch, run_decode
 from dsa_lab.kernels import get_backend
 from dsa_lab.plan import LaunchPlan
 from dsa_lab.topk import compare_selections, topk_in_context, topk_per_row
@@ -73,14 +73,11 @@ def test_the_logits_and_topk_unit_picks_what_the_reference_decode_picks(strategy
         batch.seq_lens, batch.max_decode_len, strategy, 32, 64, decode_lens=batch.decode_lens, logits_width=width
     )
     metadata = plan.build_metadata(batch, inputs.cache.block_table)
-    packed = [pack_launch(launch, inputs) for launch in metadata.launches]
-    schedules = [None] * len(packed)
-    logits_only = timed_step("logits", backend, packed, inputs.cache, width, schedules, batch.max_seq_len, k)
-    step = timed_step(
-        "logits+topk", backend, packed, inputs.cache, width, schedules, batch.max_seq_len, k, topk_impl="torch"
-    )
+    calls = [launch_call(pack_launch(launch, inputs), inputs.cache, width) for launch in metadata.launches]
+    logits_only = timed_step("logits", backend, calls, batch.max_seq_len, k)
+    step = timed_step("logits+topk", backend, calls, batch.max_seq_len, k, topk_impl="torch")
     outputs, selections = logits_only(), step()
-    assert [o.shape for o in outputs] == [(p.q.shape[0] * p.q.shape[1], width) for p in packed]
+    assert [o.shape for o in outputs] == [(p.q.shape[0] * p.q.shape[1], width) for p in calls]
     assert [s.shape for s in selections] == [(o.shape[0], k) for o in outputs]
     assert check_topk(metadata, outputs, selections, k).equal
     decoded = run_decode(inputs, strategy, backend, topk=k, max_context_len=width)
@@ -95,11 +92,9 @@ def test_check_topk_fails_a_wrong_selection() -> None:
     inputs = random_inputs(batch, seed=1)
     plan = LaunchPlan(seq_lens, 2, "native", 32, 64)
     metadata = plan.build_metadata(batch, inputs.cache.block_table)
-    packed = [pack_launch(launch, inputs) for launch in metadata.launches]
-    step = timed_step(
-        "logits+topk", get_backend("reference"), packed, inputs.cache, 130, [None], 130, 16, topk_impl="torch"
-    )
-    outputs = timed_step("logits", get_backend("reference"), packed, inputs.cache, 130, [None], 130, 16)()
+    calls = [launch_call(pack_launch(launch, inputs), inputs.cache, 130) for launch in metadata.launches]
+    step = timed_step("logits+topk", get_backend("reference"), calls, 130, 16, topk_impl="torch")
+    outputs = timed_step("logits", get_backend("reference"), calls, 130, 16)()
     wrong = step()[0].clone()
     wrong[0, 0] = next(i for i in range(90) if i not in wrong[0].tolist())  # a position that is not a top-16
     assert not check_topk(metadata, outputs, [wrong], 16).equal
@@ -107,10 +102,16 @@ def test_check_topk_fails_a_wrong_selection() -> None:
 
 def test_bad_timed_units_are_refused_by_name() -> None:
     assert TIMED_UNITS == ("logits", "logits+topk") and TIMERS == ("events", "graph", "replay")
+    batch = accepted_batch((10, 8), AcceptanceSpec.parse("none"), 1, 0, num_heads=32, head_dim=64)
+    inputs = random_inputs(batch, seed=1)
+    launch = LaunchPlan((10, 8), 1, "native", 32, 64).build_metadata(batch, inputs.cache.block_table).launches[0]
+    calls = [launch_call(pack_launch(launch, inputs), inputs.cache, 10)]
     with pytest.raises(ValueError, match="unit='topk'"):
-        timed_step("topk", get_backend("reference"), [], None, 10, [], 10)
+        timed_step("topk", get_backend("reference"), calls, 10)
     with pytest.raises(ValueError, match=r"longest_context=11: allowed range is \[1, 10\]"):
-        timed_step("logits", get_backend("reference"), [], None, 10, [], 11)
+        timed_step("logits", get_backend("reference"), calls, 11)
+    with pytest.raises(ValueError, match=r"launches: a step runs at least one launch"):
+        timed_step("logits", get_backend("reference"), [], 10)
 
 
 def test_graph_timing_is_refused_by_name_off_cuda_and_events_time_a_whole_step() -> None:
@@ -147,18 +148,8 @@ def test_the_topk_unit_of_a_ragged_wide_step_picks_the_float64_definitions_top_s
     plan = LaunchPlan(batch.seq_lens, batch.max_decode_len, strategy, 32, 64, decode_lens=batch.decode_lens,
                       logits_width=width)  # fmt: skip
     metadata = plan.build_metadata(batch, inputs.cache.block_table)
-    packed = [pack_launch(launch, inputs) for launch in metadata.launches]
-    step = timed_step(
-        "logits+topk",
-        backend,
-        packed,
-        inputs.cache,
-        width,
-        [None] * len(packed),
-        batch.max_seq_len,
-        k,
-        topk_impl="torch",
-    )
+    calls = [launch_call(pack_launch(launch, inputs), inputs.cache, width) for launch in metadata.launches]
+    step = timed_step("logits+topk", backend, calls, batch.max_seq_len, k, topk_impl="torch")
     picks = gather_selections(metadata, step()).tolist()
     exact = float64_logits(inputs, batch, width)
     for token, (chosen, context, row) in enumerate(zip(picks, batch.token_context_lens(), exact.tolist())):

@@ -14,7 +14,7 @@ from dsa_lab.acceptance import AcceptanceSpec, accepted_batch
 from dsa_lab.axes import TIMED_UNITS
 from dsa_lab.bench.timed_unit import check_topk, timed_step
 from dsa_lab.bench.timing import TimingConfig, time_step
-from dsa_lab.decode import check_launches, native_sizes_for, pack_launch
+from dsa_lab.decode import check_launches, launch_call, native_sizes_for, pack_launch, scheduled
 from dsa_lab.kernels import get_backend
 from dsa_lab.plan import DEEPSEEK_V32_MAX_MODEL_LEN, LaunchPlan
 from dsa_lab.topk import get_topk, topk_names
@@ -50,11 +50,9 @@ def test_a_graph_replayed_step_is_the_eager_step(name, unit, topk_impl) -> None:
     )
     metadata = plan.build_metadata(batch, inputs.cache.block_table)
     check_launches(metadata, inputs)
-    packed = [pack_launch(launch, inputs) for launch in metadata.launches]
-    schedules = [backend.schedule(p.context_lens, batch.block_size, p.block_table) for p in packed]
-    step = timed_step(
-        unit, backend, packed, inputs.cache, plan.max_context_len, schedules, batch.max_seq_len, topk_impl=topk_impl
-    )
+    width = plan.max_context_len
+    calls = [scheduled(backend, launch_call(pack_launch(la, inputs), inputs.cache, width)) for la in metadata.launches]
+    step = timed_step(unit, backend, calls, batch.max_seq_len, topk_impl=topk_impl)
     eager = step()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -62,7 +60,7 @@ def test_a_graph_replayed_step_is_the_eager_step(name, unit, topk_impl) -> None:
         captured = step()
     graph.replay()
     torch.cuda.synchronize()
-    contexts = [p.context_lens.reshape(-1).long() for p in packed]
+    contexts = [p.context_lens.reshape(-1).long() for p in calls]
     for got, want, lens in zip(captured, eager, contexts):
         if unit == "logits":
             valid = torch.arange(got.shape[1], device=device)[None, :] < lens[:, None]
@@ -70,7 +68,7 @@ def test_a_graph_replayed_step_is_the_eager_step(name, unit, topk_impl) -> None:
         else:
             assert torch.equal(got.sort(dim=1).values, want.sort(dim=1).values)
     if unit == "logits+topk":
-        logits = timed_step("logits", backend, packed, inputs.cache, plan.max_context_len, schedules, batch.max_seq_len)
+        logits = timed_step("logits", backend, calls, batch.max_seq_len)
         outputs = logits()
         assert check_topk(metadata, outputs, eager, 2048).equal
     for method, name_prefix in (("events", "cuda_events"), ("graph", "cuda_graph_step")):

@@ -122,17 +122,14 @@ class _Fused(ReferenceBackend):
 
     name, baseline, presets, fuses_topk = "test-fused", False, (), True
 
-    def logits(self, *args, **kwargs):
+    def logits(self, call):
         raise AssertionError("a fused backend's logits are never asked for")
 
-    def step(self, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule=None, *, cache_dtype,
-             topk, max_seq_len):  # fmt: skip
+    def step(self, call, *, topk, max_seq_len):
         from dsa_lab.topk import topk_per_row
 
-        logits = super().logits(
-            q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype
-        )
-        return topk_per_row(logits, context_lens.reshape(-1), topk)
+        logits = super().logits(call)
+        return topk_per_row(logits, call.context_lens.reshape(-1), topk)
 
 
 class _FusedDropsOne(_Fused):
@@ -140,8 +137,8 @@ class _FusedDropsOne(_Fused):
 
     name = "test-fused-drops"
 
-    def step(self, *args, **kwargs):
-        picks = super().step(*args, **kwargs).clone()
+    def step(self, call, **k):
+        picks = super().step(call, **k).clone()
         picks[-1, 0] = -1
         return picks
 
@@ -179,9 +176,9 @@ class _FusedRightOnce(_Fused):
     name = "test-fused-once"
     calls = 0
 
-    def step(self, *args, **kwargs):
+    def step(self, call, **k):
         type(self).calls += 1
-        picks = super().step(*args, **kwargs)
+        picks = super().step(call, **k)
         return picks if type(self).calls == 1 else picks.flip(0).contiguous()
 
 

@@ -38,14 +38,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from dsa_lab.bench.numerics import backend_numerics
-from dsa_lab.cache import PagedCache
-from dsa_lab.decode import LaunchInputs, launch_logits
-from dsa_lab.kernels import LogitsBackend, baseline_backend
+from dsa_lab.kernels import LogitsBackend, LogitsCall, baseline_backend
 from dsa_lab.metadata import DecodeMetadata
 from dsa_lab.workload import DecodeBatch, DecodeInputs
 
@@ -146,11 +143,11 @@ def workload_inputs(inputs: DecodeInputs) -> dict[str, torch.Tensor]:
     }
 
 
-def handed_inputs(inputs: DecodeInputs, packed: Sequence[LaunchInputs]) -> dict[str, torch.Tensor]:
+def handed_inputs(inputs: DecodeInputs, launches: Sequence[LogitsCall]) -> dict[str, torch.Tensor]:
     """Every tensor a backend is handed for the step, by name: the step's own (`workload_inputs`) and each
-    launch's packed q, weights, context lengths and block table."""
+    launch's packed q, weights, context lengths and block table (its call's)."""
     named = workload_inputs(inputs)
-    for i, p in enumerate(packed):
+    for i, p in enumerate(launches):
         where = f" (launch {i})"
         named.update(
             {
@@ -181,12 +178,10 @@ def _poison(sizes: Sequence[int], device: torch.device) -> set[int]:
     return addresses
 
 
-def run_launches(
-    backend: LogitsBackend, packed: Sequence[LaunchInputs], cache: PagedCache, max_len: int, schedules: Sequence[Any]
-) -> list[torch.Tensor]:
+def run_launches(backend: LogitsBackend, launches: Sequence[LogitsCall]) -> list[torch.Tensor]:
     """Every launch of one decode step, as timed: the raw outputs, nothing gathered (launches
     checked once beforehand by `decode.check_launches`; no device sync here)."""
-    return [launch_logits(backend, p, cache, max_len, s) for p, s in zip(packed, schedules, strict=True)]
+    return [backend.logits(call) for call in launches]
 
 
 def _sizes(outputs: Sequence[torch.Tensor]) -> list[int]:
@@ -205,15 +200,10 @@ def poisoned(run: Callable[[], list[torch.Tensor]], device: torch.device) -> tup
 
 
 def poisoned_run(
-    backend: LogitsBackend,
-    packed: Sequence[LaunchInputs],
-    cache: PagedCache,
-    max_len: int,
-    schedules: Sequence[Any],
-    device: torch.device,
+    backend: LogitsBackend, launches: Sequence[LogitsCall], device: torch.device
 ) -> tuple[list[torch.Tensor], bool]:
     """Every launch of the step run into NaN-poisoned memory on CUDA (`poisoned`)."""
-    return poisoned(lambda: run_launches(backend, packed, cache, max_len, schedules), device)
+    return poisoned(lambda: run_launches(backend, launches), device)
 
 
 @dataclass(frozen=True)
@@ -236,15 +226,16 @@ def _reference(inputs: DecodeInputs, requests: Sequence[int], max_len: int) -> _
     position[torch.tensor(tokens, device=device)] = torch.arange(len(tokens), device=device)
     contexts = torch.tensor(batch.token_context_lens(), dtype=torch.int32, device=device)[tokens]
     table = inputs.cache.block_table[torch.tensor([owners[t] for t in tokens], device=device)]
-    ref = baseline_backend().logits(
+    call = LogitsCall(
         inputs.q[tokens][:, None].contiguous(),
         inputs.cache.data,
         inputs.weights[tokens].contiguous(),
         contexts[:, None].contiguous(),
         table.contiguous(),
         max_len,
-        cache_dtype=inputs.cache.cache_dtype,
+        inputs.cache.cache_dtype,
     )
+    ref = baseline_backend().logits(call)
     valid = torch.arange(max_len, device=device)[None, :] < contexts[:, None]
     return _Sample(tokens, position, contexts, valid, ref[valid].double())
 
@@ -268,8 +259,7 @@ def check_point(
     inputs: DecodeInputs,
     metadata: DecodeMetadata,
     backend: LogitsBackend,
-    packed: Sequence[LaunchInputs],
-    schedules: Sequence[Any],
+    launches: Sequence[LogitsCall],
     tolerance: float,
     full_check_limit: int,
     sample_requests: int,
@@ -284,7 +274,7 @@ def check_point(
     device = inputs.q.device
     tolerance, tolerance_reason = backend_numerics(backend, device).check_tolerance(tolerance)
     max_len = metadata.max_context_len
-    guard = InputGuard.of(handed_inputs(inputs, packed))
+    guard = InputGuard.of(handed_inputs(inputs, launches))
     requests = checked_requests(inputs.batch, full_check_limit, sample_requests)
     sample = _reference(inputs, requests, max_len)
     calls = CHECKED_CALLS + (device.type == "cuda")
@@ -293,7 +283,7 @@ def check_point(
     poisoned = device.type == "cuda"
     for _ in range(calls):
         addresses = _poison(sizes, device) if sizes is not None else None
-        outputs = run_launches(backend, packed, inputs.cache, max_len, schedules)
+        outputs = run_launches(backend, launches)
         if device.type == "cuda" and sizes is None:
             sizes = _sizes(outputs)
         elif addresses is not None:

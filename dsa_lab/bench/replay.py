@@ -40,7 +40,7 @@ import torch
 from dsa_lab.acceptance import AcceptanceSpec
 from dsa_lab.bench.point import BLOCK_SIZE, Point
 from dsa_lab.bench.timing import GpuSpin, L2Flusher, TimingConfig, step_timing_method, summarize
-from dsa_lab.kernels import LogitsBackend, baseline_backend
+from dsa_lab.kernels import LogitsBackend, LogitsCall, baseline_backend
 from dsa_lab.topk import DEFAULT_TOPK, TopkCall, compare_selections, get_topk, topk_per_row
 from dsa_lab.workload import DecodeInputs
 
@@ -143,14 +143,9 @@ def ragged_step(
     def step() -> tuple[torch.Tensor, torch.Tensor | None]:
         schedule = backend.schedule(graph.context, BLOCK_SIZE, graph.block_table)
         out = backend.logits(
-            graph.q,
-            cache.data,
-            graph.weights,
-            graph.context,
-            graph.block_table,
-            width,
-            schedule,
-            cache_dtype=cache.cache_dtype,
+            LogitsCall(
+                graph.q, cache.data, graph.weights, graph.context, graph.block_table, width, cache.cache_dtype, schedule
+            )
         )
         picks = None if topk is None else topk(out, graph.context.reshape(-1), longest)
         return out, picks
@@ -199,13 +194,15 @@ def check_replay(
     sources = torch.tensor([b * n + j for b in sample for j in range(decode[b])], dtype=torch.long, device=device)
     index = graph.slots.reshape(-1)[sources]  # where the launch put each of those rows this step
     ref = baseline_backend().logits(
-        graph.q_rows.reshape(-1, *graph.q_rows.shape[2:])[sources][:, None].contiguous(),
-        inputs.cache.data,
-        graph.w_rows[sources].contiguous(),
-        context[index][:, None].contiguous(),
-        graph.tables[sources // n].contiguous(),
-        width,
-        cache_dtype=inputs.cache.cache_dtype,
+        LogitsCall(
+            graph.q_rows.reshape(-1, *graph.q_rows.shape[2:])[sources][:, None].contiguous(),
+            inputs.cache.data,
+            graph.w_rows[sources].contiguous(),
+            context[index][:, None].contiguous(),
+            graph.tables[sources // n].contiguous(),
+            width,
+            inputs.cache.cache_dtype,
+        )
     )
     valid = torch.arange(width, device=device)[None, :] < context[index][:, None]
     got = out[index]

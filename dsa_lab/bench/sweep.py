@@ -38,6 +38,7 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,10 +54,9 @@ from dsa_lab.bench.run_folder import check_storable, open_run, resume_command
 from dsa_lab.bench.timed_unit import check_step_topk, timed_step
 from dsa_lab.bench.timing import Measurement, TimingConfig, measure_ceilings, time_callable, time_step
 from dsa_lab.bench.walk import Prepared, Visit, prepare, release, skip_reason, walk
-from dsa_lab.cache import PagedCache
 from dsa_lab.env_info import device_name
 from dsa_lab.errors import NonFiniteLogits, as_device, check_positive, check_range
-from dsa_lab.kernels import LogitsBackend
+from dsa_lab.kernels import LogitsBackend, LogitsCall
 from dsa_lab.model.roofline import GpuSpec, gpu_for_device, roofline_columns
 from dsa_lab.policy.vllm import CAPABILITY_FAMILIES, Platform
 from dsa_lab.store import folders as store
@@ -110,8 +110,7 @@ def evaluate_point(visit: Visit, spec: SweepSpec, device: torch.device, gpu: Gpu
             inputs,
             prepared.metadata,
             backend,
-            prepared.packed,
-            prepared.schedules,
+            prepared.calls,
             spec.check_tolerance,
             spec.full_check_limit,
             spec.check_requests,
@@ -129,9 +128,9 @@ def evaluate_point(visit: Visit, spec: SweepSpec, device: torch.device, gpu: Gpu
             return {**row, **failed, **roofline_columns(plan.cost, None, gpu, cleans)}
         tolerance = check.tolerance
     row["k_scales"] = visit.k_scales
-    cache, max_len, longest = inputs.cache, prepared.metadata.max_context_len, inputs.batch.max_seq_len
+    max_len, longest = prepared.metadata.max_context_len, inputs.batch.max_seq_len
     if point.timed == "logits+topk":
-        message = _check_topk(row, backend, prepared, cache, longest, point.topk_impl, spec.check_tolerance)
+        message = _check_topk(row, backend, prepared, longest, point.topk_impl, spec.check_tolerance)
         if message:
             return {**row, "status": "failed", "message": message, **roofline_columns(plan.cost, None, gpu, cleans)}
     if changed := visit.handed.changed():  # written into during the checks (a change undone by the timing's end)
@@ -144,15 +143,13 @@ def evaluate_point(visit: Visit, spec: SweepSpec, device: torch.device, gpu: Gpu
     if point.timer == "replay":  # one graph over many ragged steps, each checked: its own columns and verdict
         replayed = replay_point(point, backend, inputs, max_len, tolerance, spec.check_requests, spec.seed, spec.timing)
         return {**row, **replayed, **roofline_columns(plan.cost, None, gpu, cleans)}
-    step = timed_step(
-        point.timed, backend, prepared.packed, cache, max_len, prepared.schedules, longest, topk_impl=point.topk_impl
-    )
+    step = timed_step(point.timed, backend, prepared.calls, longest, topk_impl=point.topk_impl)
     if point.timer == "events":  # honours the timing config's own graph mode (`bench --graph`), as before the axis
         measurement = time_callable(step, device, spec.timing)
     else:
         measurement = time_step(step, device, point.timer, spec.timing)
     row.update(measurement.as_row())
-    row["schedule_ms"] = _schedule_ms(backend, prepared.packed, device)
+    row["schedule_ms"] = _schedule_ms(backend, prepared.calls, device)
     timed = roofline_columns(plan.cost, measurement.median_ms, gpu, cleans)
     return {**row, "status": "ok", "message": "", **timed}
 
@@ -161,7 +158,6 @@ def _check_topk(
     row: dict[str, Any],
     backend: LogitsBackend,
     prepared: Prepared,
-    cache: PagedCache,
     longest: int,
     topk_impl: str,
     tolerance: float,
@@ -171,10 +167,7 @@ def _check_topk(
     try:
         found = check_step_topk(
             backend,
-            prepared.packed,
-            cache,
-            metadata.max_context_len,
-            prepared.schedules,
+            prepared.calls,
             metadata,
             longest,
             topk_impl,
@@ -199,14 +192,14 @@ def _check_topk(
     )
 
 
-def _schedule_ms(backend: LogitsBackend, packed, device: torch.device) -> float | None:
+def _schedule_ms(backend: LogitsBackend, calls: Sequence[LogitsCall], device: torch.device) -> float | None:
     """Median time of the backend's schedule hook for every launch (None when it has none)."""
     if type(backend).schedule is LogitsBackend.schedule:
         return None
     config = TimingConfig(warmup=2, min_samples=5, max_samples=50, max_seconds=0.05, cold_l2=False)
-    block = 64
+    hook = backend.schedule
     result: Measurement = time_callable(
-        lambda: [backend.schedule(p.context_lens, block, p.block_table) for p in packed], device, config
+        lambda: [hook(c.context_lens, c.kv_cache.shape[1], c.block_table) for c in calls], device, config
     )
     return result.median_ms
 

@@ -24,17 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from dsa_lab.axes import TIMED_UNITS
 from dsa_lab.bench.check import poisoned, poisoned_run, run_launches
 from dsa_lab.bench.numerics import backend_numerics
-from dsa_lab.cache import PagedCache
-from dsa_lab.decode import LaunchInputs, gather_selections, scatter_logits
+from dsa_lab.decode import gather_selections, scatter_logits
 from dsa_lab.errors import check_choice, check_range
-from dsa_lab.kernels import LogitsBackend, baseline_backend
+from dsa_lab.kernels import LogitsBackend, LogitsCall, baseline_backend
 from dsa_lab.metadata import DecodeMetadata
 from dsa_lab.topk import (
     DEFAULT_TOPK,
@@ -50,33 +48,32 @@ from dsa_lab.topk import (
 def timed_step(
     unit: str,
     backend: LogitsBackend,
-    packed: Sequence[LaunchInputs],
-    cache: PagedCache,
-    max_context_len: int,
-    schedules: Sequence[Any],
+    launches: Sequence[LogitsCall],
     longest_context: int,
     topk: int = DEFAULT_TOPK,
     *,
     topk_impl: str = "vllm",
 ) -> Callable[[], list[torch.Tensor]]:
-    """The callable a mode times: every launch of the step (returns their outputs), then for
-    'logits+topk' the point's top-k (`topk_impl`) of `topk` per kernel row, each bounded by the step's
+    """The callable a mode times: every launch of the step (one backend call each; returns their outputs), then
+    for 'logits+topk' the point's top-k (`topk_impl`) of `topk` per kernel row, each bounded by the step's
     `longest_context` (returns one int32 `[rows, topk]` selection per launch)."""
     check_choice("unit", unit, TIMED_UNITS)
-    check_range("longest_context", longest_context, 1, max_context_len)
-    packed, schedules = tuple(packed), tuple(schedules)
+    launches = tuple(launches)
+    if not launches:
+        raise ValueError("launches: a step runs at least one launch (a LogitsCall each), got none")
+    check_range("longest_context", longest_context, 1, launches[0].max_context_len)
 
     if backend.fuses_topk:
         if unit == "logits":
             raise ValueError(f"unit='logits': backend {backend.name!r} fuses the top-k: its unit is the step")
-        return lambda: run_fused(backend, packed, cache, max_context_len, schedules, topk, longest_context)
+        return lambda: run_fused(backend, launches, topk, longest_context)
 
     def logits() -> list[torch.Tensor]:
-        return run_launches(backend, packed, cache, max_context_len, schedules)
+        return run_launches(backend, launches)
 
     if unit == "logits":
         return logits
-    calls, row_lens = prepare_topk(topk_impl, packed, max_context_len, topk), row_context_lens(packed)
+    calls, row_lens = prepare_topk(topk_impl, launches, topk), row_context_lens(launches)
 
     def logits_and_topk() -> list[torch.Tensor]:
         return step_topk(calls, logits(), row_lens, longest_context)
@@ -85,36 +82,22 @@ def timed_step(
 
 
 def run_fused(
-    backend: LogitsBackend,
-    packed: Sequence[LaunchInputs],
-    cache: PagedCache,
-    max_context_len: int,
-    schedules: Sequence[Any],
-    topk: int,
-    longest_context: int,
+    backend: LogitsBackend, launches: Sequence[LogitsCall], topk: int, longest_context: int
 ) -> list[torch.Tensor]:
     """A fused backend's step (`LogitsBackend.step`) for every launch: one int32 `[rows, topk]` selection each."""
-    return [
-        backend.step(
-            p.q, cache.data, p.weights, p.context_lens, p.block_table, max_context_len, s,
-            cache_dtype=cache.cache_dtype, topk=topk, max_seq_len=longest_context,
-        )
-        for p, s in zip(packed, schedules, strict=True)
-    ]  # fmt: skip
+    return [backend.step(p, topk=topk, max_seq_len=longest_context) for p in launches]
 
 
-def prepare_topk(
-    topk_impl: str, packed: Sequence[LaunchInputs], max_context_len: int, topk: int = DEFAULT_TOPK
-) -> tuple[TopkCall, ...]:
+def prepare_topk(topk_impl: str, launches: Sequence[LogitsCall], topk: int = DEFAULT_TOPK) -> tuple[TopkCall, ...]:
     """One ready top-k call per launch (its rows, the logits' width), made outside any timed region."""
     check_range("topk", topk, 1, MAX_TOPK)
     impl = get_topk(topk_impl)
-    return tuple(impl.prepare(p.context_lens.numel(), max_context_len, topk, p.q.device) for p in packed)
+    return tuple(impl.prepare(p.context_lens.numel(), p.max_context_len, topk, p.q.device) for p in launches)
 
 
-def row_context_lens(packed: Sequence[LaunchInputs]) -> tuple[torch.Tensor, ...]:
+def row_context_lens(launches: Sequence[LogitsCall]) -> tuple[torch.Tensor, ...]:
     """Each launch's context length per kernel row (views of its `[B', n']` context lens)."""
-    return tuple(p.context_lens.reshape(-1) for p in packed)
+    return tuple(p.context_lens.reshape(-1) for p in launches)
 
 
 def step_topk(
@@ -136,10 +119,7 @@ class TopkCheck:
 
 def check_step_topk(
     backend: LogitsBackend,
-    packed: Sequence[LaunchInputs],
-    cache: PagedCache,
-    max_context_len: int,
-    schedules: Sequence[Any],
+    launches: Sequence[LogitsCall],
     metadata: DecodeMetadata,
     longest_context: int,
     topk_impl: str,
@@ -150,14 +130,14 @@ def check_step_topk(
     """The check of a 'logits+topk' point: the launches run into poisoned memory, the point's top-k on their
     outputs, then `check_topk` over every row. A NaN left inside any row's context raises `NonFiniteLogits`
     (from `topk_per_row`'s scan); a top-k that wrote into the logits it read raises ValueError naming it."""
-    device = packed[0].q.device
+    device = launches[0].q.device
     if backend.fuses_topk:
-        run = lambda: run_fused(backend, packed, cache, max_context_len, schedules, topk, longest_context)
-        return _check_fused(backend, run, packed, cache, max_context_len, metadata, topk, tolerance)
-    outputs, poisoned = poisoned_run(backend, packed, cache, max_context_len, schedules, device)
-    calls = prepare_topk(topk_impl, packed, max_context_len, topk)
+        run = lambda: run_fused(backend, launches, topk, longest_context)
+        return _check_fused(backend, run, launches, metadata, topk, tolerance)
+    outputs, poisoned = poisoned_run(backend, launches, device)
+    calls = prepare_topk(topk_impl, launches, topk)
     kept = [out.clone() for out in outputs]
-    selections = [s.clone() for s in step_topk(calls, outputs, row_context_lens(packed), longest_context)]
+    selections = [s.clone() for s in step_topk(calls, outputs, row_context_lens(launches), longest_context)]
     for index, (before, after) in enumerate(zip(kept, outputs)):
         if not torch.equal(before.view(torch.int32), after.view(torch.int32)):  # bitwise: NaN poison included
             raise ValueError(
@@ -170,9 +150,7 @@ def check_step_topk(
 def _check_fused(
     backend: LogitsBackend,
     run: Callable[[], list[torch.Tensor]],
-    packed: Sequence[LaunchInputs],
-    cache: PagedCache,
-    max_context_len: int,
+    launches: Sequence[LogitsCall],
     metadata: DecodeMetadata,
     topk: int,
     tolerance: float,
@@ -181,11 +159,11 @@ def _check_fused(
     call's, against
     `topk_per_row` on the reference's logits, tie-aware within the point's bound (`tolerance`, loosened by the
     backend's numerics), since its scores are its own arithmetic's and a near tie at the k-th may fall either way."""
-    device = packed[0].q.device
+    device = launches[0].q.device
     selections, poisoned_out = poisoned(run, device)
     selections = [s.clone() for s in selections]
     again = run()  # a second call held to the same picks: a kernel right only once is not timed
-    reference = run_launches(baseline_backend(), packed, cache, max_context_len, [None] * len(packed))
+    reference = run_launches(baseline_backend(), [p.scheduled(None) for p in launches])
     logits, context = scatter_logits(metadata, reference, device)
     bound, _ = backend_numerics(backend, device).check_tolerance(tolerance)
     inside = torch.arange(logits.shape[1], device=device)[None, :] < context[:, None]

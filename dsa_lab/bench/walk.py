@@ -25,19 +25,18 @@ import gc
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from dsa_lab.bench.check import InputGuard, checked_requests, handed_inputs
 from dsa_lab.bench.inputs import MEMORY_HEADROOM, Workload, free_device_bytes, point_bytes, workload_bytes
 from dsa_lab.bench.numerics import cache_k_scales
-from dsa_lab.bench.point import BLOCK_SIZE, Point, SweepSpec
+from dsa_lab.bench.point import Point, SweepSpec
 from dsa_lab.bench.replay import replay_skip
 from dsa_lab.bench.timing import TimingConfig, step_timing_method
-from dsa_lab.decode import LaunchInputs, check_launches, native_sizes_for, pack_launch
+from dsa_lab.decode import check_launches, launch_call, native_sizes_for, pack_launch, scheduled
 from dsa_lab.errors import BackendUnavailable, UnsupportedShape, probe
-from dsa_lab.kernels import LogitsBackend, get_backend
+from dsa_lab.kernels import LogitsBackend, LogitsCall, get_backend
 from dsa_lab.metadata import DecodeMetadata
 from dsa_lab.plan import LaunchPlan
 from dsa_lab.topk import DEFAULT_TOPK, get_topk
@@ -66,11 +65,10 @@ class Visit:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A point's launches, packed and value-checked: what every mode runs."""
+    """A point's launches, packed and value-checked, each one backend call with its schedule: what every mode runs."""
 
     metadata: DecodeMetadata
-    packed: tuple[LaunchInputs, ...]
-    schedules: tuple[Any, ...]
+    calls: tuple[LogitsCall, ...]
     metadata_ms: float  # host time to build the metadata and pack the launches (device synced)
 
 
@@ -209,22 +207,21 @@ def _workload_tensors(workload: Workload) -> dict[str, torch.Tensor]:
 
 
 def prepare(visit: Visit, device: torch.device) -> Prepared:
-    """Metadata from the plan, packed launches, the value scan (once) and the backend's schedules."""
+    """Metadata from the plan, packed launches, the value scan (once) and each launch's call with the backend's
+    schedule."""
     if not visit.ready or visit.plan is None or visit.backend is None:
         raise ValueError(f"point {visit.point.key}: not ready ({visit.skip or visit.error})")
     inputs, point, backend = visit.inputs, visit.point, visit.backend
     started = time.perf_counter()
     metadata = visit.plan.build_metadata(inputs.batch, inputs.cache.block_table)
-    packed = tuple(pack_launch(launch, inputs) for launch in metadata.launches)
+    width = metadata.max_context_len
+    calls = tuple(launch_call(pack_launch(launch, inputs), inputs.cache, width) for launch in metadata.launches)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     metadata_ms = (time.perf_counter() - started) * 1e3
     check_launches(metadata, inputs)  # the value scan, once, outside every measured region
-    visit.handed = InputGuard.of(handed_inputs(inputs, packed))  # before the backend's first call, its schedule
-    for p in packed:
-        probe(point.backend, "require()", lambda p=p: _require(backend, device, point, p.q.shape[1]))
-    schedules = tuple(
-        probe(point.backend, "schedule()", lambda p=p: backend.schedule(p.context_lens, BLOCK_SIZE, p.block_table))
-        for p in packed
-    )
-    return Prepared(metadata, packed, schedules, metadata_ms)
+    visit.handed = InputGuard.of(handed_inputs(inputs, calls))  # before the backend's first call, its schedule
+    for call in calls:
+        probe(point.backend, "require()", lambda c=call: _require(backend, device, point, c.q.shape[1]))
+    calls = tuple(probe(point.backend, "schedule()", lambda c=call: scheduled(backend, c)) for call in calls)
+    return Prepared(metadata, calls, metadata_ms)

@@ -1,8 +1,9 @@
 """Paged-MQA-logits backends. Importing this package registers every built-in backend, then those of the
 files `DSA_LAB_BACKEND_MODULES` names (`kernels.external`; an entry point's only when its name is asked for).
 
-A backend of your own needs only this face: `LogitsBackend` (the descriptor), `register_backend`, and
-`check_logits_args` / `check_logits_values` (DeepGEMM's calling convention, `kernels.convention`)."""
+A backend of your own needs only this face: `LogitsBackend` (the descriptor), `register_backend`, `LogitsCall`
+(what its `logits` takes: one call in DeepGEMM's convention) and `check_logits_args` / `check_logits_values`
+(that convention's checks, `kernels.convention`)."""
 
 from dsa_lab.kernels import (
     deepgemm,  # noqa: F401  (registers "deepgemm"; imports deep_gemm lazily, so never fails here)
@@ -11,7 +12,7 @@ from dsa_lab.kernels import (
     reference,  # noqa: F401  (registers "reference")
     triton_native,  # noqa: F401  (registers "triton"; without triton it reports itself unavailable)
 )
-from dsa_lab.kernels.convention import check_logits_args, check_logits_values
+from dsa_lab.kernels.convention import LogitsCall, check_logits_args, check_logits_values
 from dsa_lab.kernels.descriptor import Availability, LogitsBackend
 from dsa_lab.kernels.external import ExternalBackendError, load_backend_files, load_environment
 from dsa_lab.kernels.registry import (
@@ -31,6 +32,7 @@ __all__ = [
     "Availability",
     "ExternalBackendError",
     "LogitsBackend",
+    "LogitsCall",
     "backend_names",
     "baseline_backend",
     "check_logits_args",

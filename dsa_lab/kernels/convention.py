@@ -1,16 +1,46 @@
-"""DeepGEMM's calling convention, checked: what every backend's `logits` and every native kernel's public
-wrapper hold a call to (host checks that never sync the device; the value scan, once per launch), and the
-SMs a persistent grid or a schedule is made for."""
+"""DeepGEMM's calling convention, checked, and held in one object: what every backend's `logits` and `step`
+take (`LogitsCall`), what every native kernel's public wrapper holds a call to (host checks that never sync
+the device; the value scan, once per launch), and the SMs a persistent grid or a schedule is made for.
+
+A call is eight things in DeepGEMM's positional convention (q, the cache, the head weights, the context
+lengths, the block table, the logits' width, the backend's schedule and the cache's dtype). Before issue 30
+they were eight arguments of every `logits`, forwarded through the decode path, the harness, the profiler and
+the example; now `decode.launch_call` builds one `LogitsCall` per launch, checked once when it is made, and
+backends read its fields. The public `paged_mqa_logits_*` wrappers keep DeepGEMM's positional convention
+(`LogitsCall.args`).
+
+A backend written before (`logits(self, q, kv_cache, weights, context_lens, block_table, max_context_len,
+schedule=None, *, cache_dtype)`, or `(self, *args, **kwargs)` reading them) keeps working: `takes_a_call`
+hands it the eight arguments of the call, warning once that the form changed, and a caller that passes the
+eight arguments gets them made into a call.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
 from dsa_lab.cache import CACHE_DTYPES, bytes_per_token
 from dsa_lab.errors import BackendUnavailable, UnsupportedShape, check_choice, check_range, check_tensor
-from dsa_lab.kernels.descriptor import LogitsBackend
+
+STEP_KEYWORDS = ("topk", "max_seq_len")  # what a fused backend's `step` takes besides the call
+
+
+class Declared(Protocol):
+    """What a native wrapper's checks ask of its backend (a `descriptor.LogitsBackend`)."""
+
+    name: str
+
+    def check_shape(self, heads: int, head_dim: int, cache_dtype: str) -> None: ...
+
+    def availability(self, device: torch.device) -> Any: ...
 
 
 def _width_hint(width: int) -> str:
@@ -89,60 +119,153 @@ def check_logits_values(
         )
 
 
+@dataclass(frozen=True, eq=False)
+class LogitsCall:
+    """One kernel call in DeepGEMM's convention, checked when made (`check_logits_args`: host checks only, so a
+    call may be made inside a timed loop, though the harness makes each once, where its launch is prepared).
+
+    Row `b * n + j` of the result holds `sum_h w[t, h] * relu(q[t, h] . k[s]) * k_scale[s]` for the first
+    `context_lens[b, j]` positions s of request b, as wide as `max_context_len` (the logits' width: the batch's
+    longest context, or vLLM's max_model_len).
+    """
+
+    q: torch.Tensor  # float8_e4m3fn [B, n, H, D]
+    kv_cache: torch.Tensor  # uint8 [num_blocks, block_size, 1, bytes a token], contiguous
+    weights: torch.Tensor  # float32 [B * n, H]
+    context_lens: torch.Tensor  # int32 [B, n]
+    block_table: torch.Tensor  # int32 [B, max_blocks]
+    max_context_len: int  # the logits' width
+    cache_dtype: str  # 'fp8' or 'mxfp4': declared, never inferred from the byte width
+    schedule: Any = None  # the backend's own per-launch metadata (`LogitsBackend.schedule`), made outside timed calls
+
+    def __post_init__(self) -> None:
+        check_logits_args(*self.args, cache_dtype=self.cache_dtype)
+
+    @classmethod
+    def of(
+        cls,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        weights: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_table: torch.Tensor,
+        max_context_len: int,
+        schedule: Any = None,
+        *,
+        cache_dtype: str,
+    ) -> LogitsCall:
+        """A call from DeepGEMM's positional arguments (what `logits` took before issue 30)."""
+        return cls(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype, schedule)
+
+    @property
+    def args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """DeepGEMM's positional arguments: (q, kv_cache, weights, context_lens, block_table, max_context_len)."""
+        return self.q, self.kv_cache, self.weights, self.context_lens, self.block_table, self.max_context_len
+
+    @property
+    def rows(self) -> int:
+        """Query rows the call scores (B * n): the logits' rows."""
+        return self.weights.shape[0]
+
+    def scheduled(self, schedule: Any) -> LogitsCall:
+        """This call with the backend's `schedule` (None: without one, as the reference runs it)."""
+        return dataclasses.replace(self, schedule=schedule)
+
+    def check_values(self) -> None:
+        """The value scan of this call (`check_logits_values`): a device->host copy, never in a timed loop."""
+        check_logits_values(self.kv_cache, self.context_lens, self.block_table, self.max_context_len)
+
+
+def _takes_call(function: Callable[..., Any]) -> bool:
+    """Whether a backend method takes a `LogitsCall`: one positional parameter after self, not named 'q' (DeepGEMM's
+    first), and no *args; anything else reads DeepGEMM's positional arguments, as every backend did before."""
+    params = list(inspect.signature(function).parameters.values())[1:]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    starred = any(p.kind is p.VAR_POSITIONAL for p in params)
+    return len(positional) == 1 and positional[0].name != "q" and not starred
+
+
+def _as_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> LogitsCall:
+    """The call a backend method was handed: a `LogitsCall`, or one made from DeepGEMM's arguments."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], LogitsCall):
+        return args[0]
+    if not args and set(kwargs) == {"call"} and isinstance(kwargs["call"], LogitsCall):
+        return kwargs["call"]
+    return LogitsCall.of(*args, **kwargs)
+
+
+def takes_a_call(function: Callable[..., Any], owner: str = "", method: str = "") -> Callable[..., Any]:
+    """A backend's `logits` or `step` (`function`, that `method` of class `owner`) as the harness calls it: with
+    one `LogitsCall` (and a fused step's `topk=`, `max_seq_len=`), or with DeepGEMM's eight arguments, made into a
+    call. A `function` written for the eight arguments (before issue 30) is handed them, and warned of once."""
+    if getattr(function, "takes_a_call", False):
+        return function
+    takes_call, method = _takes_call(function), method or function.__name__
+    if not takes_call and owner:
+        warnings.warn(
+            f"{owner}.{method} reads DeepGEMM's eight arguments (q, kv_cache, weights, context_lens, "
+            "block_table, max_context_len, schedule, cache_dtype=), as a backend did before issue 30; a backend's "
+            f"{method} now takes one LogitsCall (call.q, call.kv_cache, ..., call.max_context_len, "
+            "call.schedule, call.cache_dtype). It still runs, handed the call's eight arguments "
+            "(docs/add_a_kernel.md shows the new form).",
+            FutureWarning,
+            stacklevel=3,
+        )
+
+    @functools.wraps(function)
+    def entry(self: Any, *args: Any, **kwargs: Any) -> Any:
+        step = {key: kwargs.pop(key) for key in STEP_KEYWORDS if key in kwargs}
+        call = _as_call(args, kwargs)
+        if takes_call:
+            return function(self, call, **step)
+        return function(self, *call.args, call.schedule, cache_dtype=call.cache_dtype, **step)
+
+    entry.__name__ = method
+    entry.takes_a_call = True  # type: ignore[attr-defined]
+    return entry
+
+
 def check_native_call(
-    backend: LogitsBackend,
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    weights: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    max_context_len: int,
+    backend: Declared,
+    call: LogitsCall,
     *,
-    cache_dtype: str,
     check_values: bool,
     out: torch.Tensor | None,
     max_next_n: int,
     block_size: int,
 ) -> None:
-    """The host checks of a native kernel's public wrapper, before its own config check: the common
-    convention, then next_n, heads/dim/dtype, block size, `check_values` and `out`, each named.
+    """The host checks of a native kernel's public wrapper, on the call it made of its arguments (the common
+    convention, checked then), before its own config check: next_n, heads/dim/dtype, block size, `check_values`
+    and `out`, each named.
 
     No device sync and no availability check, so every bad argument is named on any machine.
     """
-    check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype)
-    _, next_n, heads, dim = q.shape
+    _, next_n, heads, dim = call.q.shape
     check_range("next_n", next_n, 1, max_next_n)
-    backend.check_shape(heads, dim, cache_dtype)
-    if kv_cache.shape[1] != block_size:
-        raise UnsupportedShape(f"block_size={kv_cache.shape[1]!r}: backend {backend.name!r} allows {(block_size,)}")
+    backend.check_shape(heads, dim, call.cache_dtype)
+    if call.kv_cache.shape[1] != block_size:
+        raise UnsupportedShape(
+            f"block_size={call.kv_cache.shape[1]!r}: backend {backend.name!r} allows {(block_size,)}"
+        )
     check_choice("check_values", check_values, (False, True))
     if out is not None:
-        shape = (q.shape[0] * next_n, max_context_len)
-        check_tensor("out", out, dtype=torch.float32, shape=shape, device=q.device, contiguous=True)
+        shape = (call.rows, call.max_context_len)
+        check_tensor("out", out, dtype=torch.float32, shape=shape, device=call.q.device, contiguous=True)
 
 
 def ready_native_call(
-    backend: LogitsBackend,
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    weights: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    max_context_len: int,
-    *,
-    check_values: bool,
+    backend: Declared, call: LogitsCall, *, check_values: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """After `check_native_call`: the backend must run on q's device (else BackendUnavailable says
     why), the value scan runs when asked, and q, weights, context_lens, block_table come back in
     the layout the kernels index (contiguous; the table's rows unit-stride)."""
-    state = backend.availability(q.device)
+    state = backend.availability(call.q.device)
     if not state.ok:
-        raise BackendUnavailable(f"backend {backend.name!r} unavailable on {q.device}: {state.reason}")
+        raise BackendUnavailable(f"backend {backend.name!r} unavailable on {call.q.device}: {state.reason}")
     if check_values:
-        check_logits_values(kv_cache, context_lens, block_table, max_context_len)
-    if block_table.stride(1) != 1:
-        block_table = block_table.contiguous()
-    return q.contiguous(), weights.contiguous(), context_lens.contiguous(), block_table
+        call.check_values()
+    table = call.block_table if call.block_table.stride(1) == 1 else call.block_table.contiguous()
+    return call.q.contiguous(), call.weights.contiguous(), call.context_lens.contiguous(), table
 
 
 @functools.cache

@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import torch
 
 from dsa_lab.errors import BackendUnavailable, check_range, check_tensor
-from dsa_lab.kernels.convention import check_logits_args
+from dsa_lab.kernels.convention import LogitsCall
 from dsa_lab.kernels.descriptor import Availability, KernelFit, LogitsBackend, ModelTraits, Numerics
 from dsa_lab.kernels.registry import register_backend
 
@@ -243,24 +243,14 @@ class DeepGemmBackend(LogitsBackend):
         slots = self._sm90_slots(next_n, num_sms) if major == 9 else num_sms
         return module.get_paged_mqa_logits_metadata(context_lens.contiguous(), block_size, slots)
 
-    def logits(
-        self,
-        q: torch.Tensor,
-        kv_cache: torch.Tensor,
-        weights: torch.Tensor,
-        context_lens: torch.Tensor,
-        block_table: torch.Tensor,
-        max_context_len: int,
-        schedule: Any = None,
-        *,
-        cache_dtype: str,
-    ) -> torch.Tensor:
+    def logits(self, call: LogitsCall) -> torch.Tensor:
         """Host checks only (GPU-only backend: values are checked once per launch by its caller)."""
-        check_logits_args(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype)
-        self.check_shape(q.shape[2], q.shape[3], cache_dtype)
+        q, kv_cache, weights, context_lens, block_table, max_context_len = call.args
+        self.check_shape(q.shape[2], q.shape[3], call.cache_dtype)
         module = self._require_available(q.device)
-        if schedule is None:
-            schedule = self.schedule(context_lens, kv_cache.shape[1], block_table)
+        schedule = (
+            self.schedule(context_lens, kv_cache.shape[1], block_table) if call.schedule is None else call.schedule
+        )
         major = torch.cuda.get_device_capability(q.device)[0]
         block_table = block_table.contiguous()
         if major == SM100_MAJOR:

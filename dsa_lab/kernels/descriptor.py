@@ -9,8 +9,7 @@ declared on its class.
         name = "mine"
         family, label, marker, color = "mine", "Mine", "*", "#8c564b"   # who wrote it; how charts show it
         presets = ("smoke",)                                            # the sweep presets it joins
-        def logits(self, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule=None, *,
-                   cache_dtype): ...
+        def logits(self, call: LogitsCall) -> torch.Tensor: ...          # one call in DeepGEMM's convention
 
 Declared per backend: whether it can run here (and why not); the next_n it takes natively per
 compute capability (`native_sizes`); the shapes it accepts; its numerics per capability (the K
@@ -33,7 +32,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from dsa_lab.errors import BackendUnavailable, UnsupportedShape, check_choice, check_tensor
+from dsa_lab.errors import BackendUnavailable, UnsupportedShape, check_choice
+from dsa_lab.kernels.convention import LogitsCall, takes_a_call
 
 RULE = "rule"  # the `config` axis's value for a backend's own choice at each shape
 K_SCALE_FORMATS = ("float32", "ue8m0")
@@ -123,7 +123,7 @@ class ConfigSpace:
 
     config_type: type
     rule: Callable[[int, int, int], Any]  # (next_n, heads, head_dim) -> the backend's own config
-    call: Callable[..., torch.Tensor]
+    call: Callable[..., torch.Tensor]  # the kernel's public wrapper, in DeepGEMM's positional convention
 
     @property
     def knobs(self) -> dict[str, type]:
@@ -147,6 +147,20 @@ class ConfigSpace:
     def config(self, knobs: Mapping[str, Any], next_n: int, heads: int, head_dim: int) -> Any:
         return dataclasses.replace(self.rule(next_n, heads, head_dim), **knobs)
 
+    def launch(self, call: LogitsCall, knobs: Mapping[str, Any]) -> torch.Tensor:
+        """The kernel's wrapper on `call`: at the rule's config with `knobs` set, or ({}) at the wrapper's own
+        choice for the shape and GPU. No device sync on a GPU (the call is timed and graph-captured; its launch was
+        value-checked where it was prepared); on the CPU the scan is a host read, and an id outside the cache would
+        make the kernel read outside its memory."""
+        _, next_n, heads, head_dim = call.q.shape
+        return self.call(
+            *call.args,
+            config=self.config(knobs, next_n, heads, head_dim) if knobs else None,
+            check_values=call.q.device.type == "cpu",
+            cache_dtype=call.cache_dtype,
+            **({} if call.schedule is None else {"schedule": call.schedule}),  # made outside the timed call
+        )
+
 
 def _knob_value(name: str, raw: str, kind: type) -> Any:
     if kind is bool:
@@ -161,22 +175,26 @@ def _knob_value(name: str, raw: str, kind: type) -> Any:
 
 
 class LogitsBackend:
-    """Base class: `logits(q, kv_cache, weights, context_lens, block_table, max_context_len,
-    schedule=None, *, cache_dtype)`.
+    """Base class: `logits(call)`, one `convention.LogitsCall` in DeepGEMM's convention.
 
-    q `[B, n, H, D]` float8_e4m3fn; kv_cache uint8 `[num_blocks, 64, 1, bytes_per_token]`,
-    contiguous, holding `cache_dtype` ('fp8' or 'mxfp4', required: a 68-byte token is FP8
-    at D = 64 and MXFP4 at D = 128, so the width cannot tell); weights float32 `[B*n, H]`;
-    context_lens int32 `[B, n]`; block_table int32 `[B, max_blocks]`. Returns float32
-    `[B*n, max_context_len]`. Positions at or beyond a row's context length are -inf where
-    `cleans_tail`, unspecified otherwise (callers mask them).
+    call.q `[B, n, H, D]` float8_e4m3fn; call.kv_cache uint8 `[num_blocks, 64, 1, bytes_per_token]`,
+    contiguous, holding call.cache_dtype ('fp8' or 'mxfp4', required: a 68-byte token is FP8
+    at D = 64 and MXFP4 at D = 128, so the width cannot tell); call.weights float32 `[B*n, H]`;
+    call.context_lens int32 `[B, n]`; call.block_table int32 `[B, max_blocks]`; call.schedule what
+    this backend's `schedule` made for the launch (or None). Returns float32 `[B*n, call.max_context_len]`.
+    Positions at or beyond a row's context length are -inf where `cleans_tail`, unspecified otherwise
+    (callers mask them).
 
     `logits` of a GPU backend must not synchronise the host: benchmarks time it between
-    CUDA events and capture it in CUDA graphs. So it runs `check_logits_args` (host checks
-    only) on every call, while the values (context lens, block ids) are scanned by
+    CUDA events and capture it in CUDA graphs. A call's host checks (`check_logits_args`) ran when
+    it was made, while the values (context lens, block ids) are scanned by
     `check_logits_values` once per launch where the launch is prepared
     (`decode.check_launches`), outside any timed loop. On the CPU the scan needs no device
     sync, so CPU backends may run it on every call.
+
+    A subclass's `logits` and `step` are taken as `convention.takes_a_call` makes them: one written for
+    DeepGEMM's eight arguments (before issue 30) is handed them, with a warning, and a caller may still pass
+    the eight arguments.
     """
 
     name: ClassVar[str]
@@ -202,6 +220,14 @@ class LogitsBackend:
     versions: ClassVar[tuple[str, ...]] = ()  # `environment` facts that are versions (named in chart footers)
     resume_fields: ClassVar[tuple[str, ...]] = ()  # `environment` facts a resumed run must keep
     fuses_topk: ClassVar[bool] = False  # its unit is the whole step: logits and top-k in one kernel (`step`)
+    config: ClassVar[str] = RULE  # the `config` axis's value it runs (`configured`)
+    knobs: ClassVar[Mapping[str, Any]] = {}  # that config's knobs ({}: the rule's choice)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for method in ("logits", "step"):
+            if method in cls.__dict__:
+                setattr(cls, method, takes_a_call(cls.__dict__[method], cls.__qualname__, method))
 
     def availability(self, device: torch.device) -> Availability:
         return Availability(True, "")
@@ -240,30 +266,13 @@ class LogitsBackend:
 
     def configured(self, config: str) -> LogitsBackend:
         """This backend running `config` (the `config` axis): itself for 'rule', else a copy whose `logits`
-        hands the config to the kernel. UnsupportedShape when it has no such knob."""
+        hands the config's knobs to the kernel. UnsupportedShape when it has no such knob."""
         if config == RULE:
             return self
         if self.config_space is None:
             raise UnsupportedShape(f"config={config!r}: backend {self.name!r} has no tuning knobs (only 'rule')")
-        space, knobs, parent = self.config_space, self.config_space.parse(self.name, config), type(self)
-
-        def logits(me, q, kv_cache, weights, context_lens, block_table, max_context_len, schedule=None, *, cache_dtype):
-            check_tensor("q", q, dtype=torch.float8_e4m3fn, ndim=4)
-            chosen = space.config(knobs, q.shape[1], q.shape[2], q.shape[3])
-            return space.call(
-                q,
-                kv_cache,
-                weights,
-                context_lens,
-                block_table,
-                max_context_len,
-                config=chosen,
-                check_values=q.device.type == "cpu",
-                cache_dtype=cache_dtype,
-                **({} if schedule is None else {"schedule": schedule}),  # made outside the timed call
-            )
-
-        return type(f"{parent.__name__}[{config}]", (parent,), {"logits": logits, "config": config})()
+        knobs, parent = self.config_space.parse(self.name, config), type(self)
+        return type(f"{parent.__name__}[{config}]", (parent,), {"config": config, "knobs": knobs})()
 
     def compile_ahead(self, arch: int, next_n: int, heads: int, head_dim: int, config: str = RULE) -> tuple[str, Any]:
         """Its kernel compiled for `sm_<arch>` (one of `aot_archs`) with no GPU, at `config` (a value of the
@@ -276,37 +285,20 @@ class LogitsBackend:
         each CTA's first page ids); made on the device, timed apart from the kernel."""
         return None
 
-    def logits(
-        self,
-        q: torch.Tensor,
-        kv_cache: torch.Tensor,
-        weights: torch.Tensor,
-        context_lens: torch.Tensor,
-        block_table: torch.Tensor,
-        max_context_len: int,
-        schedule: Any = None,
-        *,
-        cache_dtype: str,
-    ) -> torch.Tensor:
-        raise NotImplementedError
+    @takes_a_call
+    def logits(self, call: LogitsCall) -> torch.Tensor:
+        """The logits of `call` (the class docstring says what). A backend with a config space runs its kernel's
+        public wrapper at its config (`ConfigSpace.launch`); any other backend overrides this."""
+        if self.config_space is None:
+            raise NotImplementedError(f"backend {self.name!r} defines no logits (nor a config_space to launch)")
+        return self.config_space.launch(call, self.knobs)
 
-    def step(
-        self,
-        q: torch.Tensor,
-        kv_cache: torch.Tensor,
-        weights: torch.Tensor,
-        context_lens: torch.Tensor,
-        block_table: torch.Tensor,
-        max_context_len: int,
-        schedule: Any = None,
-        *,
-        cache_dtype: str,
-        topk: int,
-        max_seq_len: int,
-    ) -> torch.Tensor:
-        """A fused backend's whole step (`fuses_topk`): int32 `[B*n, topk]`, each row's best `topk` positions
-        among its first context_lens, -1 past a short row, in any order (what vLLM's `SparseIndexerTopk` writes);
-        its logits need not reach memory. Like `logits`, it must not synchronise the host."""
+    @takes_a_call
+    def step(self, call: LogitsCall, *, topk: int, max_seq_len: int) -> torch.Tensor:
+        """A fused backend's whole step (`fuses_topk`) on `call`: int32 `[B*n, topk]`, each row's best `topk`
+        positions among its first context_lens, -1 past a short row, in any order (what vLLM's `SparseIndexerTopk`
+        writes), the step's longest context `max_seq_len`; its logits need not reach memory. Like `logits`, it must
+        not synchronise the host."""
         raise NotImplementedError(f"backend {self.name!r} does not fuse the top-k (fuses_topk is False)")
 
     def require(self, device: torch.device, next_n: int, heads: int, head_dim: int, cache_dtype: str) -> None:

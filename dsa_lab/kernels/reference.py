@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 import torch
 
 from dsa_lab.cache import CACHE_DTYPES, E2M1_VALUES, FP8_MAX, MX_GROUP, PagedCache, split_block
-from dsa_lab.kernels.convention import check_logits_args, check_logits_values
+from dsa_lab.kernels.convention import LogitsCall, check_logits_args, check_logits_values
 from dsa_lab.kernels.descriptor import LogitsBackend
 from dsa_lab.kernels.registry import register_backend
 
@@ -194,18 +194,5 @@ class ReferenceBackend(LogitsBackend):
     presets = ("ci",)
     cache_dtypes: ClassVar[tuple[str, ...]] = CACHE_DTYPES
 
-    def logits(
-        self,
-        q,
-        kv_cache,
-        weights,
-        context_lens,
-        block_table,
-        max_context_len,
-        schedule: Any = None,
-        *,
-        cache_dtype: str,
-    ):
-        return paged_mqa_logits(
-            q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype
-        )
+    def logits(self, call: LogitsCall) -> torch.Tensor:
+        return paged_mqa_logits(*call.args, cache_dtype=call.cache_dtype)

@@ -27,7 +27,7 @@ import torch
 
 from dsa_lab.errors import check_choice, check_range
 from dsa_lab.kernels.chunks import binary_chunks
-from dsa_lab.kernels.convention import check_native_call, num_sms, ready_native_call
+from dsa_lab.kernels.convention import LogitsCall, check_native_call, num_sms, ready_native_call
 from dsa_lab.kernels.descriptor import RULE, Availability, ConfigSpace, KernelFit, LogitsBackend, ModelTraits
 from dsa_lab.kernels.jit import compile_ahead, interpreter_enabled, interpreter_state, jitted
 from dsa_lab.kernels.registry import register_backend
@@ -298,19 +298,11 @@ def paged_mqa_logits_triton(
     prove that every element is written.
     """
     backend = TritonNativeBackend()
-    args = (q, kv_cache, weights, context_lens, block_table, max_context_len)
-    check_native_call(
-        backend,
-        *args,
-        cache_dtype=cache_dtype,
-        check_values=check_values,
-        out=out,
-        max_next_n=MAX_NEXT_N,
-        block_size=BLOCK_SIZE,
-    )
+    call = LogitsCall.of(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype)
+    check_native_call(backend, call, check_values=check_values, out=out, max_next_n=MAX_NEXT_N, block_size=BLOCK_SIZE)
     if config is not None and not isinstance(config, KernelConfig):
         raise ValueError(f"config: expected a KernelConfig or None, got {type(config).__name__}")
-    q, weights, context_lens, block_table = ready_native_call(backend, *args, check_values=check_values)
+    q, weights, context_lens, block_table = ready_native_call(backend, call, check_values=check_values)
     if config is None:
         _, next_n, heads, dim = q.shape
         capability = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
@@ -411,29 +403,3 @@ class TritonNativeBackend(LogitsBackend):
                 False, f"FP8 tl.dot needs compute capability >= {MIN_CUDA_CAPABILITY}, this GPU has {capability}"
             )
         return Availability(True, "")
-
-    def logits(
-        self,
-        q,
-        kv_cache,
-        weights,
-        context_lens,
-        block_table,
-        max_context_len,
-        schedule: Any = None,
-        *,
-        cache_dtype: str,
-    ):
-        # No device sync on a GPU: this call is timed and graph-captured, and its launch was
-        # checked once where it was prepared. On the CPU (the interpreter) the scan is a host
-        # read, and an id outside the cache would read outside its memory (SIGSEGV).
-        return paged_mqa_logits_triton(
-            q,
-            kv_cache,
-            weights,
-            context_lens,
-            block_table,
-            max_context_len,
-            check_values=isinstance(q, torch.Tensor) and q.device.type == "cpu",
-            cache_dtype=cache_dtype,
-        )

@@ -128,10 +128,9 @@ def _time_both(
 ) -> tuple[Measurement, dict[str, Any]]:
     """One point's logits launches timed by the harness, then by nsight-python, on the same inputs."""
     prepared = prepare(visit, device)
-    cache, max_len = visit.inputs.cache, prepared.metadata.max_context_len
 
     def step() -> None:
-        run_launches(visit.backend, prepared.packed, cache, max_len, prepared.schedules)
+        run_launches(visit.backend, prepared.calls)
 
     harness = time_callable(step, device, spec.timing)
     return harness, nsight_time(nsight, step, flush if flush is not None else (lambda: None), visit.point.key, runs)

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 
 from dsa_lab.errors import UnsupportedShape, check_choice
-from dsa_lab.kernels.convention import check_native_call, num_sms, ready_native_call
+from dsa_lab.kernels.convention import LogitsCall, check_native_call, num_sms, ready_native_call
 from dsa_lab.kernels.descriptor import RULE, Availability, ConfigSpace, KernelFit, LogitsBackend, ModelTraits
 from dsa_lab.kernels.gluon.config import (
     BLOCK_SIZE,
@@ -209,15 +209,12 @@ def paged_mqa_logits_gluon(
     (`GluonNativeBackend.schedule`) is made here when not given, on the device, with no sync.
     """
     backend = GluonNativeBackend()
-    args = (q, kv_cache, weights, context_lens, block_table, max_context_len)
-    check_native_call(
-        backend, *args, cache_dtype=cache_dtype, check_values=check_values, out=out, max_next_n=MAX_NEXT_N,
-        block_size=BLOCK_SIZE,
-    )  # fmt: skip
+    call = LogitsCall.of(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype)
+    check_native_call(backend, call, check_values=check_values, out=out, max_next_n=MAX_NEXT_N, block_size=BLOCK_SIZE)
     check_gluon_config(q, config)
     check_choice("clean_tail", clean_tail, (False, True))
     check_schedule(schedule, context_lens)
-    q, weights, context_lens, block_table = ready_native_call(backend, *args, check_values=check_values)
+    q, weights, context_lens, block_table = ready_native_call(backend, call, check_values=check_values)
     batch, next_n, heads, dim = q.shape
     if batch * -(-max_context_len // BLOCK_SIZE) >= 1 << 31:  # the schedule counts blocks in int32
         raise UnsupportedShape(
@@ -317,22 +314,3 @@ class GluonNativeBackend(LogitsBackend):
             raise ValueError(f"block_size={block_size!r}: backend 'gluon' allows {(BLOCK_SIZE,)}")
         table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
         return balanced_schedule(context_lens.contiguous(), table, num_sms(context_lens.device.index or 0))
-
-    def logits(
-        self,
-        q,
-        kv_cache,
-        weights,
-        context_lens,
-        block_table,
-        max_context_len,
-        schedule: Any = None,
-        *,
-        cache_dtype: str,
-    ):
-        # No device sync: this call is timed and graph-captured; its launch was checked where it
-        # was prepared (decode.check_launches).
-        return paged_mqa_logits_gluon(
-            q, kv_cache, weights, context_lens, block_table, max_context_len, check_values=False,
-            cache_dtype=cache_dtype, schedule=schedule,
-        )  # fmt: skip
