@@ -146,10 +146,9 @@ def workload_inputs(inputs: DecodeInputs) -> dict[str, torch.Tensor]:
     }
 
 
-def handed_inputs(inputs: DecodeInputs, packed: Sequence[LaunchInputs]) -> dict[str, torch.Tensor]:
-    """Every tensor a backend is handed for the step, by name: the step's own (`workload_inputs`) and each
-    launch's packed q, weights, context lengths and block table."""
-    named = workload_inputs(inputs)
+def launch_inputs(packed: Sequence[LaunchInputs]) -> dict[str, torch.Tensor]:
+    """Each launch's packed q, weights, context lengths and block table, by name."""
+    named = {}
     for i, p in enumerate(packed):
         where = f" (launch {i})"
         named.update(
@@ -161,6 +160,12 @@ def handed_inputs(inputs: DecodeInputs, packed: Sequence[LaunchInputs]) -> dict[
             }
         )
     return named
+
+
+def handed_inputs(inputs: DecodeInputs, packed: Sequence[LaunchInputs]) -> dict[str, torch.Tensor]:
+    """Every tensor a backend is handed for the step, by name: the step's own (`workload_inputs`) and each
+    launch's (`launch_inputs`)."""
+    return {**workload_inputs(inputs), **launch_inputs(packed)}
 
 
 def changed_message(changed: Sequence[str]) -> str:

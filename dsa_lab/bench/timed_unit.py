@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from dsa_lab.axes import TIMED_UNITS
-from dsa_lab.bench.check import poisoned, poisoned_run, run_launches
+from dsa_lab.bench.check import InputGuard, changed_message, launch_inputs, poisoned, poisoned_run, run_launches
 from dsa_lab.bench.numerics import backend_numerics
 from dsa_lab.cache import PagedCache
 from dsa_lab.decode import LaunchInputs, gather_selections, scatter_logits
@@ -182,9 +182,17 @@ def _check_fused(
     `topk_per_row` on the reference's logits, tie-aware within the point's bound (`tolerance`, loosened by the
     backend's numerics), since its scores are its own arithmetic's and a near tie at the k-th may fall either way."""
     device = packed[0].q.device
-    selections, poisoned_out = poisoned(run, device)
+    guard = InputGuard.of({"KV cache": cache.data, "block table": cache.block_table, **launch_inputs(packed)})
+
+    def guarded() -> list[torch.Tensor]:  # every call verified: a change the next call would undo is seen
+        selections = run()
+        if changed := guard.changed():
+            raise ValueError(changed_message(changed))
+        return selections
+
+    selections, poisoned_out = poisoned(guarded, device)
     selections = [s.clone() for s in selections]
-    again = run()  # a second call held to the same picks: a kernel right only once is not timed
+    again = guarded()  # a second call held to the same picks: a kernel right only once is not timed
     reference = run_launches(baseline_backend(), packed, cache, max_context_len, [None] * len(packed))
     logits, context = scatter_logits(metadata, reference, device)
     bound, _ = backend_numerics(backend, device).check_tolerance(tolerance)
