@@ -143,10 +143,9 @@ def workload_inputs(inputs: DecodeInputs) -> dict[str, torch.Tensor]:
     }
 
 
-def handed_inputs(inputs: DecodeInputs, launches: Sequence[LogitsCall]) -> dict[str, torch.Tensor]:
-    """Every tensor a backend is handed for the step, by name: the step's own (`workload_inputs`) and each
-    launch's packed q, weights, context lengths and block table (its call's)."""
-    named = workload_inputs(inputs)
+def launch_inputs(launches: Sequence[LogitsCall]) -> dict[str, torch.Tensor]:
+    """Each launch's packed q, weights, context lengths and block table (its call's), by name."""
+    named = {}
     for i, p in enumerate(launches):
         where = f" (launch {i})"
         named.update(
@@ -158,6 +157,12 @@ def handed_inputs(inputs: DecodeInputs, launches: Sequence[LogitsCall]) -> dict[
             }
         )
     return named
+
+
+def handed_inputs(inputs: DecodeInputs, launches: Sequence[LogitsCall]) -> dict[str, torch.Tensor]:
+    """Every tensor a backend is handed for the step, by name: the step's own (`workload_inputs`) and each
+    launch's (`launch_inputs`)."""
+    return {**workload_inputs(inputs), **launch_inputs(launches)}
 
 
 def changed_message(changed: Sequence[str]) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from dsa_lab.axes import TIMED_UNITS
-from dsa_lab.bench.check import poisoned, poisoned_run, run_launches
+from dsa_lab.bench.check import InputGuard, changed_message, launch_inputs, poisoned, poisoned_run, run_launches
 from dsa_lab.bench.numerics import backend_numerics
 from dsa_lab.decode import gather_selections, scatter_logits
 from dsa_lab.errors import check_choice, check_range
@@ -160,9 +160,17 @@ def _check_fused(
     `topk_per_row` on the reference's logits, tie-aware within the point's bound (`tolerance`, loosened by the
     backend's numerics), since its scores are its own arithmetic's and a near tie at the k-th may fall either way."""
     device = launches[0].q.device
-    selections, poisoned_out = poisoned(run, device)
+    guard = InputGuard.of({"KV cache": launches[0].kv_cache, **launch_inputs(launches)})
+
+    def guarded() -> list[torch.Tensor]:  # every call verified: a change the next call would undo is seen
+        selections = run()
+        if changed := guard.changed():
+            raise ValueError(changed_message(changed))
+        return selections
+
+    selections, poisoned_out = poisoned(guarded, device)
     selections = [s.clone() for s in selections]
-    again = run()  # a second call held to the same picks: a kernel right only once is not timed
+    again = guarded()  # a second call held to the same picks: a kernel right only once is not timed
     reference = run_launches(baseline_backend(), [p.scheduled(None) for p in launches])
     logits, context = scatter_logits(metadata, reference, device)
     bound, _ = backend_numerics(backend, device).check_tolerance(tolerance)
