@@ -33,6 +33,7 @@ FP8_MIN_AMAX = 1e-4
 MX_GROUP = 32
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 MAX_HEAD_DIM = 1024
+BLOCK_SIZE = 64  # tokens a KV block holds: vLLM's indexer cache for DeepSeek-V3.2, what every kernel here pages by
 MAX_BLOCK_SIZE = 1024
 KEY_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -169,7 +170,7 @@ def permuted_block_table(per_request: Sequence[int], perm: torch.Tensor) -> torc
 
 def build_paged_cache(
     keys: list[torch.Tensor],
-    block_size: int = 64,
+    block_size: int = BLOCK_SIZE,
     cache_dtype: str = "fp8",
     ue8m0: bool = False,
     spare_blocks: int = 1,
@@ -288,7 +289,7 @@ def gather_request_keys(cache: PagedCache, request: int, length: int) -> torch.T
 def random_paged_cache(
     seq_lens: Sequence[int],
     head_dim: int,
-    block_size: int = 64,
+    block_size: int = BLOCK_SIZE,
     cache_dtype: str = "fp8",
     seed: int = 0,
     device: str | torch.device = "cpu",

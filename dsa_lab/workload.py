@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dsa_lab.cache import CACHE_DTYPES, PagedCache, build_paged_cache
+from dsa_lab.cache import BLOCK_SIZE, CACHE_DTYPES, PagedCache, build_paged_cache
 from dsa_lab.errors import (
     MAX_SEED,
     as_device,
@@ -28,7 +28,7 @@ from dsa_lab.errors import (
 
 SUPPORTED_HEADS = (32, 64)
 SUPPORTED_HEAD_DIMS = (64, 128)
-SUPPORTED_BLOCK_SIZES = (64,)
+SUPPORTED_BLOCK_SIZES = (BLOCK_SIZE,)
 MAX_NEXT_N = 16  # query rows per request (1 + speculative tokens) a batch may have
 MAX_SEQ_LEN = 1 << 24
 MAX_REQUESTS = 1 << 20
@@ -51,7 +51,7 @@ class DecodeBatch:
     next_n: int
     num_heads: int = 64
     head_dim: int = 128
-    block_size: int = 64
+    block_size: int = BLOCK_SIZE
     cache_dtype: str = "fp8"
     num_decode_tokens: int = field(default=-1)
 

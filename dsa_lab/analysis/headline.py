@@ -33,11 +33,11 @@ from dsa_lab.cache import bytes_per_token
 from dsa_lab.errors import check_choice, check_range
 from dsa_lab.markup import md_code, md_text
 from dsa_lab.metadata import STRATEGIES, DecodeMetadata, build_metadata, plan_atoms
+from dsa_lab.model.indexer import BLOCK_TOKENS  # tokens per KV block (tile) of the paged cache
 from dsa_lab.plan import LaunchPlan
 from dsa_lab.policy.vllm import Platform
 from dsa_lab.workload import MAX_NEXT_N, ContextSpec, DecodeBatch
 
-BLOCK_TOKENS = 64  # tokens per KV block (tile) of the paged cache
 TOUR_STRATEGIES = ("native", "atom", "flatten")
 
 

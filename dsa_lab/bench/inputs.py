@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import torch
 
 from dsa_lab.bench.numerics import K_SCALE_FORMATS
-from dsa_lab.bench.point import BLOCK_SIZE, Point
+from dsa_lab.bench.point import Point
 from dsa_lab.bench.timing import flush_bytes
-from dsa_lab.cache import bytes_per_token, random_paged_cache
+from dsa_lab.cache import BLOCK_SIZE, bytes_per_token, random_paged_cache
 from dsa_lab.errors import check_choice
 from dsa_lab.plan import LaunchPlan
 from dsa_lab.workload import DecodeInputs

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from dsa_lab.cache import BLOCK_SIZE
 from dsa_lab.errors import check_choice, check_range
 from dsa_lab.kernels.chunks import binary_chunks
 from dsa_lab.kernels.convention import LogitsCall, check_native_call, num_sms, ready_native_call
@@ -42,7 +43,6 @@ else:
     TRITON_IMPORT_ERROR = ""
 
 LOG = logging.getLogger(__name__)
-BLOCK_SIZE = 64
 MAX_NEXT_N = 16
 MIN_CUDA_CAPABILITY = (8, 9)  # tl.dot on float8e4nv needs Ada or Hopper
 # Targets `compile_for` takes: each compiles with Triton 3.8 on the CPU (sm_80 has no e4m3 dot); sm_90 and

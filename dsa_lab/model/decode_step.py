@@ -29,6 +29,7 @@ from dsa_lab.acceptance import PUBLISHED
 from dsa_lab.errors import check_positive, check_range
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.model.gpus import GpuCeilings, get_gpu
+from dsa_lab.topk import DEFAULT_TOPK
 from dsa_lab.workload import MAX_NEXT_N, MAX_SEQ_LEN
 
 STREAM_EFFICIENCY = 4.35 / 4.8  # the H200's measured read rate over its spec (model.gpus)
@@ -56,7 +57,7 @@ class ModelShape:
     vocab: int = 129280
     index_heads: int = 64
     index_head_dim: int = 128
-    index_topk: int = 2048
+    index_topk: int = DEFAULT_TOPK  # what vLLM keeps per row (`topk.DEFAULT_TOPK`)
     mla_entry_bytes: int = 656  # 512 FP8 latent + 4 float32 scales + 64 bf16 rope values
     index_entry_bytes: int = 132  # 128 FP8 + one float32 scale
 

@@ -34,6 +34,7 @@ from dsa_lab.profiling.runs import profile_provenance, write_tables
 from dsa_lab.profiling.sweep import ProfileRun, ProfileSettings, run_ncu, run_torch
 from dsa_lab.profiling.torch_profile import summarize_torch
 from dsa_lab.store import folders as store
+from dsa_lab.topk import DEFAULT_TOPK
 
 TOOLS = ("torch", "ncu", "nsight")
 SHOWN_COUNTERS = (
@@ -190,7 +191,9 @@ def register_cli(sub: argparse._SubParsersAction) -> None:
         help="comma-separated: torch, ncu, nsight (nsight-python's CUPTI timer beside the harness's; "
         "needs the gpu extra) (default: torch,ncu)",
     )
-    tools.add_argument("--topk", type=int, default=2048, help="top-k of the profiled step (default 2048)")
+    tools.add_argument(
+        "--topk", type=int, default=DEFAULT_TOPK, help=f"top-k of the profiled step (default {DEFAULT_TOPK})"
+    )
     tools.add_argument("--repeats", type=int, default=1, help="ncu steps per point")
     tools.add_argument("--torch-budget", type=float, help="seconds after which torch.profiler starts no new point")
     tools.add_argument("--ncu-timeout", type=float, default=300.0, help="seconds per backend's ncu run")

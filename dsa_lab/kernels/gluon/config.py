@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsa_lab.cache import BLOCK_SIZE  # KV tokens a page holds, and the M of every MMA
 from dsa_lab.errors import check_choice, check_range
 from dsa_lab.kernels.chunks import binary_chunks
 from dsa_lab.kernels.chunks import constexpr_function as _constexpr_function  # the kernel calls these at compile time
 
-BLOCK_SIZE = 64  # KV tokens a page holds, and the M of every MMA
 MAX_NEXT_N = 16
 SUPPORTED_HEADS = (32, 64)
 SUPPORTED_HEAD_DIMS = (64, 128)

@@ -17,11 +17,11 @@ from typing import Any, ClassVar
 
 import torch
 
+from dsa_lab.cache import BLOCK_SIZE
 from dsa_lab.errors import UnsupportedShape, check_choice
 from dsa_lab.kernels.convention import LogitsCall, check_native_call, num_sms, ready_native_call
 from dsa_lab.kernels.descriptor import RULE, Availability, ConfigSpace, KernelFit, LogitsBackend, ModelTraits
 from dsa_lab.kernels.gluon.config import (
-    BLOCK_SIZE,
     MAX_NEXT_N,
     GluonConfig,
     check_config_fits,

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from dsa_lab.cache import BLOCK_SIZE
 from dsa_lab.errors import check_choice, check_range, check_tensor
 from dsa_lab.kernels.jit import compile_ahead, jitted
 
@@ -34,7 +35,6 @@ try:
 except ImportError:  # the Gluon backend, the one user, then reports itself unavailable
     triton = None
 
-BLOCK_SIZE = 64
 SCHEDULE_CHUNK = 32  # requests one step of the schedule's loops takes (x TARGETS compares, in registers)
 TAIL_COLUMNS = 1024  # columns one program of fill_tail writes
 FIRST_PAGES = 32  # page ids the schedule gathers for each CTA's first blocks (one vector load in the kernel)
