@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The serving study (issue 19) on the H200: `dsa-lab bench --preset h200-serving`, one run over several
-# grids (goals, width, top-k, graphs, small batches, acceptance, heavy tail, spot check: `bench.point.
+# grids (goals, width, top-k, graphs, small batches, acceptance, heavy tail, spot check: `bench.presets.
 # serving_grids`), resumable across device calls. `dsa-lab bench --preset h200-serving --dry-run` prints
 # its points and estimated time per grid.
 #

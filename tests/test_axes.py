@@ -7,6 +7,7 @@ filled with the value they were measured at), keep their point keys and keep res
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pandas as pd
 import pytest
@@ -14,7 +15,8 @@ import pytest
 from dsa_lab import axes
 from dsa_lab.analysis import compare
 from dsa_lab.bench import cli as bench_cli
-from dsa_lab.bench.point import Point, SweepSpec, preset
+from dsa_lab.bench.point import SETTINGS, Point, SweepSpec
+from dsa_lab.bench.presets import preset
 from dsa_lab.bench.run_folder import _recorded_form
 from dsa_lab.profiling.ncu_tables import CONFIG_KEYS
 from dsa_lab.store import folders as store
@@ -30,6 +32,25 @@ def test_every_axis_is_a_point_field_a_spec_field_a_flag_a_column_and_a_profile_
         assert axis.column in store.RESULT_COLUMNS or not axis.stored_always
     assert set(axes.POINT_KEYS) | set(axes.SERIES_KEYS) == set(axes.NAMES)
     assert axes.NESTING[: len(axes.WORKLOAD_KEYS)] == axes.WORKLOAD_KEYS  # each workload is built once
+
+
+def test_point_and_spec_are_written_field_by_field_as_the_axis_table_declares() -> None:
+    """Written dataclasses (a reader, a type checker and an IDE see `point.next_n`), held to `axes.AXES`: a field
+    per axis, in the table's order, of its kind; a point's default is the axis's old-run value (none for an axis
+    every run stores), a spec's the axis's grid default; the spec's settings come after its axes."""
+    point_fields, spec_fields = dataclasses.fields(Point), dataclasses.fields(SweepSpec)
+    assert [f.name for f in point_fields] == list(axes.NAMES)
+    assert [f.name for f in spec_fields][: len(axes.NAMES)] == list(axes.NAMES)
+    for axis, point_field, spec_field in zip(axes.AXES, point_fields, spec_fields):
+        assert point_field.type == axis.kind.__name__ and spec_field.type == f"tuple[{axis.kind.__name__}, ...]"
+        if axis.stored_always:
+            assert point_field.default is dataclasses.MISSING, axis.name
+        else:
+            assert point_field.default == axis.old_value, axis.name
+        assert spec_field.default_factory() == axis.defaults(), axis.name
+    assert {f.name for f in spec_fields[len(axes.NAMES) :]} == {*SETTINGS, "grids"}
+    assert SweepSpec().next_n == axes.axis("next_n").defaults()
+    assert Point("reference", "native", 2, "256", 3, "fp8", 64, 128).timer == axes.axis("timer").old_value
 
 
 def test_values_are_checked_and_named_by_their_axis() -> None:

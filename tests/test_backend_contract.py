@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dsa_lab import axes
-from dsa_lab.bench.point import PRESETS, preset
+from dsa_lab.bench.presets import PRESETS, preset
 from dsa_lab.bench.sweep import run_sweep
 from dsa_lab.bench.timing import TimingConfig
 from dsa_lab.decode import launch_call, pack_launch

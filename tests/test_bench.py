@@ -26,7 +26,7 @@ from dsa_lab import axes
 from dsa_lab.bench import cli as bench_cli
 from dsa_lab.bench import inputs as bench_inputs
 from dsa_lab.bench import numerics, sweep, timing, walk
-from dsa_lab.bench import point as bench_point
+from dsa_lab.bench import presets as bench_presets
 from dsa_lab.bench.point import SweepSpec, expand
 from dsa_lab.bench.sweep import run_sweep
 from dsa_lab.bench.timing import StoppingRule, TimingConfig, summarize, time_callable
@@ -182,7 +182,7 @@ def test_a_point_samples_for_at_least_min_seconds():
 
 
 def test_ci_preset_times_on_one_thread_for_a_measuring_time():
-    timing_config = bench_point.preset("ci").timing
+    timing_config = bench_presets.preset("ci").timing
     assert timing_config.cpu_threads == 1 and timing_config.min_seconds > 0
     assert timing_config.max_samples * 0.001 > timing_config.min_seconds  # a 1 ms call is not capped first
 
@@ -334,15 +334,15 @@ def test_context_parsing_and_point_order():
 
 
 def test_presets_exist_and_h200_full_covers_the_study():
-    full = bench_point.preset("h200-full")
+    full = bench_presets.preset("h200-full")
     assert full.batch == (1, 16, 64, 128) and full.next_n == (1, 2, 3, 4, 5, 6, 8)
     assert "mixed:1024-65536" in full.context and "131072" in full.context
-    assert bench_point.preset("ci").backend == ("reference",)
-    sm100 = bench_point.preset("sm100")
+    assert bench_presets.preset("ci").backend == ("reference",)
+    sm100 = bench_presets.preset("sm100")
     assert (sm100.batch, sm100.context, sm100.next_n) == (full.batch, full.context, full.next_n)
-    assert bench_point.PRESETS == bench_cli.PRESETS
+    assert bench_presets.PRESETS == bench_cli.PRESETS
     with pytest.raises(ValueError, match="preset"):
-        bench_point.preset("huge")
+        bench_presets.preset("huge")
 
 
 def test_one_list_syntax_for_every_axis():
@@ -825,7 +825,7 @@ def test_sm100_preset_with_a_faked_sm100_gpu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
     monkeypatch.setattr(DeepGemmBackend, "availability", lambda self, device: Availability(True, ""))
     cuda = torch.device("cuda")
-    spec = bench_point.preset("sm100")
+    spec = bench_presets.preset("sm100")
     assert len(spec.points()) == 840 and spec.backend == ("deepgemm", "triton")
     reasons = {
         (p.backend, p.strategy, p.next_n): walk.skip_reason(p, cuda)

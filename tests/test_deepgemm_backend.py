@@ -265,7 +265,7 @@ def test_missing_module_is_reported_not_hidden(monkeypatch):
 def _sm100_sweep(monkeypatch, run_dir, numerics_table=None):
     """The sm100 preset, narrowed to a CPU-sized grid, swept with DeepGEMM (the stand-in module) and
     the reference on a faked SM100 GPU: every point checked, timed and stored as on a B200."""
-    from dsa_lab.bench.point import preset
+    from dsa_lab.bench.presets import preset
     from dsa_lab.bench.sweep import run_sweep
     from dsa_lab.bench.timing import TimingConfig
     from dsa_lab.env_info import environment_facts

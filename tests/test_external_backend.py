@@ -222,7 +222,7 @@ def test_an_entry_point_is_imported_only_when_its_name_is_asked_for(
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "unasked_kernel", raising=False)
     from dsa_lab import axes
-    from dsa_lab.bench.point import preset
+    from dsa_lab.bench.presets import preset
 
     assert "unasked" not in registry.backend_names()
     axes.axis("backend").check(("reference",))  # other names asked for, presets, a stored run naming it

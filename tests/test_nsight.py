@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsa_lab.bench.point import preset
+from dsa_lab.bench.presets import preset
 from dsa_lab.cli import main
 from dsa_lab.kernels import registry
 from dsa_lab.kernels.reference import ReferenceBackend

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from dsa_lab.bench.inputs import Workload
-from dsa_lab.bench.point import SweepSpec, preset
+from dsa_lab.bench.point import SweepSpec
+from dsa_lab.bench.presets import preset
 from dsa_lab.cache import gather_request_keys
 from dsa_lab.cli import main as cli_main
 from dsa_lab.decode import run_decode

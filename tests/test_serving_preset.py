@@ -8,7 +8,8 @@ import json
 import pytest
 
 from dsa_lab.bench.estimate import START_S, estimate, estimate_seconds
-from dsa_lab.bench.point import SERVING_ACCEPTANCE, SweepSpec, preset
+from dsa_lab.bench.point import SweepSpec
+from dsa_lab.bench.presets import SERVING_ACCEPTANCE, preset
 from dsa_lab.cli import main
 from dsa_lab.kernels import family_of, preset_backends, vllm_backend
 from dsa_lab.paths import resolve_data_path

@@ -16,7 +16,7 @@ import pytest
 from dsa_lab.analysis import modeled
 from dsa_lab.analysis.frames import vllm_choice, vllm_path
 from dsa_lab.analysis.runs import sm100_evidence, sm100_run
-from dsa_lab.bench.point import STUDY_GRID, preset
+from dsa_lab.bench.presets import STUDY_GRID, preset
 from dsa_lab.bench.sweep import run_sweep
 from dsa_lab.paths import DATA_ENV
 from dsa_lab.store import folders as store

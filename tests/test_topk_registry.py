@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from dsa_lab import axes
-from dsa_lab.bench.point import Point, SweepSpec, step_grids
+from dsa_lab.bench.point import Point, SweepSpec
+from dsa_lab.bench.presets import step_grids
 from dsa_lab.errors import BackendUnavailable
 from dsa_lab.store import load_run
 from dsa_lab.topk import (

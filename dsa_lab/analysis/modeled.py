@@ -144,7 +144,7 @@ SERVING_AXES = tuple(a for a in axes.AXES if a.role == "point" and not a.stored_
 def _points(points: pd.DataFrame | None) -> pd.DataFrame:
     """The points (`frames.POINT`) to model: `points`' timed rows, or the sm100 preset's grid."""
     if points is None:
-        from dsa_lab.bench.point import preset
+        from dsa_lab.bench.presets import preset
 
         return pd.DataFrame([p.axes() for p in preset("sm100").points()])[POINT].drop_duplicates()
     return ok_rows(points)[POINT].drop_duplicates().reset_index(drop=True)

@@ -287,8 +287,8 @@ def section_run(section: Section, run_path: str = "", device: str = "h200") -> t
 
 def latency_section() -> Section:
     """What notebooks 00, 02 and 05 and the index's headline read: what vLLM runs, timed at every batch and
-    context of the study's grid (`bench.point.STUDY_GRID`, the h200-full preset's)."""
-    from dsa_lab.bench.point import STUDY_GRID
+    context of the study's grid (`bench.presets.STUDY_GRID`, the h200-full preset's)."""
+    from dsa_lab.bench.presets import STUDY_GRID
 
     needs = {"backend": (vllm_backend().name,), "batch": STUDY_GRID["batch"], "context": STUDY_GRID["context"]}
     return Section("latency sweep", needs, grid=True)
@@ -297,7 +297,7 @@ def latency_section() -> Section:
 def latency_run(run_path: str = "", device: str = "h200", seed: int = 0) -> ChosenRun:
     """Notebook 02's data: `run_path` if it is there, else the newest measured run covering the study's grid
     (`latency_section`; the shipped sweep when there is none newer), else a CPU stand-in."""
-    from dsa_lab.bench.point import preset
+    from dsa_lab.bench.presets import preset
 
     def stand_in() -> object:
         return preset("ci").with_axes(next_n=(1, 2, 3, 4), context=("128", "mixed:64-256"), seed=seed)
@@ -309,7 +309,7 @@ def latency_run(run_path: str = "", device: str = "h200", seed: int = 0) -> Chos
 
 def kernel_run(run_path: str, device: str, backend: str, seed: int = 0) -> ChosenRun:
     """Notebook 03's data: a measured run in which `backend` was timed, else a CPU stand-in."""
-    from dsa_lab.bench.point import preset
+    from dsa_lab.bench.presets import preset
 
     def stand_in() -> object:
         return preset("ci").with_axes(next_n=(1, 2, 3, 4), seed=seed)
@@ -366,7 +366,7 @@ def fresh_latency_run(preset_name: str, seed: int, device: str = "cuda") -> Chos
     (a widget in JupyterLab) shows its progress."""
     import torch
 
-    from dsa_lab.bench.point import preset
+    from dsa_lab.bench.presets import preset
     from dsa_lab.bench.sweep import run_sweep
 
     if device != "cuda" or not torch.cuda.is_available():

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dsa_lab import axes
-from dsa_lab.bench.point import PRESETS
+from dsa_lab.bench.presets import PRESETS
 
 INTERRUPTED = 130
 STOPPED_SHORT = 4  # the sweep ended before its points were recorded, not by a limit the user set
@@ -83,7 +83,7 @@ def resolve_device(text: str) -> Any:
 
 def spec_from_args(args: argparse.Namespace, base: Any = None) -> Any:
     """The grid: `base` (or the preset) with every axis given on the command line replaced."""
-    from dsa_lab.bench.point import preset
+    from dsa_lab.bench.presets import preset
 
     spec = base if base is not None else preset(args.preset or "ci")
     given = [axis for axis in axes.AXES if getattr(args, axis.name) is not None]

@@ -48,7 +48,8 @@ import torch
 from dsa_lab.bench import guard
 from dsa_lab.bench.check import changed_message, check_point
 from dsa_lab.bench.guard import PointTimeout, deadline
-from dsa_lab.bench.point import PRESETS, Point, SweepPoint, SweepSpec, expand, preset
+from dsa_lab.bench.point import Point, SweepPoint, SweepSpec, expand
+from dsa_lab.bench.presets import PRESETS, preset
 from dsa_lab.bench.replay import replay_point
 from dsa_lab.bench.run_folder import check_storable, open_run, resume_command
 from dsa_lab.bench.timed_unit import check_step_topk, timed_step
@@ -281,7 +282,7 @@ def run_sweep(
     SIGTERM: the rows so far are kept and the run resumes with `resume_command`).
     """
     if not isinstance(spec, SweepSpec):
-        raise ValueError(f"spec: expected a SweepSpec (see bench.point.preset), got {type(spec).__name__}")
+        raise ValueError(f"spec: expected a SweepSpec (see bench.presets.preset), got {type(spec).__name__}")
     if max_points is not None:
         check_range("max_points", max_points, 1, 1 << 31)
     if max_minutes is not None:

@@ -204,7 +204,9 @@ class LogitsBackend:
     color: ClassVar[str] = "#7f7f7f"  # its colour where a chart tells backends apart by colour
     baseline: ClassVar[bool] = False  # the correctness baseline every other backend is checked against
     in_vllm: ClassVar[bool] = False  # what vLLM runs: its times stand for vLLM's choice
-    presets: ClassVar[tuple[str, ...]] = ()  # the sweep presets (`bench.point.PRESETS`) it joins; PRESET:PART one part
+    presets: ClassVar[
+        tuple[str, ...]
+    ] = ()  # the sweep presets (`bench.presets.PRESETS`) it joins; PRESET:PART one part
     batch_invariant: ClassVar[bool] = False  # a row's logits never depend on the launch it shares (tolerance 0)
     cleans_tail: ClassVar[bool] = True
     heads: ClassVar[tuple[int, ...]] = (32, 64)

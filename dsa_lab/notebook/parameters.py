@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dsa_lab import axes
-from dsa_lab.bench.point import PRESETS
+from dsa_lab.bench.presets import PRESETS
 from dsa_lab.errors import as_device, check_choice, check_plain_name, check_range, check_seed
 from dsa_lab.kernels import get_backend
 from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS

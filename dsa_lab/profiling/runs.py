@@ -37,7 +37,8 @@ import pandas as pd
 import torch
 
 from dsa_lab import axes
-from dsa_lab.bench.point import SweepSpec, preset
+from dsa_lab.bench.point import SweepSpec
+from dsa_lab.bench.presets import preset
 from dsa_lab.env_info import device_name
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.model.gpus import ARCH_MAJORS
