@@ -12,7 +12,7 @@ bench: `--max-minutes` (held even against a hung kernel: `--point-timeout`), `--
 `--resume` (the spec comes from the run's provenance), `--retry-errors`; ends with a table
 in µs. Its exit code says how the sweep ended: 0 when every point was recorded or a limit the
 user set (`--max-points`, `--max-minutes`) stopped it (the command that resumes it is printed);
-130 on an interrupt; 3 when a point hung inside C (`bench.sweep.HUNG_EXIT_CODE`); `STOPPED_SHORT`
+130 on an interrupt; 3 when a point hung inside C (`bench.guard.HUNG_EXIT_CODE`); `STOPPED_SHORT`
 (4) when the device was lost, a backend called `sys.exit` (`exited`) or the loop crashed (`crashed`,
 whose traceback follows): never 0 for a run that stopped short of what was asked.
 """

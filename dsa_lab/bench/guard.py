@@ -7,17 +7,26 @@ Two layers, because a hang can be of two kinds:
 - a call blocked inside C (a kernel that never finishes, a synchronize that never
   returns) cannot be interrupted: a watchdog thread waits `grace_s` past the deadline and
   then calls `on_hang`, which records what it can and ends the process (the device is
-  unusable anyway after a hung kernel).
+  unusable anyway after a hung kernel): a sweep's is `hang_guard`'s.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from dsa_lab.bench.budget import Deadline
+from dsa_lab.bench.point import Point
+from dsa_lab.bench.recorder import Recorder
+from dsa_lab.store import folders as store
+
 HANG_GRACE_S = 30.0
+HUNG_EXIT_CODE = 3  # what a sweep's process exits with when a point hung inside C
 MAX_DEADLINE_S = 1e8  # ~3 years: a longer deadline is held as this one (timers overflow far beyond)
 
 
@@ -63,3 +72,27 @@ def deadline(seconds: float | None, on_hang: Callable[[], None], grace_s: float 
             if use_alarm:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, previous)
+
+
+def hang_guard(recorder: Recorder, point: Point, limit: Deadline, resume: str) -> Callable[[], None]:
+    """What a sweep's watchdog does when `point` is still inside C `HANG_GRACE_S` past its deadline (`limit`): the
+    point recorded as an error when the deadline was its own (one the run's budget set re-runs it on resume), the
+    run recorded as stopped 'point_hung', the resume command (`resume`) printed, the run's lock let go (its flock ends
+    with the process) and the process ended with `HUNG_EXIT_CODE`."""
+
+    def on_hang() -> None:
+        if not limit.run_binds:
+            message = f"hung: still running {limit.seconds:g} s + {HANG_GRACE_S:g} s after it started (point timeout)"
+            recorder.append({**recorder.row(point), "status": "error", "message": message})
+        recorder.finish("point_hung")
+        print(
+            f"dsa-lab bench: point {point.key} hung past its deadline (a kernel that never returns?); "
+            f"the device may be unusable. Resume with: {resume}",
+            file=sys.stderr,
+            flush=True,
+        )
+        with contextlib.suppress(OSError):
+            (recorder.run_dir / store.LOCK_FILE).unlink()
+        os._exit(HUNG_EXIT_CODE)
+
+    return on_hang
