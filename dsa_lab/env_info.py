@@ -38,7 +38,7 @@ PACKAGES = (*_declared("packages"), "vllm")  # Python packages a run's provenanc
 LIBRARY_KEYS = ("torch", *PACKAGES, *_declared("versions"))  # the libraries a notebook's provenance record names
 VERSION_KEYS = (*LIBRARY_KEYS, "cuda")  # what a chart's footer names
 EXTERNAL = "external_backends"  # {backend: {path, sha256, via}} of the run's backends from outside the package
-# The facts a resumed run must keep (`store.check_resume`): the GPU, driver, CUDA, torch, python, what
+# The facts a resumed run must keep (`store.opening.check_resume`): the GPU, driver, CUDA, torch, python, what
 # every backend declares (`LogitsBackend.resume_fields`) and the files of external backends.
 RESUME_FIELDS = (
     "gpu_name",

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from dsa_lab.cli import main
 from dsa_lab.store import folders as store
+from dsa_lab.store import opening
 from dsa_lab.store.listing import list_runs
 from dsa_lab.store.provenance import build_provenance
 
@@ -103,7 +104,7 @@ def test_unknown_flags_and_choices_are_argparse_errors(capsys) -> None:
 
 def _run(root: Path, name: str) -> Path:
     provenance = build_provenance(name, "cpu", "cpu", "measured", 0, "wall_clock", {})
-    run_dir = store.create_run(root / "cpu" / name, provenance)
+    run_dir = opening.create_run(root / "cpu" / name, provenance)
     store.append_point(run_dir, {"point_key": "k", "status": "skipped", "source": "measured"})
     store.write_results(run_dir)
     return run_dir

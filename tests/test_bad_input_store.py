@@ -18,6 +18,8 @@ from dsa_lab.kernels import backend_names
 from dsa_lab.profiling.runs import ignored_note, load_profile_run, scan_profile_runs, shipped_or_cpu_reference
 from dsa_lab.profiling.torch_profile import read_trace
 from dsa_lab.store import folders as store
+from dsa_lab.store import opening
+from dsa_lab.store.format import LOCK_FILE
 from dsa_lab.store.listing import list_runs
 
 ROW = {
@@ -68,14 +70,14 @@ def provenance(run_id: str, created: str = "2026-01-01T00:00:00+00:00", **extra)
 
 
 def make_run(root: Path, name: str, **extra) -> Path:
-    run_dir = store.create_run(root / "cpu" / name, provenance(name, **extra))
+    run_dir = opening.create_run(root / "cpu" / name, provenance(name, **extra))
     store.append_point(run_dir, ROW)
     store.write_results(run_dir)
     return run_dir
 
 
 def make_profile(root: Path, name: str, created: str) -> Path:
-    folder = store.create_run(root / "profiles" / name, provenance(name, created, kind="profile"))
+    folder = opening.create_run(root / "profiles" / name, provenance(name, created, kind="profile"))
     pd.DataFrame({"x": [1]}).to_parquet(folder / "torch_kernels.parquet")
     return folder
 
@@ -218,7 +220,7 @@ def test_list_runs_of_a_missing_root_says_so(tmp_path: Path) -> None:
 def test_create_run_over_a_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "taken").write_text("x")
     with pytest.raises(FileExistsError, match="taken"):
-        store.create_run(tmp_path / "taken", provenance("taken"))
+        opening.create_run(tmp_path / "taken", provenance("taken"))
 
 
 def test_a_damaged_profile_run_is_reported_not_skipped(tmp_path: Path) -> None:
@@ -318,7 +320,7 @@ FAST_BENCH = [
 ]
 
 
-@pytest.mark.parametrize("name", [store.LOCK_FILE, POINTS])
+@pytest.mark.parametrize("name", [LOCK_FILE, POINTS])
 def test_resume_never_writes_through_a_link_in_the_run_folder(tmp_path: Path, capsys, name: str) -> None:
     """`bench --resume` used to write through a `.lock` or `points.jsonl` link (run_lock opened it 'a+' and
     truncated it; append_point appended), outside the run folder: git stores links, so a run can carry one."""
@@ -341,15 +343,15 @@ def test_a_fresh_run_into_a_folder_with_a_lock_link_is_refused(tmp_path: Path) -
     out.mkdir()
     victim = tmp_path / "victim.txt"
     victim.write_bytes(VICTIM)
-    (out / store.LOCK_FILE).symlink_to(victim)
+    (out / LOCK_FILE).symlink_to(victim)
     with pytest.raises(store.RunFormatError, match=r"\.lock: a symbolic link"):
-        with store.run_lock(out):
+        with opening.run_lock(out):
             pass
     dangling = tmp_path / "dangling"
     dangling.mkdir()
-    (dangling / store.LOCK_FILE).symlink_to(tmp_path / "would-be-created")
+    (dangling / LOCK_FILE).symlink_to(tmp_path / "would-be-created")
     with pytest.raises(store.RunFormatError, match=r"\.lock: a symbolic link"):
-        with store.run_lock(dangling):
+        with opening.run_lock(dangling):
             pass
     assert victim.read_bytes() == VICTIM and not (tmp_path / "would-be-created").exists()
 
@@ -387,7 +389,7 @@ def test_load_run_refuses_a_run_file_that_is_a_link(tmp_path: Path) -> None:
 def _stuck(tmp_path: Path) -> Path:
     out = tmp_path / "root" / "cpu" / "stuck"
     out.mkdir(parents=True)
-    (out / store.LOCK_FILE).write_text("pid 99999\n")
+    (out / LOCK_FILE).write_text("pid 99999\n")
     (out / f".{PROV}.tmp-99999").write_text('{"schema_version": 1, "run_id": "st')  # cut off mid-write
     return out
 
@@ -410,7 +412,7 @@ def test_resuming_a_folder_left_by_a_kill_inside_create_run_says_what_it_is(tmp_
     err = capsys.readouterr().err
     assert "killed while it was being created" in err and f".{PROV}.tmp-99999" in err and "without --resume" in err
     with pytest.raises(ValueError, match="killed while it was being created"):
-        store.require_run(out)
+        opening.require_run(out)
 
 
 def test_a_resumed_run_clears_the_temp_files_of_a_writer_killed_mid_write(tmp_path: Path) -> None:
@@ -521,7 +523,7 @@ def test_provenance_fields_have_their_types(tmp_path: Path, case: str) -> None:
 
 
 def test_a_run_with_no_rows_still_loads(tmp_path: Path) -> None:
-    run_dir = store.create_run(tmp_path / "cpu" / "empty", provenance("empty"))
+    run_dir = opening.create_run(tmp_path / "cpu" / "empty", provenance("empty"))
     store.write_results(run_dir)
     assert store.load_run(run_dir).results.empty
 

@@ -35,6 +35,8 @@ from dsa_lab.cli import main
 from dsa_lab.kernels import registry
 from dsa_lab.kernels.reference import ReferenceBackend, paged_mqa_logits
 from dsa_lab.store import folders as store
+from dsa_lab.store import opening
+from dsa_lab.store.format import LOCK_FILE
 from dsa_lab.workload import ContextSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -485,7 +487,7 @@ def test_interrupted_sweep_resumes_without_duplicates(tmp_path):
         run_sweep(spec, tmp_path / "run", "cpu", progress=False)  # no silent overwrite
     with pytest.raises(ValueError, match="another sweep spec"):
         run_sweep(tiny(next_n=(1,)), tmp_path / "run", "cpu", resume=True, progress=False)
-    assert not (tmp_path / "run" / store.LOCK_FILE).exists()  # the lock goes with its sweep
+    assert not (tmp_path / "run" / LOCK_FILE).exists()  # the lock goes with its sweep
     second = run_sweep(spec, tmp_path / "run", "cpu", resume=True, progress=False)
     assert second.recorded_before == 2 and second.recorded_now == total - 2 and second.remaining == 0
     keys = [row["point_key"] for row in store.read_points(tmp_path / "run")]
@@ -594,9 +596,9 @@ def _one_line(err: str) -> str:
 def test_a_second_writer_is_refused_while_the_first_holds_the_run(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert main(_bench_argv(run_dir, "--max-points", "1")) == 0
-    with store.run_lock(run_dir):  # another sweep is writing this folder
+    with opening.run_lock(run_dir):  # another sweep is writing this folder
         before = (run_dir / store.POINTS_FILE).read_bytes()
-        with pytest.raises(store.RunLocked, match=f"run folder {run_dir} is being written by pid {os.getpid()}"):
+        with pytest.raises(opening.RunLocked, match=f"run folder {run_dir} is being written by pid {os.getpid()}"):
             run_sweep(tiny(), run_dir, "cpu", resume=True, progress=False)
         capsys.readouterr()
         assert main(_bench_argv(run_dir, "--resume")) == 2
@@ -773,7 +775,7 @@ def test_a_point_hung_in_c_is_recorded_and_the_process_ends(tmp_path):
     rows = store.read_points(run_dir)
     assert [(r["next_n"], r["status"]) for r in rows] == [(1, "ok"), (3, "error")] and "hung" in rows[1]["message"]
     assert store.read_provenance(run_dir / store.PROVENANCE_FILE)["progress"]["stop_reason"] == "point_hung"
-    assert len(store.load_run(run_dir).results) == 2 and not (run_dir / store.LOCK_FILE).exists()
+    assert len(store.load_run(run_dir).results) == 2 and not (run_dir / LOCK_FILE).exists()
 
 
 def test_os_errors_print_one_line_naming_the_path(tmp_path, monkeypatch, capsys):

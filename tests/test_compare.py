@@ -13,6 +13,7 @@ import pytest
 from dsa_lab.analysis.compare import compare_runs, summarize
 from dsa_lab.cli import main
 from dsa_lab.store import folders as store
+from dsa_lab.store import opening
 from dsa_lab.store.provenance import build_provenance
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,7 +91,7 @@ def test_nan_gets_its_own_verdict(tmp_path):
 def test_rows_without_samples_fall_back_to_the_interquartile_ranges(tmp_path):
     def run(name: str, median: float) -> store.Run:
         provenance = build_provenance(name, "cpu", "cpu", "measured", 0, "wall_clock", {})
-        run_dir = store.create_run(tmp_path / name, provenance)
+        run_dir = opening.create_run(tmp_path / name, provenance)
         key = "backend=reference|strategy=native|batch=1|context=64|next_n=1|cache_dtype=fp8|heads=32|head_dim=64"
         store.append_point(
             run_dir,

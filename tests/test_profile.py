@@ -549,6 +549,7 @@ def test_notebook_renders_a_shipped_run_with_counters(tmp_path: Path, monkeypatc
     from dsa_lab.profiling.sweep import ProfileRun
     from dsa_lab.profiling.target import TargetPlan, run_target
     from dsa_lab.store import folders as store
+    from dsa_lab.store import opening
 
     monkeypatch.setitem(registry._BACKENDS, OneTwoBackend.name, OneTwoBackend())  # atom runs 3 as 2 + 1
     spec = grid(backend=("reference", OneTwoBackend.name), next_n=(1, 3))
@@ -574,7 +575,7 @@ def test_notebook_renders_a_shipped_run_with_counters(tmp_path: Path, monkeypatc
         "kind": "profile",
         "spec": spec.to_dict(),
     }
-    store.create_run(folder, provenance)
+    opening.create_run(folder, provenance)
     write_tables(ProfileRun(run.kernels, run.phases, run.ncu, run.configs), folder)
 
     repo = Path(__file__).resolve().parents[1]

@@ -8,7 +8,9 @@ import pandas as pd
 import pytest
 
 from dsa_lab.store import folders as store
+from dsa_lab.store import opening
 from dsa_lab.store import writes as file_writes
+from dsa_lab.store.format import LOCK_FILE
 from dsa_lab.store.listing import list_runs
 from dsa_lab.store.provenance import build_provenance
 
@@ -50,7 +52,7 @@ def row(
 
 
 def make_run(tmp_path, name: str, rows: list[dict], source: str = "measured"):
-    run_dir = store.create_run(tmp_path / "cpu" / name, provenance(name, source))
+    run_dir = opening.create_run(tmp_path / "cpu" / name, provenance(name, source))
     for r in rows:
         store.append_point(run_dir, r)
     store.write_results(run_dir)
@@ -72,7 +74,7 @@ def test_a_run_is_never_overwritten(tmp_path):
     run_dir = make_run(tmp_path, "a", [row("reference", 1, 1.0, 0.9, 1.1)])
     before = (run_dir / store.PROVENANCE_FILE).read_bytes()
     with pytest.raises(FileExistsError, match="never overwritten"):
-        store.create_run(run_dir, provenance("a"))
+        opening.create_run(run_dir, provenance("a"))
     assert (run_dir / store.PROVENANCE_FILE).read_bytes() == before
 
 
@@ -127,23 +129,23 @@ def test_a_torn_last_line_is_ignored_then_repaired_on_resume(tmp_path):
         handle.write('{"point_key": "cut off mid-wr')
     assert len(store.read_points(run_dir)) == 1
     environment = store.read_provenance(run_dir / store.PROVENANCE_FILE)["environment"]
-    store.check_resume(run_dir, {"axes": [1, 2]}, "cpu", "cpu", environment)
+    opening.check_resume(run_dir, {"axes": [1, 2]}, "cpu", "cpu", environment)
     store.append_point(run_dir, row("reference", 2, 2.0, 1.9, 2.1))
     assert [r["next_n"] for r in store.read_points(run_dir)] == [1, 2]
     with pytest.raises(ValueError, match="another sweep spec"):
-        store.check_resume(run_dir, {"axes": [3]}, "cpu", "cpu", environment)
+        opening.check_resume(run_dir, {"axes": [3]}, "cpu", "cpu", environment)
 
 
 def test_the_lock_is_exclusive_names_its_holder_and_goes_with_it(tmp_path):
     run_dir = tmp_path / "run"
-    with store.run_lock(run_dir):
-        assert "pid" in (run_dir / store.LOCK_FILE).read_text()
-        with pytest.raises(store.RunLocked, match="being written by pid"):
-            with store.run_lock(run_dir):
+    with opening.run_lock(run_dir):
+        assert "pid" in (run_dir / LOCK_FILE).read_text()
+        with pytest.raises(opening.RunLocked, match="being written by pid"):
+            with opening.run_lock(run_dir):
                 pass
-        store.create_run(run_dir, provenance("run"))  # the lock file does not make the folder "existing"
-    assert not (run_dir / store.LOCK_FILE).exists()
-    with store.run_lock(run_dir):
+        opening.create_run(run_dir, provenance("run"))  # the lock file does not make the folder "existing"
+    assert not (run_dir / LOCK_FILE).exists()
+    with opening.run_lock(run_dir):
         pass
 
 

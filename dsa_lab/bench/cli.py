@@ -169,9 +169,10 @@ def bench_spec(args: argparse.Namespace, run_dir: Path | None) -> Any:
 
     from dsa_lab.bench.point import SweepSpec
     from dsa_lab.store import folders as store
+    from dsa_lab.store import opening
 
     if args.resume and not _grid_given(args) and run_dir is not None:
-        store.require_run(run_dir)
+        opening.require_run(run_dir)
         path = run_dir / store.PROVENANCE_FILE
         try:
             spec = SweepSpec.from_dict(store.read_provenance(path).get("spec"))

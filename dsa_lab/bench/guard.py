@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dsa_lab.bench.budget import Deadline
 from dsa_lab.bench.point import Point
 from dsa_lab.bench.recorder import Recorder
-from dsa_lab.store import folders as store
+from dsa_lab.store.format import LOCK_FILE
 
 HANG_GRACE_S = 30.0
 HUNG_EXIT_CODE = 3  # what a sweep's process exits with when a point hung inside C
@@ -92,7 +92,7 @@ def hang_guard(recorder: Recorder, point: Point, limit: Deadline, resume: str) -
             flush=True,
         )
         with contextlib.suppress(OSError):
-            (recorder.run_dir / store.LOCK_FILE).unlink()
+            (recorder.run_dir / LOCK_FILE).unlink()
         os._exit(HUNG_EXIT_CODE)
 
     return on_hang

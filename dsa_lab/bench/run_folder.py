@@ -24,6 +24,7 @@ from dsa_lab.bench.point import SweepSpec
 from dsa_lab.bench.timing import timing_method
 from dsa_lab.env_info import device_name
 from dsa_lab.store import folders as store
+from dsa_lab.store import opening
 from dsa_lab.store.format import check_axes, check_provenance_fields
 from dsa_lab.store.provenance import build_provenance
 
@@ -57,7 +58,7 @@ def open_run(
     numerics = numerics_record(spec.backend, spec.cache_dtype, spec.check_tolerance, device)
     extra.setdefault("scratch", store.scratch_device(device.type))
     if resume:
-        provenance = store.check_resume(
+        provenance = opening.check_resume(
             run_dir, _recorded_form(run_dir, spec), device.type, device_name(device), environment_facts(spec.backend)
         )
         _check_logged_points(run_dir, spec)
@@ -79,7 +80,7 @@ def open_run(
         backends=spec.backend,  # a union of grids records its grids, the backend axis their union
     )
     check_provenance_fields(provenance, run_dir / store.PROVENANCE_FILE)  # what a reader holds it to, before writing
-    store.create_run(run_dir, provenance)
+    opening.create_run(run_dir, provenance)
     return provenance
 
 

@@ -11,7 +11,7 @@ records each backend's numerics for the run's device (`numerics`, from `bench.nu
 
 The run folder cannot be corrupted by the sweep: it is locked for the whole sweep (a
 second writer is refused); a resume is refused when the folder's rows disagree with its
-log or when the device or environment differ from its provenance (`store.check_resume`);
+log or when the device or environment differ from its provenance (`opening.check_resume`);
 `retry_errors` re-runs points whose last row is an error; an interrupt (Ctrl-C, SIGTERM)
 records `stop_reason: "interrupted"`; a `SystemExit` (a backend calling sys.exit) or any other
 exception out of the loop records `exited` or `crashed` with its name (and the point in flight as
@@ -46,6 +46,7 @@ from dsa_lab.env_info import device_name
 from dsa_lab.errors import as_device
 from dsa_lab.model.roofline import gpu_for_device
 from dsa_lab.store import folders as store
+from dsa_lab.store import opening
 from dsa_lab.workload import ContextSpec
 
 __all__ = [
@@ -116,12 +117,12 @@ def run_sweep(
     device, run_dir = as_device("device", device), Path(run_dir)
     check_storable(spec, run_dir)  # a run load_run would refuse is refused before its first point
     if resume:
-        store.require_run(run_dir)
+        opening.require_run(run_dir)
     else:
-        store.check_new_folder(run_dir)  # before taking the lock, which creates the folder
+        opening.check_new_folder(run_dir)  # before taking the lock, which creates the folder
     created = not run_dir.exists()
     try:
-        with store.run_lock(run_dir):
+        with opening.run_lock(run_dir):
             provenance = open_run(spec, run_dir, device, resume, dict(extra_provenance or {}))
             if ceilings and device.type == "cuda" and "ceilings" not in provenance:
                 provenance["ceilings"] = measure_ceilings(device)

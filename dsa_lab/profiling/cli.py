@@ -34,6 +34,7 @@ from dsa_lab.profiling.runs import profile_provenance, write_tables
 from dsa_lab.profiling.sweep import ProfileRun, ProfileSettings, run_ncu, run_torch
 from dsa_lab.profiling.torch_profile import summarize_torch
 from dsa_lab.store import folders as store
+from dsa_lab.store import opening
 from dsa_lab.topk import DEFAULT_TOPK
 
 TOOLS = ("torch", "ncu", "nsight")
@@ -93,15 +94,15 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     nsight = _nsight_for(tools, device)
     out = run_dir_from_args(args, device, "profile", sub="profiles")
     check_storable(spec, out)  # a run that could not be read back is refused before its first point
-    store.check_new_folder(out)
-    with store.run_lock(out):
+    opening.check_new_folder(out)
+    with opening.run_lock(out):
         provenance = profile_provenance(out.name, device, spec, settings, status)
         provenance.update(ncu_skipped=ncu_skipped, scratch=scratch_run(args, device))
         if nsight is not None:
             from dsa_lab.profiling.nsight_timing import nsight_version
 
             provenance["nsight"] = {"version": nsight_version(), "tool": "cupti", "runs": args.nsight_runs}
-        store.create_run(out, provenance)
+        opening.create_run(out, provenance)
         empty = pd.DataFrame()
         run = (
             run_torch(spec, device, settings, out, _log, args.torch_budget)

@@ -1,4 +1,12 @@
-"""What a stored run's files must hold, checked on every read; each failure names the file (and rows).
+"""What a stored run holds, declared, and checked on every read; each failure names the file (and rows).
+
+A run folder holds `provenance.json`, `points.jsonl` (the log a sweep appends a row to per point) and
+`results.parquet` (the log's last row per point). A row's columns are declared here, in groups, each owned by the
+code that writes it (`COLUMN_GROUPS`: the row's own, the axes, the plan, the check, the measurement, the roofline,
+vLLM's route, the top-k and ragged verification's replays; `tests/test_store_format.py` holds each producer to its
+group),
+and a run is read only if every column it holds is one a group declares: a column no group declares is refused by
+name, not carried into frames no chart knows.
 
 `store` reads the files; this module says whether what it read is a run: the provenance's
 fields have their types (a run id is one folder name, `created` an ISO 8601 time, `git`
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +42,142 @@ import pandas as pd
 from dsa_lab import axes
 from dsa_lab.errors import PLAIN_NAME
 
+SCHEMA_VERSION = 1
+RESULTS_FILE = "results.parquet"
+PROVENANCE_FILE = "provenance.json"
+POINTS_FILE = "points.jsonl"
+LOCK_FILE = ".lock"
+SOURCES = ("measured", "modeled")
+STATUSES = ("ok", "failed", "error", "skipped")
+
+
+@dataclass(frozen=True)
+class ColumnGroup:
+    """The columns one producer writes into a stored row: the group's name, the code that writes them (`owner`)
+    and the columns, each declared by one group only."""
+
+    name: str
+    owner: str
+    columns: tuple[str, ...]
+
+
+COLUMN_GROUPS = (
+    ColumnGroup(
+        "row",
+        "bench.recorder.Recorder.row and the sweep's loop (bench.sweep)",
+        ("point_key", "status", "message", "source", "device", "device_name", "estimated_bytes", "elapsed_s"),
+    ),
+    ColumnGroup("axes", "bench.point.Point.axes: one column per axis of dsa_lab.axes.AXES", axes.NAMES),
+    ColumnGroup(
+        "plan",
+        "plan.LaunchPlan.columns (its cost's bytes and FLOPs also model.roofline.roofline_columns')",
+        (
+            "launches",
+            "kernel_rows",
+            "query_tokens",
+            "max_decode_len",
+            "logits_columns",
+            "pieces",
+            "native_sizes",
+            "unique_bytes",
+            "strategy_bytes",
+            "unique_kv_bytes",
+            "strategy_kv_bytes",
+            "flops",
+        ),
+    ),  # fmt: skip
+    ColumnGroup(
+        "check",
+        "bench.check.check_point and the workload's numerics, through bench.evaluate",
+        (
+            "rel_err",
+            "checked_requests",
+            "checked_tokens",
+            "poisoned",
+            "check_tolerance",
+            "tolerance_reason",
+            "k_scales",
+        ),
+    ),
+    ColumnGroup(
+        "measurement",
+        "bench.measurement.Measurement.as_row (its device is the row's), and bench.evaluate's host times",
+        (
+            "timing_method",
+            "samples",
+            "median_ms",
+            "mean_ms",
+            "min_ms",
+            "p10_ms",
+            "p25_ms",
+            "p75_ms",
+            "p90_ms",
+            "iqr_ms",
+            "rel_iqr",
+            "noisy",
+            "stop_reason",
+            "host_us",
+            "warmup",
+            "torch_threads",
+            "spin_us",
+            "samples_ms",
+            "metadata_host_ms",
+            "schedule_ms",
+        ),
+    ),  # fmt: skip
+    ColumnGroup(
+        "roofline",
+        "model.roofline.roofline_columns",
+        (
+            "moved_bytes",
+            "logit_bytes",
+            "roofline_gpu",
+            "floor_ms",
+            "floor_bound",
+            "achieved_tbps",
+            "effective_tbps",
+            "achieved_tflops",
+            "fraction_of_floor",
+        ),
+    ),  # fmt: skip
+    ColumnGroup(
+        "route", "bench.recorder.route_columns", ("vllm_route", "vllm_decodes", "vllm_prefills", "vllm_platform")
+    ),
+    ColumnGroup(
+        "top-k",
+        "bench.evaluate (bench.timed_unit.check_step_topk) and bench.replay.replay_point",
+        ("topk", "topk_kernel", "topk_rows", "topk_rows_equal", "topk_max_score_gap", "topk_poisoned"),
+    ),
+    ColumnGroup("replay", "bench.replay.replay_point", ("replays", "replays_wrong")),
+)
+GROUP_OF = {column: group.name for group in COLUMN_GROUPS for column in group.columns}
+RESULT_COLUMNS = (  # every run has these; an axis added later is filled in on load (`axes.complete`)
+    "point_key",
+    "status",
+    "message",
+    "source",
+    *(a.column for a in axes.AXES if a.stored_always),
+    "median_ms",
+    "p25_ms",
+    "p75_ms",
+    "iqr_ms",
+)
 TIME_COLUMNS = ("p25_ms", "median_ms", "p75_ms")  # in this order for every timed (status ok) row
 TIMED_COLUMNS = ("launches", "kernel_rows", "pieces", "unique_bytes", "strategy_bytes", "flops")  # the plan's
 TEXT_COLUMNS = ("point_key", "status", "message", "source")  # besides the text axes (`axes.AXES`)
 NUMBER_COLUMNS = (*TIME_COLUMNS, "iqr_ms", "samples", *(c for c in TIMED_COLUMNS if c != "pieces"))
+PROVENANCE_KEYS = (
+    "schema_version",
+    "run_id",
+    "source",
+    "device",
+    "created",
+    "command",
+    "timing_method",
+    "seed",
+    "environment",
+    "git",
+)
 PROVENANCE_TYPES: dict[str, tuple[type, ...]] = {
     "run_id": (str,),
     "created": (str,),
@@ -129,8 +270,21 @@ def check_axes(results: pd.DataFrame, path: Path) -> None:
             _fail(path, results, values == value, f"column {axis.column!r}: {reason}")
 
 
+def check_columns(results: pd.DataFrame, path: Path) -> None:
+    """Every column one a group of `COLUMN_GROUPS` declares; the first others are named, with the groups."""
+    unknown = [str(column) for column in results.columns if column not in GROUP_OF]
+    if unknown:
+        groups = ", ".join(group.name for group in COLUMN_GROUPS)
+        raise RunFormatError(
+            f"{path}: column(s) {unknown[:SHOWN_ROWS]}{' and more' if len(unknown) > SHOWN_ROWS else ''} belong "
+            f"to no column group (a run's columns are declared in dsa_lab.store.format.COLUMN_GROUPS: {groups})"
+        )
+
+
 def check_results(results: pd.DataFrame, path: Path) -> None:
-    """Every column its dtype, the axes within their vocabulary and range, timed rows complete and sane."""
+    """Every column declared and of its dtype, the axes within their vocabulary and range, timed rows complete and
+    sane."""
+    check_columns(results, path)
     for column in TEXT_COLUMNS:
         if column in results:
             _fail(

@@ -12,14 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from dsa_lab.store.folders import (
-    POINTS_FILE,
-    PROVENANCE_FILE,
-    RESULTS_FILE,
-    RunFormatError,
-    is_scratch,
-    read_provenance,
-)
+from dsa_lab.store.folders import is_scratch, read_provenance
+from dsa_lab.store.format import POINTS_FILE, PROVENANCE_FILE, RESULTS_FILE, RunFormatError
 from dsa_lab.store.writes import check_no_links
 
 

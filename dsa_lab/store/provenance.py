@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dsa_lab.env_info import environment_facts
-from dsa_lab.store.folders import SCHEMA_VERSION, SOURCES
+from dsa_lab.store.format import SCHEMA_VERSION, SOURCES
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 

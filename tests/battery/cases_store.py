@@ -372,10 +372,10 @@ def _complete_after_resume_2(out: Path) -> Result:
 
 @case(AREA, "resume while another process holds the lock is refused naming the holder")
 def _(tmp: Path) -> Result:
-    from dsa_lab.store import folders as store
+    from dsa_lab.store import opening
 
     out = partial_run(tmp)
-    with store.run_lock(out):
+    with opening.run_lock(out):
         return cli_refused([*FAST, "--next-n", "1,2", "--out", str(out), "--resume"], "being written by", "pid")
 
 
