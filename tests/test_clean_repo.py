@@ -209,8 +209,8 @@ def test_runs_lists_study_and_scratch_apart(tmp_path: Path, monkeypatch: pytest.
 def test_run_fresh_shows_a_progress_bar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from dsa_lab.analysis import runs
     from dsa_lab.bench import sweep
+    from dsa_lab.notebook import runs
 
     seen: dict[str, object] = {}
 

@@ -19,9 +19,9 @@ from browser_support import image_problem  # noqa: E402
 from IPython.display import HTML, Image  # noqa: E402
 
 from dsa_lab.analysis import e2e  # noqa: E402
-from dsa_lab.analysis.runs import profile_run  # noqa: E402
 from dsa_lab.explorers import base, decode_paths, latency, profiles  # noqa: E402
 from dsa_lab.explorers import e2e as e2e_explorer_module  # noqa: E402
+from dsa_lab.notebook.runs import profile_run  # noqa: E402
 from dsa_lab.paths import resolve_data_path  # noqa: E402
 from dsa_lab.plots.style import provenance_line  # noqa: E402
 from dsa_lab.store import folders as store  # noqa: E402

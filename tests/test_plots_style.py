@@ -17,9 +17,9 @@ from matplotlib.figure import Figure  # noqa: E402
 from dsa_lab.analysis import frames, headline, readings  # noqa: E402
 from dsa_lab.analysis import profiles as analysis_profiles  # noqa: E402
 from dsa_lab.analysis.modeled import modeled_rows_like  # noqa: E402
-from dsa_lab.analysis.runs import profile_run  # noqa: E402
 from dsa_lab.kernels import backend_names  # noqa: E402
 from dsa_lab.model.roofline import get_gpu  # noqa: E402
+from dsa_lab.notebook.runs import profile_run  # noqa: E402
 from dsa_lab.paths import resolve_data_path  # noqa: E402
 from dsa_lab.plots import kernel, latency, profiles, style, tour  # noqa: E402
 from dsa_lab.policy.vllm import RELEASES  # noqa: E402

@@ -15,9 +15,8 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 
 from dsa_lab import axes
-from dsa_lab.analysis.runs import ChosenRun
 from dsa_lab.errors import check_choice
-from dsa_lab.kernels import get_backend, vllm_backend
+from dsa_lab.kernels import get_backend, modeled_backends, vllm_backend
 from dsa_lab.model import calibration
 from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS, DEEPSEEK_V32, DEPLOYMENT, decode_step, tokens_per_step
 from dsa_lab.model.gpus import get_gpu
@@ -310,11 +309,15 @@ def assumptions() -> list[str]:
     ]
 
 
-def model_errors(chosen: ChosenRun) -> pd.DataFrame | None:
-    """The model against every timed point of a measured run (`calibration.h200_errors`); None for a stand-in."""
-    if not chosen.measured:
-        return None
-    return calibration.h200_errors(calibration.measured_points(chosen.run.results, chosen.run.provenance["seed"]))
+def model_errors(results: pd.DataFrame | None, seed: int) -> pd.DataFrame:
+    """The model against every timed point of a measured GPU run (`calibration.h200_errors`) that the model can
+    predict (its backends, `kernels.modeled_backends`); empty when there is no such run (None) or point."""
+    if results is None:
+        return pd.DataFrame()
+    ok = results[results["backend"].isin(set(modeled_backends()))]
+    if not (ok["status"] == "ok").any():
+        return pd.DataFrame()
+    return calibration.h200_errors(calibration.measured_points(ok, seed))
 
 
 def flatten_rereads(ncu: pd.DataFrame) -> pd.DataFrame:

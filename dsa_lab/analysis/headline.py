@@ -305,14 +305,28 @@ def headline_section(results: pd.DataFrame, batch: int, context: str) -> Headlin
     return HeadlineSection(shown, point_batch, point_context, backend, table, notes)
 
 
-def headline_reading(table: pd.DataFrame, device_label: str, run_id: str, batch: int, context: str) -> str:
-    """Markdown: where vLLM's choice is the best option (within the spread), and where it is not, by how much."""
+def headline_reading(
+    table: pd.DataFrame, device_label: str, run_id: str, batch: int, context: str, speedups: bool = True
+) -> str:
+    """Markdown: where vLLM's choice is the best option (within the spread), and where it is not, by how much;
+    `run_id` names the run(s) the rows come from. Without `speedups` (a CPU's wall clock, whose drift between runs
+    exceeds most gaps) the fastest option per next_n, and no ratio."""
+    short = ContextSpec.parse(context).short
     if table.empty:
-        return f"No next_n at batch={batch}, context={context} has a timed decision in run {md_code(run_id)}."
+        return f"No next_n at B = {batch}, {short} has a timed decision in run {md_code(run_id)}."
+    if not speedups:
+        fastest = "; ".join(
+            f"next_n = {row.next_n}: {md_text(row.best_strategy)} ({md_text(row.best_backend)}, {row.best_us:.0f} µs)"
+            for row in table.itertuples()
+        )
+        return (
+            f"**Wall-clock times on {md_text(device_label)}, run {md_code(run_id)}, B = {batch}, {short}** "
+            f"(no speedups read from a CPU run). Fastest here: {fastest}."
+        )
     timed = table.dropna(subset=["vllm_us", "best_us"])
     same = timed[~timed["beyond_spread"]]
     worse = timed[timed["beyond_spread"]]
-    lines = [f"**Measured on {md_text(device_label)}, run {md_code(run_id)}, batch = {batch}, context = {context}.**"]
+    lines = [f"**Measured on {md_text(device_label)}, run {md_code(run_id)}, B = {batch}, context {short}.**"]
     if not same.empty:
         lines.append(
             f"- vLLM 0.33's choice is as fast as the best option (within the measured spread) at next_n = "

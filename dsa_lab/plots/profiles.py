@@ -17,6 +17,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from dsa_lab.analysis.labels import context_title
 from dsa_lab.analysis.profiles import PHASE_ORDER, tensor_column, tensor_pipe_label
 from dsa_lab.plots.style import (
     MODELED,
@@ -24,7 +25,6 @@ from dsa_lab.plots.style import (
     STRATEGY_ORDER,
     add_footer,
     backend_marker,
-    context_title,
     legend_outside,
     provenance_line,
     strategy_color,

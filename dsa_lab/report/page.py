@@ -20,7 +20,7 @@ import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jinja2
 import nbformat
@@ -28,12 +28,10 @@ import pandas as pd
 import papermill
 from nbconvert import HTMLExporter
 
+from dsa_lab.kernels import vllm_backend
 from dsa_lab.markup import html_text, md_code, md_text, render_markdown
 from dsa_lab.store.writes import write_atomic
 from dsa_lab.workload import ContextSpec
-
-if TYPE_CHECKING:
-    from dsa_lab.analysis.runs import ChosenRun
 
 HEADLINE_NOTEBOOK = "00"  # the tour: its parameters name the headline's run and shape
 THUMB_WIDTH = 360
@@ -55,105 +53,99 @@ class Findings:
         return self.problem is not None
 
 
+def tour_parameters(notebook: Path) -> dict[str, Any]:
+    """The tour notebook's parameters (their defaults), as papermill reads its parameters cell."""
+    return {name: ast.literal_eval(p["default"]) for name, p in papermill.inspect_notebook(str(notebook)).items()}
+
+
 def headline_point(notebook: Path) -> tuple[str, int, str]:
     """(run path, batch, context) of the headline, as the tour notebook's parameters cell names them
     (`run_path`, `batch`, `context`): the report shows the run and shape the tour shows."""
-    values = {name: ast.literal_eval(p["default"]) for name, p in papermill.inspect_notebook(str(notebook)).items()}
+    values = tour_parameters(notebook)
     return values["run_path"], values["batch"], ContextSpec.parse(values["context"]).label
 
 
-def headline_findings(run_path: str, batch: int, context: str) -> Findings:
-    """What vLLM 0.33 takes and what is fastest per next_n at one shape of one measured run."""
+def headline_findings(run_path: str, batch: int, context: str, device: str = "h200") -> Findings:
+    """What vLLM 0.33 takes and what is fastest per next_n at one shape: the one answer
+    (`notebook.answers.answer`, over every measured run of `device`, or the run `run_path` names)."""
     from dsa_lab.analysis import headline
-    from dsa_lab.analysis.frames import one_view
-    from dsa_lab.analysis.runs import latency_run
-    from dsa_lab.analysis.versus import pick_point
+    from dsa_lab.notebook.answers import answer
+    from dsa_lab.notebook.answers import headline as headline_of
 
     try:
-        chosen = latency_run(run_path) if not run_path or _run_present(run_path) else None
-        if chosen is None or not chosen.measured:
-            what = (
-                f"The measured run {md_code(run_path)} is"
-                if run_path
-                else "No measured run covering the study's grid is"
-            )
+        found = answer(run_path, device)
+        shown = headline_of(found, batch, context)
+        if shown is None:
+            what = f"The run {md_code(run_path)}" if run_path else f"No measured {device.upper()} run"
             text = (
-                f"{what} not in this checkout's data folder, so there is no headline. Make one on an H200 with "
-                "`dsa-lab bench --preset h200-full`." + _passed_over(chosen)
+                f"{what} times no step vLLM 0.33 takes (its backend, {md_text(vllm_backend().name)}, on a GPU), so "
+                f"there is no headline. Make one on an H200 with `dsa-lab bench --preset h200-full`."
+                + _passed_over(found.ignored)
             )
             return Findings(None, f"<div class='fallback'>{render_markdown(text)}</div>", text + "\n")
-        run_id = chosen.run.provenance["run_id"]
-        results = one_view(chosen.run.results)[0]
-        batch, context, _ = pick_point(results, batch, context)  # a run of the user's may lack the tour's shape
-        table = headline.headline_table(results, batch, context)
-        reading = headline.headline_reading(table, chosen.device_label, run_id, batch, context) + _passed_over(chosen)
+        runs = ", ".join(found.run_ids(shown.table))
+        label = shown.chosen.device_label
+        reading = headline.headline_reading(shown.table, label, runs, shown.batch, shown.context)
+        reading += "".join(f"\n\n{n}" for n in shown.notes) + _passed_over(found.ignored)
     except (ValueError, OSError) as err:  # a damaged run (store.RunFormatError names its file): a failed card
         return failed_findings(run_path, err)
-    markdown = headline_markdown(table, chosen.device_label, run_id, batch, context)
-    return Findings(table, render_markdown(reading), markdown)
+    markdown = headline_markdown(shown.table, label, runs, shown.batch, shown.context)
+    return Findings(shown.table, render_markdown(reading), markdown)
 
 
-def _passed_over(chosen: ChosenRun | None) -> str:
-    """Markdown naming the broken runs the newest-run search passed over ('' when none): a damaged run of the
+def _passed_over(ignored: list[tuple[str, str]]) -> str:
+    """Markdown naming the runs a search passed over, with why ('' when none): a damaged or a newer run of the
     user's is said on the card, never skipped in silence."""
-    from dsa_lab.paths import shown_path
-
-    if chosen is None or not chosen.ignored:
+    if not ignored:
         return ""
-    runs = "; ".join(f"{md_code(shown_path(path))}: {md_text(problem)}" for path, problem in chosen.ignored)
+    runs = "; ".join(f"{md_code(path)}: {md_text(problem)}" for path, problem in ignored)
     return f"\n\n*Runs passed over: {runs}.*"
 
 
 @dataclass
 class Answers:
-    """The answer per serving workload from the run `analysis.runs.SERVING` picks (or the one asked for)."""
+    """The answer per workload and next_n (`analysis.answers.grid`): the whole step's first, then the kernel's."""
 
     html: str
     markdown: str
-    run_id: str | None = None  # None: no run covers the section (`html` says why)
+    run_ids: tuple[str, ...] = ()  # the runs it read (empty: none answered; `html` says why)
 
 
-ANSWER_COLUMNS = ("workload", "batches", "next_n", "vLLM beaten", "best speedup", "options used")
-
-
-def serving_answers(run_path: str = "") -> Answers:
-    """Per workload of the serving run: where vLLM 0.33's route is beaten and which options (kernels ours too)
-    to use, then where the answer reverses between uniform and ragged batches, in words."""
-    from dsa_lab.analysis import workloads
-    from dsa_lab.analysis.runs import SERVING, section_run
+def serving_answers(run_path: str = "", batch: int = 128, device: str = "h200") -> Answers:
+    """The option to use per workload and next_n (`notebook.answers.grids`: the one answer over every measured
+    run of `device`, or over the run `run_path` names), the whole step's workloads (logits and top-k) first, each
+    cell's speedup over vLLM 0.33's choice; the runs passed over named."""
+    from dsa_lab.notebook.answers import answer, grids
 
     try:
-        chosen, note = section_run(SERVING, run_path)
-        if chosen is None:
-            return Answers(f"<div class='fallback'>{html_text(note)}</div>", note + "\n")
-        run_id = chosen.run.provenance["run_id"]
-        table = workloads.answers(chosen.run.results)
-        summary = workloads.answer_summary(table)
-        reading = workloads.reversal_reading(table, run_id)
+        found = answer(run_path, device)
+        shown = grids(found, batch)
     except (ValueError, OSError) as err:  # a damaged run: said on the page, the index still written
         problem = f"{type(err).__name__}: {err}"
         return Answers(f"<div class='failed'>Answers per workload failed: {html_text(problem)}</div>", problem + "\n")
-    lead = (
-        f"Answers per workload, measured on {md_text(chosen.device_label)} (run {md_code(run_id)}): every backend "
-        "timed, ours included, against the route vLLM 0.33 takes for each step."
-    )
-    head = "".join(f"<th>{html_text(c)}</th>" for c in ANSWER_COLUMNS)
-    rows = "".join(
-        "<tr>" + "".join(f"<td>{html_text(_cell(row[c]))}</td>" for c in ANSWER_COLUMNS) + "</tr>"
-        for row in summary.to_dict("records")
-    )
-    notes = f"<p class='meta'>{html_text(note)}</p>" if note else ""
-    html = (
-        f"{render_markdown(lead)}{notes}<table class='answers'><tr>{head}</tr>{rows}</table>{render_markdown(reading)}"
-    )
-    markdown = "\n".join(
-        [lead, "", summary[list(ANSWER_COLUMNS)].to_markdown(index=False, floatfmt=".2f"), "", reading]
-    )
-    return Answers(html, markdown + "\n", run_id)
+    passed = _passed_over(found.ignored)
+    if not shown:
+        what = f"The run {md_code(run_path)}" if run_path else f"No measured {device.upper()} run"
+        note = f"{what} times no step vLLM 0.33 takes, so there is no answer per workload." + passed
+        return Answers(f"<div class='fallback'>{render_markdown(note)}</div>", note + "\n")
+    html = "".join(grid.to_html() for grid in shown) + (render_markdown(passed.strip()) if passed else "")
+    markdown = "\n\n".join(_grid_markdown(grid) for grid in shown) + passed
+    return Answers(html, markdown + "\n", tuple(found.run_ids(found.table)))
 
 
-def _cell(value: object) -> str:
-    return f"{value:.2f}×" if isinstance(value, float) else str(value)
+def _grid_markdown(grid: object) -> str:
+    """A grid as Markdown: a row per workload, a column per next_n, each cell 'option speedup×'."""
+    rows = grid.rows
+    keys = ["workload", "batch"] if grid.by_batch else ["workload"]
+    table = rows.assign(cell=rows["choice"] + " " + rows["gain"].map("{:.2f}×".format)).pivot_table(
+        index=keys, columns="next_n", values="cell", aggfunc="first", sort=False
+    )
+    runs = ", ".join(
+        f"{r} ({d})" for r, d in rows.drop_duplicates("run_id")[["run_id", "device"]].itertuples(index=False)
+    )
+    return f"**{md_text(grid.title)}** (runs {md_text(runs)})\n\n" + table.fillna("").reset_index().to_markdown(
+        index=False
+    )
 
 
 def failed_findings(source: str, err: BaseException) -> Findings:
@@ -168,17 +160,8 @@ def failed_findings(source: str, err: BaseException) -> Findings:
     return Findings(None, card, markdown, problem=f"{source} could not be read: {problem}")
 
 
-def _run_present(run_path: str) -> bool:
-    from dsa_lab.paths import resolve_data_path
-
-    try:
-        return resolve_data_path(run_path).is_dir()
-    except FileNotFoundError:
-        return False
-
-
 def headline_markdown(table: pd.DataFrame, device_label: str, run_id: str, batch: int, context: str) -> str:
-    """The headline table in Markdown, with its provenance line."""
+    """The headline table in Markdown, with its provenance line (`run_id`: the runs its rows come from)."""
     lines = [
         f"Paged MQA logits, one decode step, B = {batch}, context {int(context) // 1024}K, FP8; the workload: a "
         "uniform batch (every request that context), logits only at the batch's width, CUDA events; "

@@ -28,7 +28,8 @@ def headline() -> tuple[str, int, str]:
     """(run path, batch, context) of the headline, as the tour notebook names them; its run_path '' (the
     newest measured run covering the study's grid) as the run that is in the checkout's own data, so a case
     can damage a copy of it (cached: the first call, at load, reads the checkout's data, not a case's)."""
-    from dsa_lab.analysis.runs import latency_run, relative_to_data
+    from dsa_lab.notebook.runs import relative_to_data
+    from dsa_lab.notebook.sections import latency_run
     from dsa_lab.report.page import headline_point
 
     run_path, batch, context = headline_point(TOUR)
@@ -245,7 +246,7 @@ def _announce_outputs(chosen) -> list[str]:
 
 
 def _chosen(tmp: Path, **provenance):
-    from dsa_lab.analysis.runs import ChosenRun
+    from dsa_lab.notebook.runs import ChosenRun
     from dsa_lab.store import folders as store
 
     folder = shipped_copy(tmp) / headline()[0]
@@ -295,7 +296,7 @@ def _(tmp: Path) -> Result:
 
     from dsa_lab.analysis import headline as tables
     from dsa_lab.analysis.frames import one_shape
-    from dsa_lab.analysis.runs import latency_run
+    from dsa_lab.notebook.sections import latency_run
 
     run_path, batch, context = headline()
     with environment(DSA_LAB_DATA=str(shipped_copy(tmp))):
