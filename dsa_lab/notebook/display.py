@@ -124,8 +124,9 @@ def _libraries(environment: Mapping[str, Any]) -> dict[str, Any]:
 def announce(chosen: ChosenRun, label: str) -> None:
     """Say in the notebook which run it shows: a banner when it is a stand-in, the runs passed over, and its
     provenance in one line (`provenance_html`)."""
-    if chosen.missing:
-        show_fallback(chosen.missing, f"{chosen.device_label} and roofline-modeled times")
+    if chosen.missing:  # a stand-in made now, or another run than the one asked for
+        where = f"run {relative_to_data(chosen.run.path)} on {chosen.device_label}"
+        show_fallback(chosen.missing, where if chosen.measured else f"{chosen.device_label} and roofline-modeled times")
     show_ignored(chosen.ignored)
     provenance = chosen.run.provenance
     record = {

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from dsa_lab.model.roofline import GpuSpec, get_gpu, gpu_for_device
-from dsa_lab.paths import data_dir, resolve_data_path, shown_path
+from dsa_lab.paths import data_dir, resolve_data_path, scratch_dir, shown_path
 from dsa_lab.store import folders as store
 from dsa_lab.store.listing import Coverage, Found, gpu_kind, list_runs, newest, study_runs
 
@@ -90,8 +90,6 @@ def run_choices(exclude: Path | None = None) -> list[tuple[str, str]]:
     """(label, path) of every readable run one may switch an explorer to, newest first: the measured study runs
     under data/, then the scratch runs (under scratch/ and data/: a CPU run of one's own), each labelled with its
     device, and scratch ones as such. `exclude`: a run already shown."""
-    from dsa_lab.paths import scratch_dir
-
     roots = []
     for folder in (data_dir, scratch_dir):
         try:
@@ -295,10 +293,12 @@ def sm100_run(backend: str | None = None) -> tuple[ChosenRun | None, list[tuple[
 
 
 def relative_to_data(path: Path) -> str:
-    """A run folder as pages name it: relative to data/ when it lies inside it, else its device folder and name
-    (`cpu/<run_id>`): no machine paths in reports."""
-    path = Path(path)
-    try:
-        return str(path.resolve().relative_to(resolve_data_path(".").resolve()))
-    except (ValueError, FileNotFoundError):
-        return f"{path.parent.name}/{path.name}"
+    """A run folder as pages name it: relative to data/ when it lies inside it, `scratch/...` inside the scratch
+    folder, else its device folder and name (`cpu/<run_id>`): no machine paths in reports."""
+    path = Path(path).resolve()
+    for root, prefix in ((lambda: resolve_data_path("."), ""), (scratch_dir, "scratch/")):
+        try:
+            return prefix + str(path.relative_to(root().resolve()))
+        except (ValueError, FileNotFoundError):
+            continue
+    return f"{path.parent.name}/{path.name}"

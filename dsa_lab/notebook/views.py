@@ -17,7 +17,7 @@ import pandas as pd
 from dsa_lab.analysis import frames, modeled, readings
 from dsa_lab.analysis.labels import baseline_label
 from dsa_lab.kernels import baseline_backend, vllm_backend
-from dsa_lab.markup import md_text
+from dsa_lab.markup import md_code, md_text
 from dsa_lab.model.roofline import get_gpu
 from dsa_lab.notebook.runs import ChosenRun, timed_backends
 
@@ -26,13 +26,11 @@ MODEL_GRID = {"batches": (16, 64), "contexts": ("8192", "65536", "mixed:1K-64K")
 
 
 def wall_clock(chosen: ChosenRun) -> str:
-    """Why a CPU run's section shows no speedups ('' for a GPU run)."""
+    """Why a CPU run's section shows no speedups, in one line ('' for a GPU run): a CPU's wall clock drifts
+    between two runs of the same code by more than most speedups (the notebooks' introductions say so once)."""
     if chosen.on_gpu:
         return ""
-    return (
-        f"*{md_text(chosen.device_label)} times are wall-clock on a CPU: no speedups are drawn from them (two CPU "
-        "runs of the same code differ by more than most speedups).*"
-    )
+    return f"*No speedups here: run {md_code(chosen.run.provenance['run_id'])} was timed by a CPU's wall clock.*"
 
 
 def run_seed(chosen: ChosenRun, seed: int) -> int:
@@ -77,9 +75,9 @@ def decision_tables(
 def mixed_gap_reading(
     chosen: ChosenRun, results: pd.DataFrame, candidate: tuple[str, str], seed: int, baseline: object = None
 ) -> str:
-    """`readings.mixed_context_reading` for a GPU run; for a CPU run, why it is not read."""
+    """`readings.mixed_context_reading` for a GPU run; '' for a CPU run (its section says why once)."""
     if not chosen.on_gpu:
-        return wall_clock(chosen)
+        return ""
     gap = frames.mixed_context_gap(results, run_seed(chosen, seed), candidate, baseline)
     return readings.mixed_context_reading(gap, chosen.device_label, candidate, baseline)
 

@@ -45,7 +45,6 @@ from dsa_lab.report import page as report_page
 from dsa_lab.store.provenance import git_state
 from dsa_lab.store.writes import write_text_atomic
 
-PAPERMILL_BANNER_TAG = "papermill-error-cell-tag"
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_.+\.ipynb$")
 DEFAULT_NOTEBOOKS = Path("notebooks")
 DEFAULT_OUT = Path("reports")
@@ -189,9 +188,9 @@ def _kernels_draw_svg_too() -> Iterator[None]:
     with tempfile.TemporaryDirectory(prefix="dsa_lab_ipython_") as ipython_dir:
         profile = Path(ipython_dir) / "profile_default"
         profile.mkdir()
-        # and log only errors: a kernel's start-up notes (e.g. that it talks TCP to papermill on this machine) are
-        # not the report's business
-        config = 'c.InlineBackend.figure_formats = {"png", "svg"}\nc.IPKernelApp.log_level = "ERROR"\n'
+        # and keep their own log quiet: its notes (that it talks TCP to papermill on this machine, the interrupt
+        # jupyter_client sends every kernel it shuts down) are not the report's; a cell's error comes back as output
+        config = 'c.InlineBackend.figure_formats = {"png", "svg"}\nc.IPKernelApp.log_level = "CRITICAL"\n'
         (profile / "ipython_kernel_config.py").write_text(config)
         previous = os.environ.get("IPYTHONDIR")
         os.environ["IPYTHONDIR"] = ipython_dir
@@ -281,7 +280,7 @@ def _failing_source_cell(node: nbformat.NotebookNode) -> int | None:
     """
     index = 0
     for cell in node.cells:
-        if {"injected-parameters", PAPERMILL_BANNER_TAG} & set(cell.metadata.get("tags", [])):
+        if set(report_page.PAPERMILL_TAGS) & set(cell.metadata.get("tags", [])):
             continue
         if any(out.get("output_type") == "error" for out in cell.get("outputs", [])):
             return index

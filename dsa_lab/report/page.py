@@ -20,7 +20,7 @@ import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import nbformat
@@ -33,10 +33,17 @@ from dsa_lab.markup import html_text, md_code, md_text, render_markdown
 from dsa_lab.store.writes import write_atomic
 from dsa_lab.workload import ContextSpec
 
+if TYPE_CHECKING:
+    from dsa_lab.plots.answers import AnswerGrid
+
 HEADLINE_NOTEBOOK = "00"  # the tour: its parameters name the headline's run and shape
 THUMB_WIDTH = 360
 FIGURE_MIMES = {"image/png": "png", "image/svg+xml": "svg"}
-CELL_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # nbformat's cell id, a safe file name; else the cell's number
+CELL_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+PAPERMILL_TAGS = (
+    "papermill-error-cell-tag",
+    "injected-parameters",
+)  # cells papermill adds to an executed notebook  # nbformat's cell id, a safe file name; else the cell's number
 
 
 @dataclass
@@ -133,13 +140,14 @@ def serving_answers(run_path: str = "", batch: int = 128, device: str = "h200") 
     return Answers(html, markdown + "\n", tuple(found.run_ids(found.table)))
 
 
-def _grid_markdown(grid: object) -> str:
+def _grid_markdown(grid: AnswerGrid) -> str:
     """A grid as Markdown: a row per workload, a column per next_n, each cell 'option speedup×'."""
     rows = grid.rows
     keys = ["workload", "batch"] if grid.by_batch else ["workload"]
     table = rows.assign(cell=rows["choice"] + " " + rows["gain"].map("{:.2f}×".format)).pivot_table(
         index=keys, columns="next_n", values="cell", aggfunc="first", sort=False
     )
+    table = table[sorted(table.columns)]
     runs = ", ".join(
         f"{r} ({d})" for r, d in rows.drop_duplicates("run_id")[["run_id", "device"]].itertuples(index=False)
     )
@@ -179,14 +187,30 @@ def headline_markdown(table: pd.DataFrame, device_label: str, run_id: str, batch
     return "\n".join(lines) + "\n"
 
 
+ABBREVIATIONS = re.compile(r"\b(e\.g|i\.e|cf|vs|etc|Fig|No)\.$")  # a full stop that ends no sentence
+
+
 def describe(node: nbformat.NotebookNode) -> tuple[str, str]:
-    """(title, one line) from a notebook's first markdown cell: its heading and first sentence."""
-    first = next((c.source for c in node.cells if c.cell_type == "markdown"), "")
+    """(title, one line) from a notebook's first markdown cell of its own (papermill's error banner and injected
+    cells are not the notebook's): its heading and first sentence, a full stop after 'e.g.' ending none."""
+    own = (
+        c.source
+        for c in node.cells
+        if c.cell_type == "markdown" and not set(PAPERMILL_TAGS) & set(c.get("metadata", {}).get("tags", []))
+    )
+    first = next(own, "")
     lines = [line.strip() for line in first.splitlines()]
     title = re.sub(r"[*`]", "", next((line.lstrip("# ").strip() for line in lines if line.startswith("#")), ""))
     prose = " ".join(line for line in lines if line and not line.startswith("#"))
-    sentence = re.split(r"(?<=[.?!])\s", prose, maxsplit=1)[0] if prose else ""
-    return title, re.sub(r"[*`]", "", sentence)
+    return title, re.sub(r"[*`]", "", first_sentence(prose))
+
+
+def first_sentence(prose: str) -> str:
+    """The text up to the first full stop, question or exclamation mark that ends a sentence."""
+    for found in re.finditer(r"[.?!](?=\s|$)", prose):
+        if not ABBREVIATIONS.search(prose[: found.end()]):
+            return prose[: found.end()]
+    return prose
 
 
 def images(node: nbformat.NotebookNode) -> list[tuple[str, str, str | bytes]]:
