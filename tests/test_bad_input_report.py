@@ -232,7 +232,7 @@ def test_styled_tables_escape_names_from_a_run() -> None:
         latency.style_decisions(decision),
         tour.style_headline(best, HOSTILE),
         goals.style_ncu_comparison(ncu),
-        goals.style_goal_summary(pd.DataFrame({"n": [HOSTILE], "ratio_min": [1.0], "ratio_max": [1.0]})),
+        goals.style_goal_summary(pd.DataFrame({"n": [HOSTILE], "speedup_min": [1.0], "speedup_max": [1.0]})),
         AnswerGrid(grid, HOSTILE),
         AnswerGrid(grid, HOSTILE, by_batch=True),
         latency.style_verdicts(pd.DataFrame({"backend": [HOSTILE, "x"], "verdict": [HOSTILE, "same"]})),

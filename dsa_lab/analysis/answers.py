@@ -56,7 +56,8 @@ def fastest(runs: Sequence[RunFrame]) -> pd.DataFrame:
         table = table[table["vllm_ms"].notna()].merge(_floors(run.results), on=POINT, how="left")
         parts.append(table.assign(run_id=run.run_id, device=run.device))
     if not parts:
-        return pd.DataFrame(columns=[*POINT, *RUN_COLUMNS, "choice", "gain", "workload"])
+        empty = answers(pd.DataFrame(columns=[*axes.NAMES, "status", "median_ms", "p25_ms", "p75_ms", "source"]))
+        return empty.assign(floor_ms=[], floor_bound=[], run_id=[], device=[])
     every = pd.concat(parts, ignore_index=True)
     return by_point(every.drop_duplicates([*POINT, "device"], keep="first"))
 

@@ -30,12 +30,16 @@ def vllm_family() -> tuple[str, ...]:
     return family_of(vllm_backend().name)
 
 
-def baseline_backends(baseline: str | Sequence[str] | None = None) -> tuple[str, ...]:
+def baseline_backends(
+    baseline: str | Sequence[str] | None = None, frame: pd.DataFrame | None = None
+) -> tuple[str, ...]:
     """The backends a comparison is held to (the best of them at each point): one name, several, or None for
-    every DeepGEMM build (`vllm_family`: what vLLM runs, and a build of a PR of it)."""
-    if baseline is None:
-        return vllm_family()
-    return (baseline,) if isinstance(baseline, str) else tuple(baseline)
+    every DeepGEMM build (`vllm_family`: what vLLM runs, and a build of a PR of it) that `frame` timed (every one,
+    when it timed none or no frame is given), so a label names exactly the builds its numbers come from."""
+    if baseline is not None:
+        return (baseline,) if isinstance(baseline, str) else tuple(baseline)
+    timed = set(frame.loc[frame["status"] == "ok", "backend"]) if frame is not None and "status" in frame else set()
+    return tuple(b for b in vllm_family() if b in timed) or vllm_family()
 
 
 def path_backend(backends: Sequence[str]) -> str:
@@ -317,7 +321,7 @@ def mixed_context_gap(
     data = measured_ok(frame)
     backend, strategy = candidate
     mine = data[(data["backend"] == backend) & (data["strategy"] == strategy)].set_index(POINT)["median_ms"]
-    best = best_option(frame, list(baseline_backends(baseline))).set_index(POINT)["best_ms"]
+    best = best_option(frame, list(baseline_backends(baseline, frame))).set_index(POINT)["best_ms"]
     at, step = POINT.index("context"), POINT.index("next_n")
 
     def twin(key: tuple) -> tuple:

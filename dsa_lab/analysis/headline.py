@@ -27,6 +27,7 @@ import torch
 
 from dsa_lab import kernels
 from dsa_lab.analysis.frames import POINT, SM90_DEEPGEMM, by_point, measured_ok, one_view, recommend, vllm_choice
+from dsa_lab.analysis.labels import pieces_title
 from dsa_lab.analysis.modeled import SM90_NATIVE_SIZES
 from dsa_lab.analysis.versus import pick_point
 from dsa_lab.cache import bytes_per_token
@@ -333,7 +334,7 @@ def headline_reading(
             f"{', '.join(map(str, same['next_n']))}."
         )
     for row in worse.itertuples():
-        pieces = f" {row.best_pieces}" if row.best_pieces else ""
+        pieces = f" {pieces_title(row.best_pieces)}" if row.best_pieces else ""
         lines.append(
             f"- next_n = {row.next_n}: vLLM takes **{row.vllm_strategy}** ({row.vllm_us:.0f} µs); "
             f"**{row.best_strategy}{pieces}** on {md_text(row.best_backend)} takes {row.best_us:.0f} µs: "

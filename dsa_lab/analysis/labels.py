@@ -9,6 +9,7 @@ its axes: the context, then every other axis away from its old-run value.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 
 from dsa_lab import axes
@@ -61,6 +62,11 @@ def baseline_label(backends: Sequence[str]) -> str:
         return f"the best {backends[0]} option"
     titles = dict.fromkeys(backend_title(b).split(" PR ")[0] for b in backends)
     return f"the best {' / '.join(titles)} option ({', '.join(backends)})"
+
+
+def pieces_title(pieces: str) -> str:
+    """An atom split as stored ('4+2', '4[pad 1]') for people: '4+2', '4 (1 padding row)'."""
+    return re.sub(r"\[pad (\d+)\]", lambda m: f" ({m[1]} padding row{'s' if m[1] != '1' else ''})", pieces)
 
 
 def topk_title(label: str) -> str:

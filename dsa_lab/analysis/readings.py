@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from dsa_lab.analysis import versus
 from dsa_lab.analysis.frames import baseline_backends, measured_ok, path_backend
 from dsa_lab.analysis.labels import baseline_label
 from dsa_lab.markup import md_code, md_text
@@ -80,7 +81,7 @@ def comparison_reading(
     """Markdown: per next_n at (batch, context) the candidate's time, its speedups (the other's time over the
     candidate's: > 1, the candidate is faster) and share of the floor; then the whole run in one line. Every
     number comes from `comparison`; the baseline is named by `labels.baseline_label`."""
-    backends = baseline_backends(baseline)
+    backends = versus.held_to(comparison, baseline)
     held_to = md_text(baseline_label(backends))
     name = f"{candidate[0]} {candidate[1]}"
     here = comparison[(comparison["batch"] == batch) & (comparison["context"] == context)]

@@ -61,7 +61,7 @@ def kernel_comparison(
         floor_pct=pd.to_numeric(floor_pct, errors="coerce"),
         floor_bound=mine["floor_bound"] if "floor_bound" in mine else None,
     )
-    backends = baseline_backends(baseline)
+    backends = baseline_backends(baseline, frame)
     table = table.merge(vllm_path(frame, path_backend(backends), platform), on=POINT, how="left")
     table = table.merge(best_option(frame, list(backends)), on=POINT, how="left")
     table["speedup_vs_vllm"] = table["vllm_ms"] / table["candidate_ms"]
@@ -69,6 +69,13 @@ def kernel_comparison(
     table["beyond_spread_vs_vllm"] = table["candidate_p75_ms"] < table["vllm_p25_ms"]
     table["beyond_spread_vs_best"] = table["candidate_p75_ms"] < table["best_p25_ms"]
     return by_point(table)
+
+
+def held_to(comparison: pd.DataFrame, baseline: str | Sequence[str] | None = None) -> tuple[str, ...]:
+    """The baseline backends a `kernel_comparison` was held to: `baseline` as given, else the DeepGEMM builds
+    whose options were the best somewhere (`frames.baseline_backends`)."""
+    won = comparison.rename(columns={"best_backend": "backend"})[["backend"]].dropna().assign(status="ok")
+    return baseline_backends(baseline, won)
 
 
 def pick_point(frame: pd.DataFrame, batch: int, context: str | int) -> tuple[int, str, str]:
@@ -107,7 +114,7 @@ def modeled_vs_measured(
 ) -> pd.DataFrame:
     """µs per next_n (rows) at one (batch, context): the candidate, best baseline option and vLLM's
     path as measured, then every modeled backend's native time (columns say which is which)."""
-    backends = baseline_backends(baseline)
+    backends = baseline_backends(baseline, frame)
     columns: dict[str, pd.Series] = {}
     measured = measured_ok(frame)
     if ((measured["backend"] == candidate[0]) & (measured["strategy"] == candidate[1])).any():

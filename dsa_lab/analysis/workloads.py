@@ -11,7 +11,6 @@ numbers of issue 19's closing note come from `python -m dsa_lab.analysis.workloa
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Mapping, Sequence
 
 import pandas as pd
@@ -26,7 +25,7 @@ from dsa_lab.analysis.frames import (
     uniform_twin,
     vllm_path,
 )
-from dsa_lab.analysis.labels import workload_title
+from dsa_lab.analysis.labels import pieces_title, workload_title
 from dsa_lab.markup import md_code, md_text
 from dsa_lab.workload import ContextSpec
 
@@ -44,11 +43,6 @@ def workload_label(row: Mapping[str, object]) -> str:
     its old-run value ("logits 160K wide (vLLM's max_model_len)", "logits + torch's top-k (not vLLM's)",
     'CUDA graph'); the shape when not the study's."""
     return workload_title(row)
-
-
-def pieces_title(pieces: str) -> str:
-    """An atom split as stored ('4+2', '4[pad 1]') for people: '4+2', '4 (1 padding row)'."""
-    return re.sub(r"\[pad (\d+)\]", lambda m: f" ({m[1]} padding row{'s' if m[1] != '1' else ''})", pieces)
 
 
 def choice_label(strategy: str, backend: str, pieces: str = "") -> str:

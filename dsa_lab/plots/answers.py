@@ -85,12 +85,9 @@ class AnswerGrid:
     _repr_html_ = to_html
 
     def _cell(self, row: pd.Series) -> str:
+        """One cell: its option's colour and pattern, its speedup; nothing from the run in its markup."""
         strategy, backend = str(row["recommended_strategy"]), str(row["recommended_backend"])
-        tip = (
-            f"{row['choice']}: {row['recommended_ms'] * 1e3:.0f} µs; {VLLM_RELEASE} takes {row['vllm_choice']}: "
-            f"{row['vllm_ms'] * 1e3:.0f} µs (run {row['run_id']}, {row['device']})"
-        )
-        return f"<td style='{CELL}{option_css(strategy, backend)}' title='{html_text(tip)}'>{row['gain']:.2f}×</td>"
+        return f"<td style='{CELL}{option_css(strategy, backend)}'>{row['gain']:.2f}×</td>"
 
     def _legend(self) -> str:
         used = self.rows[["recommended_strategy", "recommended_backend"]].drop_duplicates()
@@ -106,8 +103,7 @@ class AnswerGrid:
         return (
             f"<p style='margin:.3em 0;font-size:13px'>{keys}</p><p class='meta' style='margin:.2em 0;font-size:13px'>"
             f"Colour: the kernel to use; pattern: its strategy ({patterns}). Text: {VLLM_RELEASE}'s time over the "
-            "option's (1.00×: vLLM's own choice is kept, the fastest or tied with it within the measured spread). "
-            "Hover a cell for both times.</p>"
+            "option's (1.00×: vLLM's own choice is kept, the fastest or tied with it within the measured spread).</p>"
         )
 
     def _runs(self, runs: list[str], marks: dict[str, str]) -> str:

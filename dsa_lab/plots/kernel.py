@@ -30,7 +30,7 @@ from dsa_lab.analysis.frames import (
     vllm_path,
 )
 from dsa_lab.analysis.labels import baseline_label, context_title
-from dsa_lab.analysis.versus import MODELED_LABEL, kernel_comparison, modeled_gpu, modeled_vs_measured
+from dsa_lab.analysis.versus import MODELED_LABEL, held_to, kernel_comparison, modeled_gpu, modeled_vs_measured
 from dsa_lab.model.roofline import GpuSpec
 from dsa_lab.plots.style import (
     ANNOTATION_SIZE,
@@ -163,7 +163,7 @@ def plot_backend_latency(
     as black diamonds; modeled rows dashed grey and labelled."""
     data = _latency_rows(frame, batch, context)
     fig, ax = plt.subplots(figsize=(11.5, 5.0), constrained_layout=True)
-    _draw_backend_latency(ax, data, baseline_backends(baseline), platform)
+    _draw_backend_latency(ax, data, baseline_backends(baseline, data), platform)
     ax.set_ylabel(LATENCY_LABEL)
     legend_outside(ax)
     title = (
@@ -192,7 +192,7 @@ def plot_backend_latency_panels(
     )
     legend: dict[str, Any] = {}
     for ax, data, context in zip(axes.flat, panels, contexts):
-        _draw_backend_latency(ax, data, baseline_backends(baseline), SM90_DEEPGEMM)
+        _draw_backend_latency(ax, data, baseline_backends(baseline, every), SM90_DEEPGEMM)
         ax.set_title(f"context {context_title(context)}", fontsize=10)
         legend.update(zip(*reversed(ax.get_legend_handles_labels())))
     axes.flat[0].set_ylabel(LATENCY_LABEL)
@@ -211,7 +211,7 @@ def plot_speedup_heatmaps(
     """Candidate speedup over vLLM's path (left) and over the best baseline option (right), each the other
     side's time over the candidate's: rows batch x context, columns next_n; blue = the candidate is faster,
     red = slower."""
-    backends = baseline_backends(baseline)
+    backends = held_to(comparison, baseline)
     panels = [
         ("speedup_vs_vllm", f"{VLLM_RELEASE}'s path ({path_backend(backends)}) / candidate"),
         ("speedup_vs_best", f"{baseline_label(backends)} / candidate"),

@@ -20,7 +20,7 @@ from pandas.io.formats.style import Styler
 
 from dsa_lab.analysis.frames import measured_ok
 from dsa_lab.analysis.headline import TileReads
-from dsa_lab.analysis.labels import context_title
+from dsa_lab.analysis.labels import context_title, pieces_title
 from dsa_lab.markup import html_text
 from dsa_lab.plots.style import (
     MODELED,
@@ -298,7 +298,7 @@ def style_headline(table: pd.DataFrame, device_label: str, speedups: bool = True
             "vLLM 0.33 takes": table["vllm_strategy"] + " (" + table["vllm_backend"] + ")",
             "vLLM µs": table["vllm_us"],
             "best option": table["best_strategy"]
-            + np.where(table["best_pieces"] != "", " " + table["best_pieces"], "")
+            + np.where(table["best_pieces"] != "", " " + table["best_pieces"].map(pieces_title), "")
             + " ("
             + table["best_backend"]
             + ")",

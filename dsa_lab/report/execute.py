@@ -321,6 +321,7 @@ code { font-size: 90%; } details { margin: .3em 0; } summary { cursor: pointer; 
 &middot; parameters {% for k, v in parameters.items() %}<code>{{ k }}={{ v }}</code> {% endfor %}</p>
 
 <h2>Findings</h2>
+{{ whole_step_html|safe }}
 {{ headline_table|safe }}
 {{ headline_reading|safe }}
 {{ answers_html|safe }}

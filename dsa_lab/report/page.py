@@ -28,12 +28,14 @@ import pandas as pd
 import papermill
 from nbconvert import HTMLExporter
 
+from dsa_lab.analysis.labels import pieces_title
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.markup import html_text, md_code, md_text, render_markdown
 from dsa_lab.store.writes import write_atomic
 from dsa_lab.workload import ContextSpec
 
 if TYPE_CHECKING:
+    from dsa_lab.notebook.answers import Answer
     from dsa_lab.plots.answers import AnswerGrid
 
 HEADLINE_NOTEBOOK = "00"  # the tour: its parameters name the headline's run and shape
@@ -83,11 +85,9 @@ def headline_findings(run_path: str, batch: int, context: str, device: str = "h2
         found = answer(run_path, device)
         shown = headline_of(found, batch, context)
         if shown is None:
-            what = f"The run {md_code(run_path)}" if run_path else f"No measured {device.upper()} run"
             text = (
-                f"{what} times no step vLLM 0.33 takes (its backend, {md_text(vllm_backend().name)}, on a GPU), so "
-                f"there is no headline. Make one on an H200 with `dsa-lab bench --preset h200-full`."
-                + _passed_over(found.ignored)
+                f"{_what_is_missing(found, run_path, device)}, so there is no headline. Make one on an H200 with "
+                "`dsa-lab bench --preset h200-full`." + _passed_over(found.ignored)
             )
             return Findings(None, f"<div class='fallback'>{render_markdown(text)}</div>", text + "\n")
         runs = ", ".join(found.run_ids(shown.table))
@@ -98,6 +98,16 @@ def headline_findings(run_path: str, batch: int, context: str, device: str = "h2
         return failed_findings(run_path, err)
     markdown = headline_markdown(shown.table, label, runs, shown.batch, shown.context)
     return Findings(shown.table, render_markdown(reading), markdown)
+
+
+def _what_is_missing(found: Answer, run_path: str, device: str) -> str:
+    """Why an answer has no point: the run asked for is not there, or times no step vLLM takes, or no run does."""
+    step = f"the step vLLM 0.33 takes (its backend, {md_text(vllm_backend().name)}, on a GPU)"
+    if run_path and not found.asked:
+        return f"The measured run {md_code(run_path)} is not in this checkout's data folder"
+    if run_path:
+        return f"The run {md_code(run_path)} times no point of {step}"
+    return f"No measured {device.upper()} run in this checkout's data folder times {step}"
 
 
 def _passed_over(ignored: list[tuple[str, str]]) -> str:
@@ -111,11 +121,13 @@ def _passed_over(ignored: list[tuple[str, str]]) -> str:
 
 @dataclass
 class Answers:
-    """The answer per workload and next_n (`analysis.answers.grid`): the whole step's first, then the kernel's."""
+    """The answer per workload and next_n (`analysis.answers.grid`): the whole step's grid (`whole_html`, what the
+    index opens with), then the kernel's (`html`: its grids, or why there are none, and the runs passed over)."""
 
     html: str
     markdown: str
     run_ids: tuple[str, ...] = ()  # the runs it read (empty: none answered; `html` says why)
+    whole_html: str = ""  # the whole step's grid, when a run timed whole steps
 
 
 def serving_answers(run_path: str = "", batch: int = 128, device: str = "h200") -> Answers:
@@ -132,12 +144,13 @@ def serving_answers(run_path: str = "", batch: int = 128, device: str = "h200") 
         return Answers(f"<div class='failed'>Answers per workload failed: {html_text(problem)}</div>", problem + "\n")
     passed = _passed_over(found.ignored)
     if not shown:
-        what = f"The run {md_code(run_path)}" if run_path else f"No measured {device.upper()} run"
-        note = f"{what} times no step vLLM 0.33 takes, so there is no answer per workload." + passed
+        note = f"{_what_is_missing(found, run_path, device)}, so there is no answer per workload." + passed
         return Answers(f"<div class='fallback'>{render_markdown(note)}</div>", note + "\n")
-    html = "".join(grid.to_html() for grid in shown) + (render_markdown(passed.strip()) if passed else "")
+    whole = "".join(grid.to_html() for grid in shown if grid.rows["whole_step"].all())
+    kernel = "".join(grid.to_html() for grid in shown if not grid.rows["whole_step"].all())
+    html = kernel + (render_markdown(passed.strip()) if passed else "")
     markdown = "\n\n".join(_grid_markdown(grid) for grid in shown) + passed
-    return Answers(html, markdown + "\n", tuple(found.run_ids(found.table)))
+    return Answers(html, markdown + "\n", tuple(found.run_ids(found.table)), whole)
 
 
 def _grid_markdown(grid: AnswerGrid) -> str:
@@ -179,7 +192,7 @@ def headline_markdown(table: pd.DataFrame, device_label: str, run_id: str, batch
         "|---|---|---|---|---|---|",
     ]
     for row in table.itertuples():
-        pieces = f" {row.best_pieces}" if row.best_pieces else ""
+        pieces = f" {pieces_title(row.best_pieces)}" if row.best_pieces else ""
         lines.append(
             f"| {row.next_n} | {row.vllm_strategy} ({row.vllm_backend}) | {row.vllm_us:.0f} | "
             f"{row.best_strategy}{pieces} ({row.best_backend}) | {row.best_us:.0f} | {row.speedup:.2f}× |"
@@ -302,7 +315,7 @@ def headline_html(findings: Findings) -> str:
         return ""
     rows = []
     for row in findings.table.itertuples():
-        pieces = f" {row.best_pieces}" if row.best_pieces else ""
+        pieces = f" {pieces_title(row.best_pieces)}" if row.best_pieces else ""
         mark = " class='win'" if row.beyond_spread else ""
         rows.append(
             f"<tr><td>{row.next_n}</td><td>{html_text(row.vllm_strategy)} ({html_text(row.vllm_backend)})</td>"
@@ -324,4 +337,5 @@ def page_context(findings: Findings, answers: Answers | None = None) -> dict[str
         "headline_table": headline_html(findings),
         "headline_reading": findings.reading_html,
         "answers_html": answers.html if answers is not None else "",
+        "whole_step_html": answers.whole_html if answers is not None else "",
     }
