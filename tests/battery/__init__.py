@@ -241,6 +241,7 @@ def load_cases() -> list[Case]:
         cases_cli,
         cases_compare,
         cases_model,
+        cases_newest,
         cases_pr340,
         cases_report,
         cases_store,
