@@ -345,7 +345,7 @@ def _styled(kind: str) -> str:
         return tour.style_headline(table, bad).to_html()
     if kind == "goal summary":
         return goals.style_goal_summary(
-            pd.DataFrame({"next_n": [bad], "ratio_min": [1.0], "ratio_max": [1.1]})
+            pd.DataFrame({"next_n": [bad], "speedup_min": [1.0], "speedup_max": [1.1]})
         ).to_html()
     table = pd.DataFrame(
         {

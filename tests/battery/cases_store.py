@@ -736,15 +736,15 @@ for _label, _value, _names in (
 
 
 def _data_with(tmp: Path, damage) -> Path:
-    """A data folder holding one measured h200 study run (a copy of a tiny CPU run relabelled as study data,
-    not scratch: run discovery passes scratch over unnamed), damaged by `damage`."""
+    """A data folder holding one measured h200 study run (a copy of a tiny CPU run relabelled as H200 study data,
+    not scratch: run discovery passes scratch and other GPUs' runs over), damaged by `damage`."""
     data = tmp / "data"
     out = partial_run(tmp, "seed")
     run = data / "h200" / "h200-damaged"
     run.mkdir(parents=True)
     for name in ("provenance.json", "results.parquet", "points.jsonl"):
         (run / name).write_bytes((out / name).read_bytes())
-    _set_provenance(run, lambda p: p.update(scratch=False))
+    _set_provenance(run, lambda p: p.update(scratch=False, device="cuda", device_name="NVIDIA H200"))
     damage(run)
     return data
 
