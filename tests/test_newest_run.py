@@ -147,7 +147,10 @@ def test_notebook_02s_headline_and_the_index_read_the_newer_run(user_data: Path,
     assert [(p["label"], p["run_id"]) for p in used] == [("latency run", NEWER), ("headline run", NEWER)]
     assert any("image/png" in data for data in outputs)
     findings = report_page.headline_findings("", 128, "65536")  # the index's headline, the tour's run_path ""
-    assert f"run `{NEWER}`" in findings.markdown
+    assert f"runs `{NEWER}` and `h200-serving-20261201`" in findings.markdown  # next_n = 7: the serving run's only
+    assert "| 7 | flatten (deepgemm) | 1913 | native (gluon) | 932 | 2.05× | `h200-serving-20261201` |" in (
+        findings.markdown
+    )
 
 
 def test_the_index_names_a_broken_newer_run_it_passed_over(user_data: Path) -> None:

@@ -306,6 +306,12 @@ def headline_section(results: pd.DataFrame, batch: int, context: str) -> Headlin
     return HeadlineSection(shown, point_batch, point_context, backend, table, notes)
 
 
+def runs_named(run_ids: str) -> str:
+    """'run `a`', or 'runs `a` and `b`' for 'a, b' (the runs a table's rows come from), as Markdown."""
+    names = [md_code(run_id) for run_id in run_ids.split(", ")]
+    return f"run {names[0]}" if len(names) == 1 else f"runs {', '.join(names[:-1])} and {names[-1]}"
+
+
 def headline_reading(
     table: pd.DataFrame, device_label: str, run_id: str, batch: int, context: str, speedups: bool = True
 ) -> str:
@@ -314,20 +320,20 @@ def headline_reading(
     exceeds most gaps) the fastest option per next_n, and no ratio."""
     short = ContextSpec.parse(context).short
     if table.empty:
-        return f"No next_n at B = {batch}, {short} has a timed decision in run {md_code(run_id)}."
+        return f"No next_n at B = {batch}, {short} has a timed decision in {runs_named(run_id)}."
     if not speedups:
         fastest = "; ".join(
             f"next_n = {row.next_n}: {md_text(row.best_strategy)} ({md_text(row.best_backend)}, {row.best_us:.0f} µs)"
             for row in table.itertuples()
         )
         return (
-            f"**Wall-clock times on {md_text(device_label)}, run {md_code(run_id)}, B = {batch}, {short}** "
+            f"**Wall-clock times on {md_text(device_label)}, {runs_named(run_id)}, B = {batch}, {short}** "
             f"(no speedups read from a CPU run). Fastest here: {fastest}."
         )
     timed = table.dropna(subset=["vllm_us", "best_us"])
     same = timed[~timed["beyond_spread"]]
     worse = timed[timed["beyond_spread"]]
-    lines = [f"**Measured on {md_text(device_label)}, run {md_code(run_id)}, B = {batch}, context {short}.**"]
+    lines = [f"**Measured on {md_text(device_label)}, {runs_named(run_id)}, B = {batch}, context {short}.**"]
     if not same.empty:
         lines.append(
             f"- vLLM 0.33's choice is as fast as the best option (within the measured spread) at next_n = "

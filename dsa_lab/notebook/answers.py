@@ -79,6 +79,7 @@ class Headline:
     chosen: ChosenRun
     caption: str
     notes: tuple[str, ...]
+    own_run: bool = True  # False: the page's main run, already announced (no run answers the point)
 
     @property
     def runs(self) -> str:
@@ -123,15 +124,19 @@ def headline(found: Answer, batch: int, context: str) -> Headline | None:
     return Headline(rows, results, batch, label, found.chosen(rows), provenance_line(run.provenance), tuple(notes))
 
 
-def headline_view(run_path: str, device: str, batch: int, context: str, seed: int = 0) -> Headline:
-    """The headline every page shows: the one answer's at (batch, context) (`headline`). A run that answers no
-    point (it did not time vLLM's route: a plug-in kernel's, a CPU run) shows its own times at its nearest point
-    instead, the note saying so and the page drawing no speedups from a CPU's wall clock."""
+def headline_view(
+    run_path: str, device: str, batch: int, context: str, seed: int = 0, main: ChosenRun | None = None
+) -> Headline:
+    """The headline every page shows: the one answer's at (batch, context) (`headline`). When no run answers a
+    point (none timed vLLM's route: a plug-in kernel's run, a CPU run, no data), the page's main run (`main`,
+    else `sections.latency_run`'s) shows its own times at its nearest point instead, the note saying so and the
+    page drawing no speedups from a CPU's wall clock."""
     found = answer(run_path, device)
     shown = headline(found, batch, context)
     if shown is not None:
         return shown
-    main = latency_run(run_path, device, seed)
+    own = main is None
+    main = latency_run(run_path, device, seed) if main is None else main
     section = headline_section(main.run.results, batch, context)
     why = (
         f"*No run here times {vllm_backend().name} (what vLLM runs) on a GPU, so there is no answer to show: the "
@@ -140,7 +145,8 @@ def headline_view(run_path: str, device: str, batch: int, context: str, seed: in
     caption = provenance_line(main.run.provenance)
     caption = caption if main.measured else f"{main.device_label} | {caption}"
     table = section.table.assign(run_id=main.run.provenance["run_id"])
-    return Headline(table, section.results, section.batch, section.context, main, caption, (why, *section.notes))
+    notes = (why, *section.notes)
+    return Headline(table, section.results, section.batch, section.context, main, caption, notes, own)
 
 
 def grids(found: Answer, batch: int, whole_step: bool | None = None) -> list[AnswerGrid]:

@@ -157,6 +157,7 @@ def show_run(run: store.Run, label: str) -> None:
     provenance = run.provenance
     record = {
         "run_id": provenance["run_id"],
+        "path": relative_to_data(run.path),
         "source": run.source,
         "created": provenance["created"],
         "git_sha": provenance["git"].get("sha"),

@@ -19,6 +19,7 @@ from dsa_lab.analysis.labels import baseline_label
 from dsa_lab.kernels import baseline_backend, vllm_backend
 from dsa_lab.markup import md_code, md_text
 from dsa_lab.model.roofline import get_gpu
+from dsa_lab.notebook.display import show_provenance
 from dsa_lab.notebook.runs import ChosenRun, timed_backends
 
 H200 = "H200"
@@ -42,7 +43,8 @@ def speedup_panels(
     chosen: ChosenRun, results: pd.DataFrame, overlay_modeled: bool, seed: int
 ) -> tuple[list[tuple[str, pd.DataFrame]], str]:
     """The speedup heatmaps' (label, frame) panels: a GPU run's rows, with the roofline model at its ceilings
-    beside them when `overlay_modeled`; a CPU run's none, the H200 roofline model instead (modeled)."""
+    beside them when `overlay_modeled`; a CPU run's none, the H200 roofline model instead (modeled; its provenance
+    shown, as every chart's data is)."""
     if chosen.on_gpu:
         roofline = (
             modeled.modeled_rows_like(results, chosen.gpu, run_seed(chosen, seed))
@@ -55,7 +57,9 @@ def speedup_panels(
                 pd.concat([results, roofline], ignore_index=True) if roofline is not None else results,
             )
         ], ""
-    grid = modeled.modeled_grid(gpu=get_gpu("H200-measured"), seed=seed, **MODEL_GRID)
+    gpu = get_gpu("H200-measured")
+    grid = modeled.modeled_grid(gpu=gpu, seed=seed, **MODEL_GRID)
+    show_provenance({"source": "modeled", "roofline_gpu": gpu.name, "ceilings": gpu.source}, "modeled H200 times")
     return [(H200, grid)], wall_clock(chosen) + " *The H200 panels below are the roofline model's (modeled).*"
 
 
@@ -91,6 +95,11 @@ class Candidate:
     baseline: tuple[str, ...]
     label: str
     note: str
+
+    @property
+    def held_to(self) -> str:
+        """'*gluon native, held to the best DeepGEMM option (deepgemm, deepgemm-pr340).*': the page's two sides."""
+        return f"*{md_text(self.candidate[0])} native, held to {md_text(self.label)}.*"
 
 
 def candidate_of(results: pd.DataFrame, wanted: str) -> Candidate:

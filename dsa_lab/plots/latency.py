@@ -249,7 +249,7 @@ def style_decisions(table: pd.DataFrame) -> FoldedTable:
             "fastest": table["best_strategy"],
             "fastest µs": table["best_ms"] * 1e3,
             "speedup": table["speedup"],
-            "beyond the spread": table["beyond_spread"],
+            "beyond the spread": table["beyond_spread"].map({True: "yes", False: "no"}),
             "recommended": table["recommended_strategy"],
         }
     )

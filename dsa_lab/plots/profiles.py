@@ -22,6 +22,7 @@ from dsa_lab.analysis.profiles import PHASE_ORDER, tensor_column, tensor_pipe_la
 from dsa_lab.plots.style import (
     MODELED,
     MODELED_HATCH,
+    PART_PALETTE,
     STRATEGY_ORDER,
     add_footer,
     backend_marker,
@@ -30,7 +31,7 @@ from dsa_lab.plots.style import (
     strategy_color,
 )
 
-PHASE_COLORS = dict(zip(PHASE_ORDER, sns.color_palette("colorblind", len(PHASE_ORDER))))
+PHASE_COLORS = dict(zip(PHASE_ORDER, PART_PALETTE))  # no strategy's colour (`style.PART_PALETTE`)
 
 
 def provenance_caption(provenance: Mapping[str, Any]) -> str:

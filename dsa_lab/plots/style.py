@@ -53,6 +53,9 @@ STRATEGY_COLORS = {"native": "#1f77b4", "atom": "#2ca02c", "flatten": "#d62728"}
 SPEEDUP_CMAP = "RdBu"  # the one diverging palette: blue faster than vLLM's choice (speedup > 1), red slower
 BETTER_BACKGROUND = "#d1e5f0"  # the palette's light blue: a table cell that beats vLLM's choice
 MODELED_CMAP = "Purples"  # modeled speedups: a scale of their own
+# Parts of a step (04's profiled phases, 05's decode-step components): colours no strategy uses, so a bar's part is
+# never read as native, atom or flatten.
+PART_PALETTE = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#e6ab02", "#c5b0d5")
 MEASURED_LINESTYLE = "-"
 MODELED_LINESTYLE = "--"
 MODELED_MARKER = "X"

@@ -28,6 +28,7 @@ import pandas as pd
 import papermill
 from nbconvert import HTMLExporter
 
+from dsa_lab.analysis.headline import runs_named
 from dsa_lab.analysis.labels import pieces_title
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.markup import html_text, md_code, md_text, render_markdown
@@ -161,12 +162,10 @@ def _grid_markdown(grid: AnswerGrid) -> str:
         index=keys, columns="next_n", values="cell", aggfunc="first", sort=False
     )
     table = table[sorted(table.columns)]
-    runs = ", ".join(
-        f"{r} ({d})" for r, d in rows.drop_duplicates("run_id")[["run_id", "device"]].itertuples(index=False)
-    )
-    return f"**{md_text(grid.title)}** (runs {md_text(runs)})\n\n" + table.fillna("").reset_index().to_markdown(
-        index=False
-    )
+    runs = runs_named(", ".join(dict.fromkeys(rows["run_id"])))
+    devices = ", ".join(md_text(d) for d in dict.fromkeys(rows["device"]))
+    head = f"**{md_text(grid.title)}** ({runs}, on {devices})"
+    return head + "\n\n" + table.fillna("").reset_index().to_markdown(index=False)
 
 
 def failed_findings(source: str, err: BaseException) -> Findings:
@@ -186,16 +185,17 @@ def headline_markdown(table: pd.DataFrame, device_label: str, run_id: str, batch
     lines = [
         f"Paged MQA logits, one decode step, B = {batch}, context {int(context) // 1024}K, FP8; the workload: a "
         "uniform batch (every request that context), logits only at the batch's width, CUDA events; "
-        f"measured on {md_text(device_label)} (run {md_code(run_id)}), median µs.",
+        f"measured on {md_text(device_label)} ({runs_named(run_id)}), median µs.",
         "",
-        "| next_n | vLLM 0.33 takes | µs | fastest measured | µs | speedup |",
-        "|---|---|---|---|---|---|",
+        "| next_n | vLLM 0.33 takes | µs | fastest measured | µs | speedup |" + (" run |" if "," in run_id else ""),
+        "|---|---|---|---|---|---|" + ("---|" if "," in run_id else ""),
     ]
     for row in table.itertuples():
         pieces = f" {pieces_title(row.best_pieces)}" if row.best_pieces else ""
         lines.append(
             f"| {row.next_n} | {row.vllm_strategy} ({row.vllm_backend}) | {row.vllm_us:.0f} | "
             f"{row.best_strategy}{pieces} ({row.best_backend}) | {row.best_us:.0f} | {row.speedup:.2f}× |"
+            + (f" {md_code(row.run_id)} |" if "," in run_id else "")
         )
     return "\n".join(lines) + "\n"
 
