@@ -181,7 +181,8 @@ def test_repeat_run_and_its_provenance(shown: list[str]) -> None:
     assert repeat is not None and repeat.provenance["run_id"] == "h200-harness-20261130" and why == ""
     notebook.show_run(repeat, "repeat run (spread)")
     assert shown == [
-        f"data used (repeat run (spread)): run_id=h200-harness-20261130, source=measured, "
+        f"data used (repeat run (spread)): run_id=h200-harness-20261130, path=h200/h200-harness-20261130, "
+        "source=measured, "
         f"created={repeat.provenance['created']}, git_sha={repeat.provenance['git'].get('sha')}"
     ]
 
@@ -223,6 +224,6 @@ def test_notebook_03_takes_a_plug_in_kernel_and_holds_it_to_what_the_run_timed()
     plug_in = pd.concat([results.assign(backend="reference"), results.assign(backend="my-kernel")])
     sides = views.candidate_of(plug_in, "gluon")
     assert sides.candidate == ("my-kernel", "native") and sides.baseline == ("reference",)
-    assert "`gluon` was not timed in this run; the candidate is `my\\-kernel`" in sides.note
+    assert "`gluon` was not timed in this run; the candidate is `my-kernel`" in sides.note
     with pytest.raises(ValueError, match="no point timed ok"):
         views.candidate_of(results.assign(status="error"), "gluon")

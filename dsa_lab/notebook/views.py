@@ -117,15 +117,15 @@ def candidate_of(results: pd.DataFrame, wanted: str) -> Candidate:
     if wanted not in timed:
         others = [b for b in timed if b not in family and b != reference]
         candidate = others[0] if others else timed[0]
-        notes.append(f"`{md_text(wanted)}` was not timed in this run; the candidate is `{md_text(candidate)}`")
+        notes.append(f"{md_code(wanted)} was not timed in this run; the candidate is {md_code(candidate)}")
     baseline = family or ((reference,) if reference in timed and reference != candidate else ())
     if not family:
         if not baseline:
             baseline = (candidate,)
         notes.append(
-            f"{md_text(vllm_backend().name)} (what vLLM runs) was not timed; the baseline is `{md_text(baseline[0])}`"
+            f"{md_text(vllm_backend().name)} (what vLLM runs) was not timed; the baseline is {md_code(baseline[0])}"
         )
-    note = f"*{'; '.join(notes)} (timed: {', '.join(timed)}).*" if notes else ""
+    note = f"*{'; '.join(notes)} (timed: {', '.join(map(md_text, timed))}).*" if notes else ""
     return Candidate((candidate, "native"), baseline, baseline_label(baseline), note)
 
 
