@@ -223,7 +223,7 @@ def plot_speedup_heatmaps(
     contexts = context_order(comparison["context"])
     groups = comparison.groupby(["batch", "context"]).ngroups
     width = min(MAX_WIDTH, 2 * (3.5 + 0.6 * comparison["next_n"].nunique()))
-    fig, axes = plt.subplots(1, 2, figsize=(width, max(3.5, 1.4 + 0.3 * groups)), constrained_layout=True)
+    fig, axes = plt.subplots(1, 2, figsize=(width, max(3.5, 1.4 + 0.22 * groups)), constrained_layout=True)
     for ax, (column, title) in zip(axes, panels):
         grid = comparison.pivot_table(index=["batch", "context"], columns="next_n", values=column)
         order = [(b, c) for b in sorted(comparison["batch"].unique()) for c in contexts if (b, c) in grid.index]

@@ -152,7 +152,7 @@ def plot_speedup(
     columns = min(2, len(panels))
     rows = -(-len(panels) // columns)
     width = min(MAX_WIDTH, columns * (3.2 + 0.5 * table["next_n"].nunique()) + 1.5)
-    height = max(3.8, rows * (1.3 + 0.2 * table.groupby(["batch", "context"]).ngroups))
+    height = max(3.8, rows * (1.3 + 0.17 * table.groupby(["batch", "context"]).ngroups))
     fig, axes = plt.subplots(rows, columns, figsize=(width, height), squeeze=False, constrained_layout=True)
     for index, (ax, ((backend, strategy), part)) in enumerate(zip(axes.flat, panels)):
         grid = part.pivot_table(index=["batch", "context"], columns="next_n", values="speedup")
@@ -204,7 +204,7 @@ def plot_modeled_speedup(frame: pd.DataFrame, device: str, baseline: str = "flat
     rows = list(grid.index)
     names = [backend.removeprefix("model (").removesuffix(")") for backend, _ in rows]  # 'B200, deepgemm'
     grid.index = [f"{strategy} · {name} ({MODELED})" for (_, strategy), name in zip(rows, names)]
-    fig, ax = plt.subplots(figsize=(4.5 + 0.8 * grid.shape[1], max(3.2, 1.6 + 0.5 * len(grid))), layout="constrained")
+    fig, ax = plt.subplots(figsize=(4.5 + 0.8 * grid.shape[1], max(2.9, 1.6 + 0.5 * len(grid))), layout="constrained")
     sns.heatmap(
         grid,
         annot=True,

@@ -368,11 +368,13 @@ def ncu_comparison(path: str, candidate: str) -> pd.DataFrame:
 
 
 def plot_goal_ratio_heatmap(points: pd.DataFrame, device: str, provenance_line: str | None, candidate: str) -> Figure:
-    """The candidate's speedup over the best DeepGEMM option at every point (`goal_points`: the best's
-    time / the candidate's, > 1 faster, the one ratio direction of every chart): rows batch x context,
+    """The candidate's speedup over the best DeepGEMM option at every uniform point (`goal_points`: the best's
+    time / the candidate's, > 1 faster, the one ratio direction of every chart; ragged batches have a section of
+    their own): rows batch x context,
     columns next_n, the one speedup palette (`style.SPEEDUP_CMAP`, blue: the candidate faster). Each cell
     names the option it is held to: its strategy, and its backend when more than one wins somewhere."""
     shown = points.dropna(subset=["speedup"])
+    shown = shown[~shown["context"].map(lambda c: ContextSpec.parse(c).mixed)]  # the goals' batches: uniform ones
     if shown.empty:
         raise ValueError("points: no point has both a candidate and a DeepGEMM time (column 'speedup' all NaN)")
     several = shown["best_backend"].nunique() > 1
