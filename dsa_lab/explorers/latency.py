@@ -134,13 +134,14 @@ def latency_explorer(
         shown = point[point["backend"].isin(backends) & point["strategy"].isin(strategies)]
         if shown.empty:
             raise ValueError(f"{list(backends)} × {list(strategies)}: nothing timed at this point; select others")
-        where = ", ".join(
+        where = ", ".join(axis_value_title(n, point_values[n]) for n in ("batch", "context"))
+        setting = ", ".join(
             axis_value_title(n, point_values[n])
             for n in POINT_AXES
-            if n in ("batch", "context") or shown_run.data[n].nunique() > 1
+            if n not in ("batch", "context") and shown_run.data[n].nunique() > 1
         )
         kind = "measured" if shown_run.speedups else "CPU wall clock, no speedups"
-        title = f"{where} on {shown_run.device} ({kind})"
+        title = f"{where} on {shown_run.device} ({kind})" + (f"\n{setting}" if setting else "")
         figure = plot_point(shown, VLLM_BACKEND, title, shown_run.caption, baseline=point, speedups=shown_run.speedups)
         show_figure(figure)
         what = "against vLLM 0.33 on SM90 + DeepGEMM" if shown_run.speedups else "(times only: a CPU run)"
