@@ -311,7 +311,8 @@ def test_every_axis_has_a_human_title() -> None:
     assert labels.axis_value_title("timed", "logits+topk") == "logits + top-k"
     assert labels.axis_value_title("timer", "graph") == "CUDA graph"
     assert labels.axis_value_title("beyond", True) == "yes" and labels.axis_value_title("beyond", False) == "no"
-    assert labels.topk_title("torch") == "torch's top-k (not vLLM's)"
+    assert labels.axis_value_title("topk_impl", "torch") == "torch's top-k (not vLLM's)"
+    assert labels.axis_value_title("topk_impl", "none") == "no top-k"
     assert labels.pieces_title("4[pad 1]") == "4 (1 padding row)"
 
 

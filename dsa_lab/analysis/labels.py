@@ -17,10 +17,10 @@ from dsa_lab.acceptance import AcceptanceSpec
 from dsa_lab.analysis.frames import STUDY_SHAPE
 from dsa_lab.kernels import backend_names, get_backend
 from dsa_lab.plan import LogitsWidth
+from dsa_lab.topk.registry import label_of
 from dsa_lab.workload import ContextSpec, format_tokens
 
-TOPK_AXIS = "topk_impl"  # which top-k follows the logits on a 'logits+topk' step
-OLD_TOPK = "torch"  # what a 'logits+topk' row of a run without that axis ran
+TOPK_AXIS = axes.axis("topk_impl")  # which top-k follows the logits on a 'logits+topk' step (its old-run value: torch)
 
 
 def context_title(label: str) -> str:
@@ -69,11 +69,6 @@ def pieces_title(pieces: str) -> str:
     return re.sub(r"\[pad (\d+)\]", lambda m: f" ({m[1]} padding row{'s' if m[1] != '1' else ''})", pieces)
 
 
-def topk_title(label: str) -> str:
-    """Which top-k follows the logits: 'vllm' -> "vLLM's top-k"; 'torch' -> "torch's top-k (not vLLM's)"."""
-    return {"vllm": "vLLM's top-k", "torch": "torch's top-k (not vLLM's)", "none": "no top-k"}.get(label, label)
-
-
 TITLES: Mapping[str, Callable[[str], str]] = {
     "backend": backend_title,
     "strategy": str,
@@ -86,9 +81,9 @@ TITLES: Mapping[str, Callable[[str], str]] = {
     "acceptance": acceptance_title,
     "logits_width": width_title,
     "timed": lambda v: {"logits": "logits only", "logits+topk": "logits + top-k"}.get(v, v),
-    "timer": lambda v: {"events": "CUDA events", "graph": "CUDA graph"}.get(v, v),
+    "timer": lambda v: {"events": "CUDA events", "graph": "CUDA graph", "replay": "one graph, ragged steps"}.get(v, v),
     "config": lambda v: "the backend's own rule" if v == axes.axis("config").old_value else v,
-    TOPK_AXIS: topk_title,
+    TOPK_AXIS.name: label_of,  # each top-k's own label (`dsa_lab.topk`), which says when it is not vLLM's
 }
 
 
@@ -111,11 +106,11 @@ def workload_title(row: Mapping[str, object]) -> str:
     ('mixed 2K-128K · logits 160K wide (vLLM's max_model_len)'); a step with a top-k names which top-k (a run
     without the axis ran torch's, not vLLM's); the shape when not DeepSeek-V3.2's indexer (64 heads of 128, FP8)."""
     parts = [context_title(str(row["context"]))]
-    for name in (k for k in axes.SETTING_KEYS if k != TOPK_AXIS):
+    for name in (k for k in axes.SETTING_KEYS if k != TOPK_AXIS.name):
         if row[name] == axes.axis(name).old_value:
             continue
-        topk = str(row.get(TOPK_AXIS, OLD_TOPK)) if name == "timed" and row[name] == "logits+topk" else None
-        parts.append(f"logits + {topk_title(topk)}" if topk else SHORT.get(name, TITLES[name])(str(row[name])))
+        topk = str(row.get(TOPK_AXIS.name, TOPK_AXIS.old_value)) if row[name] == "logits+topk" else None
+        parts.append(f"logits + {label_of(topk)}" if topk else SHORT.get(name, TITLES[name])(str(row[name])))
     if any(row[k] != v for k, v in STUDY_SHAPE.items()):
         parts.append(", ".join(axis_value_title(k, row[k]) for k in STUDY_SHAPE))
     return " · ".join(parts)

@@ -152,6 +152,17 @@ WHOLE_STEP = Section(
     "whole-step answers",  # the step a user pays for: the logits and the top-k after them
     {"backend": (vllm_backend().name,), "timed": ("logits+topk",)},
 )
+VLLM_STEP = Section(
+    "the step with vLLM's top-k",  # notebook 02's split of each option's step into its logits and its top-k
+    {"backend": (vllm_backend().name,), "timed": ("logits", "logits+topk"), "topk_impl": ("vllm",)},
+    how="Make one on an H100 or H200 with `scripts/step_study.sh` (the `step` preset; vLLM's top-k built by "
+    "`scripts/build_vllm_topk.py`).",
+)
+RAGGED_VERIFICATION = Section(
+    "ragged verification",  # one graph replayed over steps of per-request draft counts (`bench.replay`)
+    {"backend": (vllm_backend().name,), "timer": ("replay",)},
+    how=VLLM_STEP.how,
+)
 
 
 def latency_section() -> Section:
