@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 DATA_ENV = "DSA_LAB_DATA"
@@ -63,24 +64,42 @@ def scratch_dir() -> Path:
 def resolve_data_path(path: str | os.PathLike[str]) -> Path:
     """An absolute path as given; a relative one inside `data_dir()`.
 
-    A leading `data/` is accepted too (paths written relative to the repository root).
+    A leading `data/` is accepted too (paths written relative to the repository root), and a leading `scratch/`
+    names the scratch folder (`scratch_dir()`: where a run of one's own lands), so a page can name either
+    without a machine path.
     """
     given = Path(path).expanduser()
     if given.is_absolute():
         return given
+    if given.parts and given.parts[0] == SCRATCH_FOLDER:
+        return scratch_dir().joinpath(*given.parts[1:])
     if given.parts and given.parts[0] == "data":
         given = Path(*given.parts[1:])
     return data_dir() / given
 
 
 def shown_path(path: str | os.PathLike[str]) -> str:
-    """A path as reports show it: `data/...` (or `$DSA_LAB_DATA/...`) inside the data folder, else as given."""
-    given = Path(path).expanduser().resolve()
-    prefix = f"${DATA_ENV}" if os.environ.get(DATA_ENV) else "data"
-    try:
-        return str(Path(prefix) / given.relative_to(data_dir().resolve()))
-    except (ValueError, FileNotFoundError):
+    """A path as reports show it, never a machine path: `data/...` (or `$DSA_LAB_DATA/...`) inside the data
+    folder, `scratch/...` inside the scratch folder, relative to the working directory inside it, else its last
+    two parts ('…/cpu/my-run')."""
+    given = Path(path).expanduser()
+    if not given.is_absolute() and not given.parts[:1] == ("..",):
         return str(path)
+    resolved = given.resolve()
+    prefix = f"${DATA_ENV}" if os.environ.get(DATA_ENV) else "data"
+    roots = [(prefix, _or_none(data_dir)), (SCRATCH_FOLDER, _or_none(scratch_dir)), ("", Path.cwd())]
+    for label, root in roots:
+        if root is not None and resolved.is_relative_to(root.resolve()):
+            inside = resolved.relative_to(root.resolve())
+            return str(Path(label) / inside) if label else str(inside)
+    return str(Path("…", *resolved.parts[-2:]))
+
+
+def _or_none(folder: Callable[[], Path]) -> Path | None:
+    try:
+        return folder()
+    except FileNotFoundError:
+        return None
 
 
 def docs_dir() -> Path:

@@ -16,10 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsa_lab.analysis import headline, runs
+from dsa_lab.analysis import headline
 from dsa_lab.cli import main
 from dsa_lab.markup import md_code, md_text, render_markdown
 from dsa_lab.notebook import display as notebook
+from dsa_lab.notebook import runs, sections
 from dsa_lab.report import execute as report
 from dsa_lab.report import page as report_page
 from dsa_lab.store import folders as store
@@ -29,7 +30,7 @@ HOSTILE = "<img src=x onerror=alert(1)><script>alert(2)</script>"
 LIVE = re.compile(r"<\s*(script|img|iframe|svg)\b|<[^<>]*\son\w+\s*=", re.IGNORECASE)  # a tag that runs something
 TOUR = REPO / "notebooks" / "00_tour.ipynb"
 HEADLINE = report_page.headline_point(TOUR)  # (run path, batch, context): the run and shape the tour names
-HEADLINE_RUN = HEADLINE[0] or runs.relative_to_data(runs.latency_run(HEADLINE[0]).run.path)  # '': the one it shows
+HEADLINE_RUN = HEADLINE[0] or runs.relative_to_data(sections.latency_run(HEADLINE[0]).run.path)  # '': the one it shows
 HEADLINE = (HEADLINE_RUN, *HEADLINE[1:])
 
 
@@ -168,7 +169,8 @@ def test_the_headline_reading_escapes_the_device_and_the_run() -> None:
 
 def test_styled_tables_escape_names_from_a_run() -> None:
     """Backend names from results.parquet used to be live through a pandas Styler."""
-    from dsa_lab.plots import latency, serving, tour
+    from dsa_lab.plots import latency, tour
+    from dsa_lab.plots.answers import AnswerGrid
     from dsa_lab.studies import goals
 
     decision = pd.DataFrame(
@@ -210,15 +212,29 @@ def test_styled_tables_escape_names_from_a_run() -> None:
         }
     )
     ncu.attrs["tensor_counter"] = HOSTILE
-    summary = pd.DataFrame({"workload": [HOSTILE], "options used": [HOSTILE], "best speedup": [2.0]})
+    grid = pd.DataFrame(
+        {
+            "workload": [HOSTILE],
+            "batch": [128],
+            "next_n": [3],
+            "recommended_strategy": ["native"],
+            "recommended_backend": [HOSTILE],
+            "recommended_ms": [0.4],
+            "choice": [HOSTILE],
+            "vllm_choice": [HOSTILE],
+            "vllm_ms": [0.8],
+            "gain": [2.0],
+            "run_id": [HOSTILE],
+            "device": [HOSTILE],
+        }
+    )
     for styled in (
         latency.style_decisions(decision),
         tour.style_headline(best, HOSTILE),
         goals.style_ncu_comparison(ncu),
-        goals.style_goal_summary(pd.DataFrame({"n": [HOSTILE], "ratio_min": [1.0], "ratio_max": [1.0]})),
-        serving.style_answer_summary(summary, [HOSTILE]),
-        serving.style_answer_summary(summary, []),  # the rows folded, under the head's one line
-        serving.style_reversal_counts(pd.DataFrame({"uniform": [HOSTILE], "ragged": [HOSTILE], "cells": [1]})),
+        goals.style_goal_summary(pd.DataFrame({"n": [HOSTILE], "speedup_min": [1.0], "speedup_max": [1.0]})),
+        AnswerGrid(grid, HOSTILE),
+        AnswerGrid(grid, HOSTILE, by_batch=True),
         latency.style_verdicts(pd.DataFrame({"backend": [HOSTILE, "x"], "verdict": [HOSTILE, "same"]})),
     ):
         page = styled.to_html()

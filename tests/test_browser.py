@@ -12,6 +12,7 @@ package; without them the test skips, unless DSA_LAB_REQUIRE_BROWSER is set (as 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import textwrap
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from browser_support import (
     EXPLORER_ERROR,
     OUTPUT,
     REQUIRE_ENV,
+    SELECTS,
     TRACEBACK_MARK,
     LabServer,
     NotebookPage,
@@ -232,3 +234,81 @@ def test_notebook_runs_in_jupyterlab_and_its_explorers_respond(
         page.close()
         lab.shutdown_kernels()
     assert hashlib.sha256(path.read_bytes()).hexdigest() == committed, f"{path.name} was modified on disk"
+
+
+def test_a_run_switch_in_the_02_explorer_selects_every_option_the_run_timed(
+    browser: object, lab: LabServer, tmp_path: Path
+) -> None:
+    """Issue 28: switching 02's explorer from the notebook's run (DeepGEMM and Triton) to the serving run selects
+    every backend that run timed, Gluon and PR #340 included, and says so; selected options look selected."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page = NotebookPage(browser, lab, "02_latency_vs_next_n.ipynb")
+    try:
+        outcome = page.run_all(timeout=NOTEBOOK_TIMEOUT)
+        assert not outcome.errors, outcome.errors
+        (explorer,) = page.explorers()
+        run = explorer.locator(SELECTS).first  # the run selector: the notebook's run, then the newest study run
+        labels = [label.replace("\xa0", " ") for label in run.locator("option").all_inner_texts()]
+        assert labels[0] == "this notebook's run" and labels[1].startswith("h200-serving-")
+        backends = explorer.locator("select[multiple]").first
+        before = backends.locator("option:checked").all_inner_texts()
+        assert "gluon" not in before
+        page.move_select(explorer, run, images=1)
+        chosen = backends.locator("option:checked").all_inner_texts()
+        assert {"gluon", "deepgemm-pr340", "deepgemm"} <= set(chosen), chosen  # every backend the new run timed
+        assert "every one selected" in explorer.locator(OUTPUT).inner_text()  # and it says so
+        colour = backends.locator("option:checked").first.evaluate("o => getComputedStyle(o).backgroundImage")
+        assert "rgb(9, 105, 218)" in colour  # the selection blue, focused or not (not a disabled-looking grey)
+        page.screenshot_explorer(explorer, SCREENSHOTS / "02-run-switch.png")
+    finally:
+        page.close()
+        lab.shutdown_kernels()
+
+
+@pytest.fixture(scope="module")
+def cpu_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, int]:
+    """`dsa-lab report --run` of a CPU run made now (bench --preset ci into a scratch folder of its own): the
+    report folder, the run's id and the report's exit status."""
+    import subprocess
+    import sys
+
+    scratch = tmp_path_factory.mktemp("scratch")
+    env = {**os.environ, "DSA_LAB_SCRATCH": str(scratch), "PYTHONPATH": str(REPO)}
+    bench = [sys.executable, "-m", "dsa_lab.cli", "bench", "--preset", "ci", "--no-progress"]
+    subprocess.run(bench, cwd=REPO, env=env, check=True, capture_output=True)
+    (run,) = (scratch / "cpu").iterdir()
+    out = tmp_path_factory.mktemp("report")
+    report = [sys.executable, "-m", "dsa_lab.cli", "report", "--run", f"scratch/cpu/{run.name}", "--out", str(out)]
+    done = subprocess.run(report, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert "Kernel is running over TCP" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
+    return out, run.name, done.returncode
+
+
+def test_a_report_of_a_fresh_cpu_run_reads_it_on_every_page(browser: object, cpu_report: tuple[Path, str, int]) -> None:
+    """Issue 28: `report --run <a fresh CPU ci run>` exits 0; every page shows that run or a banner saying why not;
+    no page holds a machine path, a stderr box, a traceback or raw HTML; the index names the run. Each page's height
+    at 1280 px is printed, and its screenshot kept in reports/browser/."""
+    out, run_id, code = cpu_report
+    assert code == 0
+    cards = json.loads((out / "report.json").read_text())["notebooks"]
+    reading = {card["html"] for card in cards if any(p.get("run_id") for p in card["provenance"])}  # read a run
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        for html in sorted(out.glob("*.html")):
+            text = html.read_text(encoding="utf-8")
+            for machine in (str(out), str(REPO), os.path.expanduser("~")):
+                assert machine not in text, f"{html.name}: a machine path ({machine})"
+            assert 'data-mime-type="application/vnd.jupyter.stderr"' not in text, f"{html.name}: a stderr box"
+            assert TRACEBACK_MARK not in text and "&lt;span style" not in text, f"{html.name}: a traceback or raw HTML"
+            page.goto(html.resolve().as_uri())
+            height = page.evaluate("document.documentElement.scrollHeight")
+            page.screenshot(path=str(SCREENSHOTS / f"cpu-run-{html.stem}.png"), full_page=True)
+            print(f"{html.name}: {height} px")
+            if html.name == "index.html":
+                assert run_id in page.inner_text("body") and "6 of 6 notebooks ok" in page.inner_text("body")
+            elif html.name in reading:
+                body = page.inner_text("body")
+                assert run_id in body or "Not the measured data" in body, f"{html.name} shows neither the run nor why"
+    finally:
+        page.close()

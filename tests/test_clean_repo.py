@@ -200,8 +200,12 @@ def test_runs_lists_study_and_scratch_apart(tmp_path: Path, monkeypatch: pytest.
     (old / store.PROVENANCE_FILE).write_text(json.dumps({**provenance, "run_id": "old"}))
     capsys.readouterr()
     assert main(["runs"]) == 0
-    rows = {line.split()[1]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
-    assert rows["study"][4] == "study" and rows["try"][4] == "scratch" and rows["old"][4] == "scratch"
+    header, *lines = capsys.readouterr().out.splitlines()
+    column = header.split().index("purpose")
+    rows = {line.split()[1]: line.split() for line in lines}
+    assert rows["study"][column] == "study" and rows["try"][column] == "scratch" and rows["old"][column] == "scratch"
+    assert str(tmp_path) not in "\n".join(lines) and "None" not in "\n".join(lines)  # no machine path, no 'None'
+    assert rows["try"][0] == "scratch/cpu/try" and rows["study"][0] == "data/cpu/study"
     purposes = listing.list_runs(tmp_path / "data").set_index("run_id")["purpose"].to_dict()
     assert purposes == {"study": "study", "old": "scratch"}
 
@@ -209,8 +213,8 @@ def test_runs_lists_study_and_scratch_apart(tmp_path: Path, monkeypatch: pytest.
 def test_run_fresh_shows_a_progress_bar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from dsa_lab.analysis import runs
     from dsa_lab.bench import sweep
+    from dsa_lab.notebook import runs
 
     seen: dict[str, object] = {}
 

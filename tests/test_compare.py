@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsa_lab.analysis.compare import compare_runs, summarize
+from dsa_lab.analysis.compare import WALL_CLOCK, compare_runs, summarize
 from dsa_lab.cli import main
 from dsa_lab.store import folders as store
 from dsa_lab.store import opening
@@ -89,8 +89,9 @@ def test_nan_gets_its_own_verdict(tmp_path):
 
 
 def test_rows_without_samples_fall_back_to_the_interquartile_ranges(tmp_path):
-    def run(name: str, median: float) -> store.Run:
-        provenance = build_provenance(name, "cpu", "cpu", "measured", 0, "wall_clock", {})
+    def run(name: str, median: float, device: str = "cuda") -> store.Run:
+        device_name = "NVIDIA H200" if device == "cuda" else "cpu"
+        provenance = build_provenance(name, device, device_name, "measured", 0, "cuda_events", {})
         run_dir = opening.create_run(tmp_path / name, provenance)
         key = "backend=reference|strategy=native|batch=1|context=64|next_n=1|cache_dtype=fp8|heads=32|head_dim=64"
         store.append_point(
@@ -125,6 +126,11 @@ def test_rows_without_samples_fall_back_to_the_interquartile_ranges(tmp_path):
 
     table = compare_runs(run("a", 1.0), run("b", 1.5))
     assert table["verdict"].tolist() == ["slower"] and "interquartile" in table["note"].iloc[0]
+    a, b = run("cpu-a", 1.0, "cpu"), run("cpu-b", 1.68, "cpu")  # two CPU runs of the same code drift this far
+    table = compare_runs(a, b)
+    assert table["verdict"].tolist() == ["unsure"] and table["note"].iloc[0] == WALL_CLOCK
+    summary = summarize(table, a, b, 0.05)
+    assert summary.regressions == 0 and summary.lines("a", "b")[0].startswith("CPU: no verdicts")
 
 
 def test_bad_threshold_and_top_are_named(capsys):

@@ -6,7 +6,9 @@ measured, and opens other study runs; bad text gets the explorer's one-line erro
 from __future__ import annotations
 
 import io
+import shutil
 from html import unescape
+from pathlib import Path
 
 import matplotlib
 
@@ -19,9 +21,9 @@ from browser_support import image_problem  # noqa: E402
 from IPython.display import HTML, Image  # noqa: E402
 
 from dsa_lab.analysis import e2e  # noqa: E402
-from dsa_lab.analysis.runs import profile_run  # noqa: E402
 from dsa_lab.explorers import base, decode_paths, latency, profiles  # noqa: E402
 from dsa_lab.explorers import e2e as e2e_explorer_module  # noqa: E402
+from dsa_lab.notebook.runs import profile_run  # noqa: E402
 from dsa_lab.paths import resolve_data_path  # noqa: E402
 from dsa_lab.plots.style import provenance_line  # noqa: E402
 from dsa_lab.store import folders as store  # noqa: E402
@@ -151,6 +153,47 @@ def test_the_serving_run_offers_only_what_it_measured(monkeypatch: pytest.Monkey
     assert not any(":" in label for label in labels), labels  # human labels: 'mixed 2K-128K', 'lognormal 16K σ1.2'
     images, errors = shown.since(0)
     assert not errors and not [p for p in map(image_problem, images) if p]
+
+
+def test_a_run_switch_selects_every_option_the_new_run_timed(
+    monkeypatch: pytest.MonkeyPatch, shipped: store.Run
+) -> None:
+    """Issue 28: the notebook's run timed DeepGEMM and Triton; switched to the serving run, the backends shown are
+    every one it timed (Gluon and PR #340 too), not the old run's two, and the explorer says so."""
+    shown = Shown(monkeypatch)
+    latency.latency_explorer(shipped.results, "H200", True, None, resolve_data_path(SHIPPED))
+    box = shown.box()
+    (backends,) = [w for row in box.children for w in getattr(row, "children", ()) if w.description == "backends"]
+    assert set(backends.value) == {"deepgemm", "triton"}
+    run = dropdowns(box)[0]
+    start = len(shown.items)
+    run.value = str(resolve_data_path(SERVING))
+    assert {"gluon", "deepgemm-pr340", "deepgemm"} <= set(backends.value) == set(backends.options)
+    said = [item.data for item in shown.items[start:] if hasattr(item, "data") and isinstance(item.data, str)]
+    assert any("every one selected" in text and "gluon" in text for text in said), said
+    assert base.SELECTED_CSS in box.children[0].value  # selected options in the selection colour, focused or not
+
+
+def test_scratch_runs_are_offered_labelled_and_a_cpu_run_draws_no_speedups(
+    monkeypatch: pytest.MonkeyPatch, shipped: store.Run, tmp_path: Path
+) -> None:
+    from dsa_lab.paths import SCRATCH_ENV
+
+    scratch = tmp_path / "scratch"
+    mine = scratch / "cpu" / "my-cpu-run"
+    shutil.copytree(resolve_data_path(SHIPPED), mine)
+    store.update_provenance(mine, run_id="my-cpu-run", device="cpu", device_name="cpu", scratch=True)
+    monkeypatch.setenv(SCRATCH_ENV, str(scratch))
+    shown = Shown(monkeypatch)
+    latency.latency_explorer(shipped.results, "H200", True, None, resolve_data_path(SHIPPED))
+    run = dropdowns(shown.box())[0]
+    assert ("my-cpu-run · cpu · scratch", str(mine)) in run.options
+    start = len(shown.items)
+    run.value = str(mine)
+    images, errors = shown.since(start)
+    assert len(images) == 1 and not errors
+    table = next(item for item in shown.items[start:] if hasattr(item, "data") and hasattr(item, "to_html"))
+    assert "speedup over vLLM" not in table.data and list(table.data) == ["fastest", "fastest µs"]
 
 
 def test_the_baseline_stays_when_deepgemm_is_left_out(monkeypatch: pytest.MonkeyPatch, shipped: store.Run) -> None:

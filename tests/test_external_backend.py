@@ -43,7 +43,7 @@ def test_the_example_benches_through_the_cli_and_its_run_reaches_notebooks_02_an
     own_registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     from dsa_lab.analysis import frames, readings, versus
-    from dsa_lab.analysis.runs import kernel_run, latency_run
+    from dsa_lab.notebook.sections import kernel_run, latency_run
     from dsa_lab.plots import kernel, latency
     from dsa_lab.plots.style import backend_marker
 

@@ -13,8 +13,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from dsa_lab.analysis import frames  # noqa: E402
-from dsa_lab.analysis.runs import timed_backends  # noqa: E402
 from dsa_lab.model.roofline import GpuSpec, floor_ms  # noqa: E402
+from dsa_lab.notebook.runs import timed_backends  # noqa: E402
 from dsa_lab.paths import DATA_ENV, resolve_data_path  # noqa: E402
 from dsa_lab.plan import LaunchPlan  # noqa: E402
 from dsa_lab.plots import style  # noqa: E402
@@ -138,20 +138,20 @@ def test_summary_per_next_n(points: pd.DataFrame) -> None:
     summary = goals.goal_summary(points.reset_index()).set_index("next_n")
     assert list(summary.index) == list(range(1, 9))  # every next_n of goal 1, measured or not
     assert summary.loc[3, "shapes"] == 2 and summary.loc[3, "met"] == 1
-    assert np.isclose(summary.loc[3, "ratio_min"], 380 / 500) and np.isclose(summary.loc[3, "ratio_max"], 100 / 90)
+    assert np.isclose(summary.loc[3, "speedup_max"], 500 / 380) and np.isclose(summary.loc[3, "speedup_min"], 90 / 100)
     assert summary.loc[3, "worst"] == "B=64 L=32K"
-    assert summary.loc[1, "shapes"] == 0 and np.isnan(summary.loc[1, "ratio_min"])
+    assert summary.loc[1, "shapes"] == 0 and np.isnan(summary.loc[1, "speedup_min"])
 
 
 def test_sentences_say_met_missed_and_where(points: pd.DataFrame) -> None:
     first, second, third, fourth = goals.goal_sentences(points.reset_index(), "gluon")
     assert first.startswith("**Goal 1 missed**")
-    assert "n=3 (1.111×)" in first and "native (deepgemm-pr340) 90.0 µs" in first
+    assert "n=3 (0.900×)" in first and "native (deepgemm-pr340) 90.0 µs" in first  # best / gluon: below 1
     assert "next_n [1, 2, 5, 6, 7, 8] not measured" in first and "Not judged at 1 more" in first
     assert second.startswith("**Goal 2 met**") and "380.0 µs" in second
     assert third.startswith("**Goal 3 not met**") and "Not judged at 1 more" in third  # gluon failed at B=128 L=32K
     assert (
-        fourth.startswith("**Goal 4 missed**") and "n=5 (1.071×)" in fourth and "flatten (deepgemm) 28.0 µs" in fourth
+        fourth.startswith("**Goal 4 missed**") and "n=5 (0.933×)" in fourth and "flatten (deepgemm) 28.0 µs" in fourth
     )
 
 
@@ -184,7 +184,7 @@ def test_heatmap_speedup_cells_and_footer(points: pd.DataFrame) -> None:
     assert norm.vcenter == 1.0 and np.isclose(1.0 / norm.vmin, norm.vmax)
     assert fig.axes[0].collections[0].cmap.name == style.SPEEDUP_CMAP
     with pytest.raises(ValueError, match="no point has both"):
-        goals.plot_goal_ratio_heatmap(points.reset_index().assign(ratio=np.nan), "H200", None, "gluon")
+        goals.plot_goal_ratio_heatmap(points.reset_index().assign(speedup=np.nan), "H200", None, "gluon")
     html = goals.style_goal_points(points.reset_index()).to_html()
     assert "missed" in html and "met" in html
 
@@ -234,11 +234,12 @@ def test_the_shipped_nsight_compute_comparison() -> None:
 
 @pytest.mark.skipif(not resolve_data_path(SHIPPED).is_dir(), reason=f"data/{SHIPPED} is not in this checkout")
 def test_an_absent_run_path_falls_back_to_the_newest_gluon_run_and_says_so() -> None:
-    chosen, missing = goals.goal_run("h200/no-such-run", "h200", "gluon")
-    assert chosen is not None and not missing and "gluon" in timed_backends(chosen.run)
-    assert chosen.ignored[0][0] == "h200/no-such-run" and "not in the data folder" in chosen.ignored[0][1]
-    with pytest.raises(ValueError, match="run_path='h200/h200-full-20261129': .*with 'gluon'"):
-        goals.goal_run("h200/h200-full-20261129", "h200", "gluon")  # there, but without the gluon backend
+    chosen, note = goals.goal_run("h200/no-such-run", "h200", "gluon")  # asked for, absent: a banner says so
+    assert chosen is not None and "gluon" in timed_backends(chosen.run)
+    assert note.startswith("run_path 'h200/no-such-run' is not there: showing h200/") and chosen.missing == note
+    chosen, note = goals.goal_run("h200/h200-full-20261129", "h200", "gluon")  # there, but without gluon
+    assert "run_path 'h200/h200-full-20261129' has no 'gluon' timed on a GPU: showing h200/" in note
+    assert chosen is not None and chosen.missing == note and "gluon" in timed_backends(chosen.run)  # a banner
 
 
 ISSUE13 = "h200/h200-issue13-20261130"
@@ -259,7 +260,7 @@ def test_the_run_with_both_deepgemm_builds_holds_gluon_to_pr340_at_next_n_3() ->
     assert small["goal4"].notna().all() and len(small) == 32 and table["goal4"].notna().sum() == 32
     assert not bool(table.loc[(1, "32768", 1), "goal4"])  # one small request: latency, where DeepGEMM leads
     summary = goals.goal_summary(table.reset_index()).set_index("next_n")
-    assert summary.loc[3, "met"] == 4 and summary.loc[3, "ratio_max"] < 0.91
+    assert summary.loc[3, "met"] == 4 and summary.loc[3, "speedup_min"] > 1 / 0.91
 
 
 @pytest.mark.skipif(not resolve_data_path(ISSUE13_NCU).is_dir(), reason=f"data/{ISSUE13_NCU} is not in this checkout")

@@ -27,7 +27,7 @@ EXPECTED = {
            "candidate_backend": "str", "headline_batch": "int", "headline_context": "str", "interactive": "bool"},
     "03": {"device": "str", "run_device": "str", "run_path": "str", "serving_run_path": "str", "batch": "int",
            "context": "str",
-           "candidate_backend": "str", "baseline_backend": "str", "gluon_run_path": "str", "gluon_ncu_path": "str",
+           "candidate_backend": "str", "gluon_run_path": "str", "gluon_ncu_path": "str",
            "timeline_path": "str", "timeline_call": "str", "modeled_gpus": "list[str]", "seed": "int",
            "interactive": "bool"},
     "04": {"device": "str", "profile_path": "str", "focus_batch": "int", "focus_next_n": "int", "cpu_batch": "int",

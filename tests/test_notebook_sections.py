@@ -10,12 +10,14 @@ import pandas as pd
 import pytest
 from tqdm import TqdmWarning
 
-from dsa_lab.analysis import agreement, e2e, frames, headline, modeled, profiles
-from dsa_lab.analysis.modeled import Sm100Frame
-from dsa_lab.analysis.runs import latency_run, repeat_run
+from dsa_lab.analysis import agreement, e2e, frames, headline, profiles
 from dsa_lab.invariance import LOGITS_COLUMN, StrategiesDisagree
 from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS
 from dsa_lab.notebook import display as notebook
+from dsa_lab.notebook import views
+from dsa_lab.notebook.runs import repeat_run
+from dsa_lab.notebook.sections import latency_run
+from dsa_lab.notebook.sm100 import Sm100Frame, sm100_backend, sm100_point
 from dsa_lab.workload import ContextSpec, ragged_decode_batch, random_inputs, with_padding
 
 SHIPPED = "h200/h200-harness-20261130"  # a small measured run (80 points)
@@ -52,7 +54,7 @@ def test_show_sm100_says_modeled_and_lists_the_runs_passed_over(shown: list[str]
     frame.ignored.append(("b200/broken-run", "results.parquet is missing"))
     notebook.show_sm100(frame, "SM100 run")
     assert shown[0] == "these times are **modeled, not measured**"
-    assert shown[1] == r"*Ignored run `b200/broken-run`: results\.parquet is missing*"  # escaped: text, not markup
+    assert shown[1] == r"*Passed over (run): `b200/broken-run`: results\.parquet is missing.*"  # escaped: text
     assert len(shown) == 2  # no banner, no provenance: nothing was measured
 
 
@@ -126,9 +128,17 @@ def test_e2e_sections() -> None:
     first = next(iter(ACCEPTANCE_PRESETS.values()))[0]
     assert presets["tokens a step at full depth"].iloc[0] == pytest.approx(1 + sum(first))
     chosen = latency_run(SHIPPED)
-    assert len(e2e.model_errors(chosen)) == (chosen.run.results["status"] == "ok").sum()
-    chosen.measured = False  # a CPU stand-in is not held against the model
-    assert e2e.model_errors(chosen) is None
+    assert (
+        len(e2e.model_errors(chosen.run.results, chosen.run.provenance["seed"]))
+        == (chosen.run.results["status"] == "ok").sum()
+    )
+    assert e2e.model_errors(None, 0).empty  # no GPU run (a CPU one, a stand-in): nothing to hold the model to
+    plug_in = chosen.run.results.assign(backend="reference")  # a backend the model does not cover
+    assert e2e.model_errors(plug_in, 0).empty  # (it used to raise ValueError: backend='reference')
+    assert e2e.typical_error(e2e.model_errors(None, 0)) is None
+    assert e2e.reproduces(0.0115, 0.005, 0.565).startswith("not judged: the model's interval")  # wider than 1.15 %
+    assert e2e.reproduces(0.0115, 0.010, 0.013) == "yes: inside the model's interval"
+    assert e2e.reproduces(0.0115, 0.002, 0.005).startswith("no: outside")
     published = pd.DataFrame(
         {
             "batch": [32, 1],
@@ -154,13 +164,25 @@ def test_announce_section_says_why_as_text_then_announces(shown: list[str]) -> N
 
 
 def test_repeat_run_and_its_provenance(shown: list[str]) -> None:
-    assert repeat_run("") is None
-    assert repeat_run("h200/no-such-run") is None
-    repeat = repeat_run(SHIPPED)
-    assert repeat is not None and repeat.provenance["run_id"] == "h200-harness-20261130"
+    first = latency_run(SHIPPED)
+    assert repeat_run("", first) == (
+        None,
+        "No repeat run named (`repeat_path`): the spread between calls is not shown.",
+    )
+    assert repeat_run("h200/no-such-run", first)[0] is None
+    cpu = views.ChosenRun(first.run, True, "cpu", None)
+    cpu.run.provenance["device"] = "cpu"
+    try:
+        none, why = repeat_run(SHIPPED, cpu)  # a CPU run shown: no GPU spread beside it (it used to fail)
+    finally:
+        cpu.run.provenance["device"] = "cuda"
+    assert none is None and "timed on cpu" in why
+    repeat, why = repeat_run(SHIPPED, first)
+    assert repeat is not None and repeat.provenance["run_id"] == "h200-harness-20261130" and why == ""
     notebook.show_run(repeat, "repeat run (spread)")
     assert shown == [
-        f"data used (repeat run (spread)): run_id=h200-harness-20261130, source=measured, "
+        f"data used (repeat run (spread)): run_id=h200-harness-20261130, path=h200/h200-harness-20261130, "
+        "source=measured, "
         f"created={repeat.provenance['created']}, git_sha={repeat.provenance['git'].get('sha')}"
     ]
 
@@ -179,13 +201,29 @@ def test_decision_backend_keeps_the_one_asked_for_else_says_which() -> None:
 def test_sm100_point_and_backend() -> None:
     results = _results()
     measured = Sm100Frame(results, True, "NVIDIA B200", "Measured on a B200")
-    at = modeled.sm100_point(measured, None, 128, "64K")
+    at = sm100_point(measured, None, 128, "64K")
     assert (at.batch, at.context) == (8, "1024") and at.frame is results  # the SM100 run's nearest point
     rows = results.assign(source="modeled", backend="triton")
     model = Sm100Frame(rows, False, "B200 (modeled)", "modeled")
-    alone = modeled.sm100_point(model, None, 128, "64K")
+    alone = sm100_point(model, None, 128, "64K")
     assert (alone.batch, alone.context) == (128, ContextSpec.parse("64K").label) and alone.frame is rows
-    beside = modeled.sm100_point(model, results, 4, "1024")
+    beside = sm100_point(model, results, 4, "1024")
     assert (beside.batch, beside.context) == (4, "1024") and len(beside.frame) == 2 * len(results)
-    assert modeled.sm100_backend(measured) == "deepgemm"  # what vLLM runs, when it was timed
-    assert modeled.sm100_backend(model) == "triton"  # else the first timed
+    assert sm100_backend(measured) == "deepgemm"  # what vLLM runs, when it was timed
+    assert sm100_backend(model) == "triton"  # else the first timed
+
+
+def test_notebook_03_takes_a_plug_in_kernel_and_holds_it_to_what_the_run_timed() -> None:
+    """The candidate asked for, else the first backend that is neither DeepGEMM nor the reference; the baseline
+    every DeepGEMM build timed, else the reference; each substitution said."""
+    results = _results()
+    both = pd.concat([results, results.assign(backend="deepgemm-pr340"), results.assign(backend="gluon")])
+    sides = views.candidate_of(both, "gluon")
+    assert sides.candidate == ("gluon", "native") and sides.baseline == ("deepgemm", "deepgemm-pr340")
+    assert sides.label == "the best DeepGEMM option (deepgemm, deepgemm-pr340)" and sides.note == ""
+    plug_in = pd.concat([results.assign(backend="reference"), results.assign(backend="my-kernel")])
+    sides = views.candidate_of(plug_in, "gluon")
+    assert sides.candidate == ("my-kernel", "native") and sides.baseline == ("reference",)
+    assert "`gluon` was not timed in this run; the candidate is `my-kernel`" in sides.note
+    with pytest.raises(ValueError, match="no point timed ok"):
+        views.candidate_of(results.assign(status="error"), "gluon")

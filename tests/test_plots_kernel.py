@@ -161,7 +161,7 @@ def test_modeled_sm100_times_are_the_roofline(with_modeled: pd.DataFrame) -> Non
         expected = modeled_time(LaunchPlan(seq_lens, n, "native"), "B200").time_ms * 1e3
         assert np.isclose(table.loc[n, b200], expected)
     assert np.allclose(table["native (triton), measured"], [8.0, 10.0, 12.5, 20.0, 30.0])
-    assert np.allclose(table["best deepgemm option, measured"], [10.0, 14.0, 25.0, 40.0, 45.0])
+    assert np.allclose(table["the best deepgemm option, measured"], [10.0, 14.0, 25.0, 40.0, 45.0])
 
 
 def test_plot_backend_latency(with_modeled: pd.DataFrame) -> None:
@@ -174,7 +174,7 @@ def test_plot_backend_latency(with_modeled: pd.DataFrame) -> None:
     texts = _legend_texts(ax)
     assert "native (triton), measured" in texts and "atom (deepgemm), measured" in texts
     assert f"native on B200: {kernel.MODELED_LABEL}" in texts
-    assert any(t.startswith("best deepgemm option") for t in texts)
+    assert any(t.startswith("the best deepgemm option") for t in texts)
     assert any("vLLM 0.33.0 path on SM90 + DeepGEMM" in t and "[1, 2, 4]" in t for t in texts)  # a version
     assert style.footer_text(fig) == "run synthetic | NVIDIA H200"
     modeled_lines = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
@@ -202,7 +202,7 @@ def test_plot_backend_latency_panels_draws_each_context_beside_the_others(result
     (legend,) = fig.legends  # one legend for both panels, each series once
     texts = [t.get_text() for t in legend.get_texts()]
     assert len(texts) == len(set(texts)) and "native (triton), measured" in texts
-    assert any(t.startswith("best deepgemm option") for t in texts)
+    assert any(t.startswith("the best deepgemm option") for t in texts)
     assert "batch=2" in fig.get_suptitle() and style.footer_text(fig) == "run synthetic | H200"
     with pytest.raises(ValueError, match="no timed rows at batch=2, context=8192"):
         kernel.plot_backend_latency_panels(results, 2, ["1024", "8192"], "NVIDIA H200")
@@ -223,10 +223,12 @@ def test_the_modeled_and_measured_times_fold_under_the_chart(with_modeled: pd.Da
 def test_plot_speedup_heatmaps(results: pd.DataFrame) -> None:
     fig = kernel.plot_speedup_heatmaps(versus.kernel_comparison(results, TRITON), "NVIDIA H200", None, TRITON)
     left, right = fig.axes[:2]
-    assert "vLLM 0.33" in left.get_title() and "best deepgemm option" in right.get_title()
+    assert "vLLM 0.33" in left.get_title() and right.get_title() == "the best deepgemm option / candidate"
     assert left.get_xlabel() == "next_n" and "NVIDIA H200" in fig.get_suptitle() and "measured" in fig.get_suptitle()
     annotations = {t.get_text() for t in right.texts}
     assert {"2.00", "1.40", "1.50"} <= annotations
+    assert {t.get_fontsize() for t in right.texts} == {style.ANNOTATION_SIZE}  # at least 9 px on a report page
+    assert fig.get_figwidth() <= style.MAX_WIDTH
     assert len(fig.axes) == 3  # two heatmaps and the colour bar
 
 
@@ -262,9 +264,10 @@ def test_plot_modeled_sm100(with_modeled: pd.DataFrame) -> None:
 def test_reading_and_caption(results: pd.DataFrame) -> None:
     text = readings.comparison_reading(versus.kernel_comparison(results, TRITON), 2, "1024", "NVIDIA H200", TRITON)
     assert (
-        "next_n=3: 12.5 µs; 2.00x vs vLLM's path (flatten, 25.0 µs); 2.00x vs the best deepgemm option (flatten" in text
+        "next_n=3: 12.5 µs; 2.00× vs vLLM's path (flatten, 25.0 µs); 2.00× vs the best deepgemm option (flatten on "
+        "deepgemm" in text
     )
-    assert "next_n=5: 30.0 µs; 2.33x vs vLLM's path (flatten, 70.0 µs); 1.50x vs the best deepgemm option (atom" in text
+    assert "next_n=5: 30.0 µs; 2.33× vs vLLM's path (flatten, 70.0 µs); 1.50× vs the best deepgemm option (atom" in text
     assert "faster than the best deepgemm option in 10 (10 beyond the measured spread)" in text
     provenance = {
         "source": "measured",

@@ -14,12 +14,12 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from dsa_lab.analysis import frames, headline, readings  # noqa: E402
+from dsa_lab.analysis import frames, headline, labels, readings  # noqa: E402
 from dsa_lab.analysis import profiles as analysis_profiles  # noqa: E402
 from dsa_lab.analysis.modeled import modeled_rows_like  # noqa: E402
-from dsa_lab.analysis.runs import profile_run  # noqa: E402
 from dsa_lab.kernels import backend_names  # noqa: E402
 from dsa_lab.model.roofline import get_gpu  # noqa: E402
+from dsa_lab.notebook.runs import profile_run  # noqa: E402
 from dsa_lab.paths import resolve_data_path  # noqa: E402
 from dsa_lab.plots import kernel, latency, profiles, style, tour  # noqa: E402
 from dsa_lab.policy.vllm import RELEASES  # noqa: E402
@@ -283,9 +283,9 @@ def test_tables_shade_speedups_blue_when_faster(shipped_full_run: store.Run) -> 
     assert b > r
 
 
-def test_more_than_two_backends_colour_lines_by_backend() -> None:
-    """Four native lines in one blue cannot be told apart: past two backends a chart colours by backend
-    (its descriptor's colour) and draws the strategy as the line style."""
+def test_strategy_is_the_colour_and_backend_the_marker_however_many_backends() -> None:
+    """One visual language in every chart: four native lines share the native blue and differ by the marker each
+    backend declares; the strategy is never a line style (solid: measured, dashed: modeled)."""
     serving = store.load_run(resolve_data_path("h200/h200-serving-20261201")).results
     point = frames.ok_rows(serving)
     point = point[(point["batch"] == 128) & (point["context"] == "65536")]
@@ -295,25 +295,36 @@ def test_more_than_two_backends_colour_lines_by_backend() -> None:
     fig = latency.plot_point(point, "deepgemm", "title")
     native = {line.get_label(): line for line in fig.axes[1].get_lines() if line.get_label().startswith("native (")}
     assert len(native) == point.loc[point["strategy"] == "native", "backend"].nunique() > 2
-    colours = {matplotlib.colors.to_hex(line.get_color()) for line in native.values()}
-    assert len(colours) == len(native) and all(line.get_linestyle() == "-" for line in native.values())
+    assert {matplotlib.colors.to_hex(line.get_color()) for line in native.values()} == {style.STRATEGY_COLORS["native"]}
+    assert len({line.get_marker() for line in native.values()}) == len(native)
     flatten = [line for line in fig.axes[1].get_lines() if line.get_label().startswith("flatten (")]
-    assert flatten and all(line.get_linestyle() == ":" for line in flatten)
-    two = point[point["backend"].isin(["deepgemm", "triton"])]
-    fig = latency.plot_point(two, "deepgemm", "title")
-    native = [line for line in fig.axes[1].get_lines() if line.get_label().startswith("native (")]
-    assert {matplotlib.colors.to_hex(line.get_color()) for line in native} == {style.STRATEGY_COLORS["native"]}
+    assert flatten and all(line.get_linestyle() == "-" for line in [*flatten, *native.values()])
+    cpu = latency.plot_point(point, "deepgemm", "title", speedups=False)  # a CPU's wall clock: no speedup panel
+    assert len(cpu.axes) == 1
+
+
+def test_every_axis_has_a_human_title() -> None:
+    from dsa_lab import axes
+    from dsa_lab.analysis import labels
+
+    assert {a.name for a in axes.AXES} <= set(labels.TITLES)
+    assert labels.axis_value_title("timed", "logits+topk") == "logits + top-k"
+    assert labels.axis_value_title("timer", "graph") == "CUDA graph"
+    assert labels.axis_value_title("beyond", True) == "yes" and labels.axis_value_title("beyond", False) == "no"
+    assert labels.axis_value_title("topk_impl", "torch") == "torch's top-k (not vLLM's)"
+    assert labels.axis_value_title("topk_impl", "none") == "no top-k"
+    assert labels.pieces_title("4[pad 1]") == "4 (1 padding row)"
 
 
 def test_serving_values_get_human_labels() -> None:
-    assert style.context_title("lognormal:16384:1.2") == "lognormal 16K σ1.2"
-    assert style.context_title("mixed:2048-131072") == "mixed 2K-128K" and style.context_title("65536") == "64K"
-    assert style.axis_value_title("acceptance", "none") == "every draft accepted"
-    assert style.axis_value_title("acceptance", "v4flash-dspark-ascend13640:2") == (
+    assert labels.context_title("lognormal:16384:1.2") == "lognormal 16K σ1.2"
+    assert labels.context_title("mixed:2048-131072") == "mixed 2K-128K" and labels.context_title("65536") == "64K"
+    assert labels.axis_value_title("acceptance", "none") == "every draft accepted"
+    assert labels.axis_value_title("acceptance", "v4flash-dspark-ascend13640:2") == (
         "v4flash-dspark-ascend13640, first 2 (0.739, 0.478)"
     )
-    assert style.axis_value_title("logits_width", "model:163840") == "logits 160K wide (vLLM's max_model_len)"
-    assert style.axis_value_title("batch", 128) == "128"
+    assert labels.axis_value_title("logits_width", "model:163840") == "logits 160K wide (vLLM's max_model_len)"
+    assert labels.axis_value_title("batch", 128) == "B = 128"
 
 
 def test_run_to_run_verdicts_fold_under_the_line_that_totals_them() -> None:

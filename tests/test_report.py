@@ -14,6 +14,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from dsa_lab.report.execute import build_report, find_notebooks, parse_parameter, register_cli
+from dsa_lab.store import folders as store
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -244,17 +245,23 @@ def test_policy_grid_and_blocks_read() -> None:
     assert blocks_read(build_flatten_metadata(batch, table), 64) == 2 * (2 + 3 + 3)  # once per row
 
 
-def test_index_opens_with_the_headline_of_the_shipped_run(notebooks: Path, tmp_path: Path) -> None:
-    """A reader finds the fastest strategy for next_n = 3 at B = 128, 64K at the top of the index: the run
-    and shape the tour notebook's parameters name (the tour itself need not run)."""
+def test_index_opens_with_the_one_answer_of_the_shipped_runs(notebooks: Path, tmp_path: Path) -> None:
+    """A reader finds the whole step's answer per workload, then the fastest option for next_n = 3 at B = 128,
+    64K at the top of the index, from the one answer (the newest run that timed vLLM's route there: the serving
+    run, whose Gluon and PR #340 the older sweep lacks), at the shape the tour notebook's parameters name."""
     shutil.copy(REPO / "notebooks" / "00_tour.ipynb", notebooks / "00_tour.ipynb")
     out = tmp_path / "reports"
     build_report(notebooks, out, device="cpu", only=["01"])
     index = (out / "index.html").read_text()
     findings = index[index.index("<h2>Findings</h2>") : index.index("<h2>Notebooks</h2>")]
+    assert findings.index("The whole step (logits and top-k)") < findings.index("<table class='headline'>")
     row = findings[findings.index("<tr><td>3</td>") :].split("</tr>")[0]
-    assert "flatten (deepgemm)" in row and "<b>atom 4[pad 1]</b>" in row and "1.61×" in row
-    assert "measured on NVIDIA H200" in findings and "h200-full-20261129" in findings
+    assert "flatten (deepgemm)" in row and "<b>native</b> (gluon)" in row and "1.93×" in row
+    assert "measured on NVIDIA H200" in findings and "h200-serving-20261201" in findings
     markdown = (out / "headline.md").read_text()
-    assert "| 3 | flatten (deepgemm) | 829 | atom 4[pad 1] (deepgemm) | 515 | 1.61× |" in markdown
-    assert "measured on NVIDIA H200 (run `h200-full-20261129`)" in markdown  # its provenance, not a placeholder
+    assert "| 3 | flatten (deepgemm) | 830 | native (gluon) | 431 | 1.93× |" in markdown
+    assert "measured on NVIDIA H200 (run `h200-serving-20261201`)" in markdown  # its provenance, not a placeholder
+    serving = store.load_run(REPO / "data" / "h200" / "h200-serving-20261201").results
+    gluon = serving[(serving["backend"] == "gluon") & (serving["batch"] == 128) & (serving["context"] == "65536")]
+    gluon = gluon[(gluon["next_n"] == 3) & (gluon["timed"] == "logits") & (gluon["timer"] == "events")]
+    assert f"| {gluon['median_ms'].iloc[0] * 1e3:.0f} |" in markdown.split("| 3 |")[1]  # the serving data's number

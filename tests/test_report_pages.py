@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from html.parser import HTMLParser
+from pathlib import Path
 
 import nbformat
 import pandas as pd
@@ -157,3 +158,14 @@ def test_the_ragged_kernel_table_is_folded_and_escaped() -> None:
     html = kernel.style_ragged(table).to_html()
     assert html.startswith("<details><summary>") and "(2 rows)" in html  # one line, the rows under it
     assert "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html and "1.23" in html and "—" in html
+
+
+def test_the_readme_table_is_the_reports_headline() -> None:
+    """'What the H200 says' quotes the one answer: the table between its markers is the report's headline.md
+    table for the tour's shape (`report_page.headline_findings`, over every shipped run)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    quoted = readme.split("<!-- headline: the report's headline.md table -->")[1].split("<!-- /headline -->")[0]
+    table = [
+        line for line in report_page.headline_findings("", 128, "65536").markdown.splitlines() if line.startswith("|")
+    ]
+    assert [line for line in quoted.splitlines() if line.startswith("|")] == table

@@ -1,6 +1,7 @@
-"""Issue 19's answers per workload (`analysis.workloads`) and the user's run everywhere (`analysis.runs.Section`,
-`section_run`, `dsa-lab report --run`): a newer run under a temporary DSA_LAB_DATA reaches notebook 02's serving
-section, notebook 03's ragged section and the index, and every card names the run it used."""
+"""Issue 19's answers per workload (`analysis.workloads`), issue 28's one answer (`analysis.answers.fastest`: per
+point, the newest run that timed vLLM's route there) and the user's run everywhere (`notebook.sections.Section`,
+`dsa-lab report --run`): a newer run under a temporary DSA_LAB_DATA reaches notebook 02's serving section, notebook
+03's ragged section and the index, and every card names the run it used."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import pandas as pd
 import papermill
 import pytest
 
-from dsa_lab.analysis import workloads
-from dsa_lab.analysis.runs import SERVING, Section, section_run
+from dsa_lab.analysis import answers, workloads
 from dsa_lab.notebook.display import PROVENANCE_MIME
+from dsa_lab.notebook.sections import SERVING, Section
 from dsa_lab.paths import DATA_ENV, resolve_data_path
+from dsa_lab.plots.answers import AnswerGrid
 from dsa_lab.report import execute as report
-from dsa_lab.report.execute import RUN_PARAMETERS, NotebookOutcome, build_report, register_cli
+from dsa_lab.report.execute import OTHER_RUN_PARAMETERS, RUN_PARAMETERS, NotebookOutcome, build_report, register_cli
 from dsa_lab.store import folders as store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,8 +81,9 @@ def test_the_answer_per_workload_and_where_it_reverses() -> None:
 def test_a_workload_names_every_axis_away_from_its_default() -> None:
     row = _row("mixed:2048-131072", 128, 3, "gluon", "native", 1.0, "flatten", acceptance="v4flash-vllm41044",
                logits_width="model:163840", timed="logits+topk", timer="graph")  # fmt: skip
-    assert workloads.workload_label(row) == "mixed 2K-128K, acceptance v4flash-vllm41044, width model:163840, " \
-        "logits+topk, graph"  # fmt: skip
+    assert workloads.workload_label(row) == "mixed 2K-128K · acceptance v4flash-vllm41044 · logits 160K wide · " \
+        "logits + torch's top-k (not vLLM's) · CUDA graph"  # fmt: skip
+    assert "logits + vLLM's top-k" in workloads.workload_label({**row, "topk_impl": "vllm"})
     assert workloads.is_ragged(row) and workloads.is_ragged({**row, "context": "65536"})  # acceptance: ragged rows
     assert not workloads.is_ragged({**row, "context": "65536", "acceptance": "none"})
 
@@ -129,29 +132,29 @@ def newer_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_a_section_takes_the_newest_run_that_covers_it(newer_data: Path) -> None:
-    chosen, note = section_run(SERVING)
-    assert chosen.run.provenance["run_id"] == NEWER and note == ""
-    chosen, note = section_run(SERVING, SHIPPED_PATH)  # asked for by name: that one
+    chosen, note = SERVING.run()
+    assert chosen.run.provenance["run_id"] == NEWER and note == "" and chosen.missing is None
+    chosen, note = SERVING.run(SHIPPED_PATH)  # asked for by name: that one
     assert chosen.run.provenance["run_id"] == Path(SHIPPED_PATH).name and note == ""
     strict = Section("strict section", {"context": ("65536", "8192"), "backend": ("gluon", "nobody")})
     assert strict.lacks(chosen.run) == {"context": ["8192"], "backend": ["nobody"]}
-    none, note = section_run(strict)
+    none, note = strict.run()
     assert none is None and "No measured run timing context 65536, 8192; backend gluon, nobody" in note
     assert "dsa-lab bench --preset h200-serving" in note
     narrow = Section("narrow", {"backend": ("gluon",)})
     shutil.rmtree(newer_data / "h200" / NEWER)
-    chosen, note = section_run(narrow, "h200/nowhere")  # absent: said, then the newest that covers it
+    chosen, note = narrow.run("h200/nowhere")  # absent: said (a banner), then the newest that covers it
     assert chosen.run.provenance["run_id"] == Path(SHIPPED_PATH).name
-    assert "run_path='h200/nowhere' is not in the data folder" in note
+    assert "The run asked for, h200/nowhere, not in the data folder" in note and chosen.missing == note
 
 
 def test_a_run_path_that_does_not_cover_the_section_is_said_and_passed_over(newer_data: Path) -> None:
     full = newer_data / "h200" / "h200-full-20261129"
     shutil.copytree(REPO / "data" / "h200" / "h200-full-20261129", full)
-    chosen, note = section_run(SERVING, "h200/h200-full-20261129")
+    chosen, note = SERVING.run("h200/h200-full-20261129")
     assert chosen.run.provenance["run_id"] == NEWER
-    assert "does not cover the serving answers (it lacks {'context': ['mixed:2048-131072']" in note
-    assert f"showing h200/{NEWER} instead" in note
+    assert "The run asked for, h200/h200-full-20261129, lacks the serving answers (context mixed:2048-131072" in note
+    assert f"showing h200/{NEWER} instead" in note and chosen.missing == note  # a banner the index flags
 
 
 def section_notebook(path: Path, heading: str) -> nbformat.NotebookNode:
@@ -170,7 +173,7 @@ def section_notebook(path: Path, heading: str) -> nbformat.NotebookNode:
 @pytest.mark.parametrize(
     ("notebook", "heading", "label"),
     [
-        ("02_latency_vs_next_n.ipynb", "## Serving batches", "serving run"),
+        ("02_latency_vs_next_n.ipynb", "## Serving batches", "answer run"),
         ("03_kernel_deep_dive.ipynb", "### Ragged batches", "ragged kernels run"),
     ],
 )
@@ -184,8 +187,10 @@ def test_the_serving_sections_read_the_newer_run(newer_data: Path, tmp_path: Pat
     assert {(p["label"], p["run_id"], p["path"]) for p in used if p["label"] == label} == {
         (label, NEWER, f"h200/{NEWER}")
     }
-    pictures = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-    assert pictures, "the section drew nothing"
+    drawn = [o["data"] for c in nb.cells for o in c.get("outputs", []) if "data" in o]
+    grids = [d["text/html"] for d in drawn if "dsa-answer-grid" in str(d.get("text/html", ""))]  # 02: the grids
+    assert grids or any("image/png" in d for d in drawn), "the section drew nothing"
+    assert all(f"run <code>{NEWER}</code>" in grid for grid in grids)
 
 
 @pytest.mark.notebook
@@ -203,7 +208,8 @@ def test_the_index_reads_the_newer_run_and_every_card_names_its_run(newer_data: 
     build_report(notebooks, tmp_path / "reports", device="cpu")
     index = (tmp_path / "reports" / "index.html").read_text()
     findings = index[index.index("<h2>Findings</h2>") : index.index("<h2>Notebooks</h2>")]
-    assert f"run <code>{NEWER}</code>" in findings and "native (gluon)" in findings and "mixed 2K-128K" in findings
+    assert f"run <code>{NEWER}</code>" in findings and "gluon native" in findings and "mixed 2K-128K" in findings
+    assert findings.index("The whole step") < findings.index("The logits kernel")  # the whole step opens it
     assert "Runs used: <code>tiny run: h200/r1</code>" in index
     assert f"run `{NEWER}`" in (tmp_path / "reports" / "headline.md").read_text()
     build_report(notebooks, tmp_path / "again", device="cpu", parameters={"run_path": SHIPPED_PATH})
@@ -232,38 +238,47 @@ def test_report_run_sets_every_run_parameter(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(report, "build_report", fake_build)
     with pytest.raises(SystemExit):
         args.func(args)
-    assert captured == {"seed": 3, **{name: str(run.resolve()) for name in RUN_PARAMETERS}}
+    cleared = dict.fromkeys(OTHER_RUN_PARAMETERS, "")  # no default that names another run survives
+    assert captured == {"seed": 3, **{name: str(run.resolve()) for name in RUN_PARAMETERS}, **cleared}
     assert resolve_data_path(captured["run_path"]) == run.resolve()
+    assert report.run_parameter(Path(SHIPPED_PATH)) == SHIPPED_PATH  # relative to data/: kept, no machine path
     for bad, says in ((tmp_path / "empty", "no run there"), (run / "results.parquet", "is not a run folder")):
         with pytest.raises(ValueError, match=f"--run=.*{says}"):
             args.func(parser.parse_args(["report", "--run", str(bad)]))
 
 
-def test_the_answer_grids_outline_where_the_ragged_answer_differs() -> None:
-    import matplotlib
+def test_the_one_answer_takes_each_point_from_the_newest_run_that_covers_it() -> None:
+    """Two runs of one GPU: the newer answers where it timed vLLM's route, the older elsewhere; a run of another
+    GPU answers its own points only; every row names its run and device."""
+    older = two_workloads()
+    newer = older[(older["batch"] == 128) & (older["context"] == "65536")].assign(
+        median_ms=lambda f: f["median_ms"] * 2, p25_ms=lambda f: f["p25_ms"] * 2, p75_ms=lambda f: f["p75_ms"] * 2
+    )
+    table = answers.fastest(
+        [answers.RunFrame("new", "NVIDIA H200", newer), answers.RunFrame("old", "NVIDIA H200", older)]
+    )
+    by_point = table.set_index(["workload", "batch"])["run_id"].to_dict()
+    assert by_point == {
+        ("64K", 16): "old",
+        ("64K", 128): "new",
+        ("mixed 2K-128K", 16): "old",
+        ("mixed 2K-128K", 128): "old",
+    }
+    assert set(table["device"]) == {"NVIDIA H200"}
+    other = answers.fastest(
+        [answers.RunFrame("new", "NVIDIA H200", newer), answers.RunFrame("h100", "NVIDIA H100", older)]
+    )
+    assert len(other) == len(table) + 1  # the H100 run's 64K B = 128 point stands beside the H200's, never for it
+    assert answers.headline(table, 128, "64K")[["next_n", "run_id"]].values.tolist() == [[3, "new"]]
 
-    matplotlib.use("Agg")
-    from matplotlib.patches import Rectangle
 
-    from dsa_lab.plots.serving import plot_answers
-
-    table = workloads.answers(two_workloads())
-    fig = plot_answers(table, ["64K", "mixed 2K-128K"], "H200", "measured on H200 | run r1")
-    outlined = [[p for p in ax.patches if isinstance(p, Rectangle) and not p.get_fill()] for ax in fig.axes]
-    assert [len(o) for o in outlined] == [0, 1]  # B = 128: gluon native on 64K, DeepGEMM flatten on mixed
-    texts = [t.get_text() for t in fig.axes[0].texts]
-    assert "gluon\n1.60×" in texts and "deepgemm\n1.00×" in texts
-    with pytest.raises(ValueError, match="workload='8K': not in the table"):
-        plot_answers(table, ["64K", "8K"], "H200")
-
-
-def test_the_summary_shows_the_drawn_workloads_and_folds_every_one() -> None:
-    from dsa_lab.plots.serving import style_answer_summary, style_reversal_counts
-
-    answers = workloads.answers(two_workloads())
-    summary = workloads.answer_summary(answers)
-    folded = style_answer_summary(summary, ["mixed 2K-128K"])
-    assert folded.head["workload"].tolist() == ["mixed 2K-128K"] and len(folded.full) == len(summary) == 2
-    assert "1.60×" in folded.to_html()  # the uniform batch's best speedup, in the folded rows
-    counts = style_reversal_counts(workloads.reversal_counts(answers))
-    assert counts.head.empty and counts.full[["cells", "answer differs"]].values.tolist() == [[2, 1]]
+def test_the_answer_grid_colours_by_kernel_and_writes_only_the_speedup() -> None:
+    table = answers.fastest([answers.RunFrame("r1", "NVIDIA H200", two_workloads())])
+    grid = AnswerGrid(answers.grid(table, [128]), "At B = 128")
+    html = grid.to_html()
+    cells = [cell.split(">", 1)[1] for cell in html.split("<td ")[1:]]
+    assert sorted(c.split("<")[0] for c in cells) == ["1.00×", "1.60×"]  # the speedup is the only text
+    assert "font-size:13px" in html and "run <code>r1</code> on NVIDIA H200" in html
+    assert "gluon native" in html and "deepgemm flatten" in html  # the colour key names each kernel and strategy
+    by_batch = AnswerGrid(answers.grid(table), "Every batch", by_batch=True).to_html()
+    assert "64K, B = 16" in by_batch and "mixed 2K-128K, B = 128" in by_batch

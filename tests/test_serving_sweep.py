@@ -18,6 +18,7 @@ from dsa_lab import axes
 from dsa_lab.acceptance import AcceptanceSpec
 from dsa_lab.analysis.compare import compare_runs, summarize
 from dsa_lab.analysis.frames import context_order, mixed_context_gap, recommend, uniform_twin, vllm_path
+from dsa_lab.analysis.labels import context_title
 from dsa_lab.bench.inputs import Workload
 from dsa_lab.bench.point import Grid, Point, SweepSpec
 from dsa_lab.bench.sweep import run_sweep
@@ -25,7 +26,6 @@ from dsa_lab.bench.timing import TimingConfig
 from dsa_lab.bench.walk import skip_reason
 from dsa_lab.kernels import registry
 from dsa_lab.kernels.reference import ReferenceBackend
-from dsa_lab.plots.style import context_title
 from dsa_lab.policy.vllm import Platform
 from dsa_lab.store import folders as store
 

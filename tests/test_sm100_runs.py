@@ -13,11 +13,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dsa_lab.analysis import modeled
 from dsa_lab.analysis.frames import vllm_choice, vllm_path
-from dsa_lab.analysis.runs import sm100_evidence, sm100_run
 from dsa_lab.bench.presets import STUDY_GRID, preset
 from dsa_lab.bench.sweep import run_sweep
+from dsa_lab.notebook.runs import sm100_evidence, sm100_run
+from dsa_lab.notebook.sm100 import sm100_frame
 from dsa_lab.paths import DATA_ENV
 from dsa_lab.store import folders as store
 
@@ -56,7 +56,7 @@ def test_no_sm100_run_gives_the_model_labelled(data: Path, cpu_run: Path) -> Non
     _place(cpu_run, data, "h200/h200-run", "NVIDIA H200", "9.0", "2030-01-01T00:00:00+00:00")  # not SM100: not listed
     chosen, ignored = sm100_run()
     assert chosen is None and ignored == []
-    view = modeled.sm100_frame()
+    view = sm100_frame()
     assert not view.measured and view.chosen is None and "modeled" in view.label
     assert "modeled, not measured" in view.note and "scripts/sm100_sweep.sh" in view.note
     frame = view.frame
@@ -76,7 +76,7 @@ def test_no_sm100_run_gives_the_model_labelled(data: Path, cpu_run: Path) -> Non
 
 def test_modeled_rows_line_up_with_the_points_given(data: Path, cpu_run: Path) -> None:
     results = store.load_run(cpu_run).results
-    frame = modeled.sm100_frame(results, seed=0, gpus=("B200",)).frame
+    frame = sm100_frame(results, seed=0, gpus=("B200",)).frame
     timed = results[results["status"] == "ok"]
     assert set(zip(frame["batch"], frame["context"], frame["next_n"])) == set(
         zip(timed["batch"], timed["context"], timed["next_n"])
@@ -119,7 +119,7 @@ def test_the_newest_measured_sm100_run_is_picked_and_the_others_say_why(data: Pa
 
 def test_a_measured_sm100_run_is_what_notebook_03_draws(data: Path, cpu_run: Path) -> None:
     run_dir = _place(cpu_run, data, "b200/sm100-full", "NVIDIA B200", "10.0", "2030-01-01T00:00:00+00:00")
-    view = modeled.sm100_frame()
+    view = sm100_frame()
     assert view.measured and view.label == "NVIDIA B200" and view.chosen.run.path == run_dir
     assert view.chosen.gpu.name == "B200" and view.chosen.gpu.hbm_tbps == 7.67
     assert set(view.frame["source"]) == {"measured"}
@@ -130,7 +130,7 @@ def test_a_measured_sm100_run_is_what_notebook_03_draws(data: Path, cpu_run: Pat
     assert set(path["vllm_strategy"]) == {"native"} and path["vllm_ms"].notna().all()
     assert [vllm_choice(n, view.platform) for n in (1, 3, 8)] == ["native"] * 3
     assert [vllm_choice(n) for n in (1, 3, 4)] == ["native", "flatten", "native"]  # SM90 + DeepGEMM (0.33)
-    with_model = modeled.sm100_frame(with_model=True).frame
+    with_model = sm100_frame(with_model=True).frame
     modeled_rows = with_model[with_model["source"] == "modeled"]
     assert set(modeled_rows["backend"]) == {"model (B200, deepgemm)", "model (B200, triton)"}
     assert len(with_model) == len(view.frame) + len(modeled_rows)

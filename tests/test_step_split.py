@@ -198,3 +198,28 @@ def test_a_fused_backend_right_only_once_is_failed_and_never_timed(tmp_path, mon
     run_sweep(spec, tmp_path / "run", "cpu", progress=False)
     (row,) = folders.read_points(tmp_path / "run")
     assert row["status"] == "failed" and "top-k check" in row["message"] and row["median_ms"] is None
+
+
+def test_one_chart_takes_the_ragged_batch_graphs_and_vllms_top_k_first_and_names_the_rest(frame) -> None:
+    from dsa_lab.analysis.step_split import one_chart
+
+    both = pd.concat([frame, frame.assign(context="mixed:2048-131072")], ignore_index=True)
+    both["point_key"] = [axes.point_key(r) for r in both.to_dict("records")]
+    shown, note = one_chart(step_split(both))
+    assert set(shown["context"]) == {"mixed:2048-131072"} and set(shown["topk_impl"]) == {"vllm"}
+    assert note == "Also in this run: context 65536, topk_impl torch."
+
+
+def test_replayed_keeps_the_timed_ragged_steps_wrong_ones_included() -> None:
+    from dsa_lab.analysis.step_split import replayed
+
+    base = _row(vllm_backend().name, "flatten", "logits+topk", "vllm", 0.2, timer="replay", acceptance="v3-report")
+    rows = pd.DataFrame(
+        [
+            base,
+            {**base, "status": "failed", "median_ms": 0.3},
+            {**base, "status": "skipped", "median_ms": None},
+            {**base, "timed": "logits", "topk_impl": "none"},
+        ]  # fmt: skip
+    )
+    assert replayed(rows)["status"].tolist() == ["ok", "failed"]

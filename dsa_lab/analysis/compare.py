@@ -11,8 +11,10 @@ the central `CONFIDENCE` of those ratios kept. Verdicts:
 - `unsure`: no verdict: the change passes the threshold but the interval holds 1, or a run
   has fewer than `VERDICT_SAMPLES` samples of the point, or its timings are noisier than the
   threshold (the median's own bootstrap interval is wider than the threshold either side), or
-  it was flagged `noisy` when timed (`bench.timing`: its IQR above the run's `noisy_rel_iqr`), so that
-  two runs of the same code on a busy CPU never read as a regression;
+  it was flagged `noisy` when timed (`bench.timing`: its IQR above the run's `noisy_rel_iqr`), or
+  either run was timed on a CPU (`WALL_CLOCK`: a wall clock on a shared CPU drifts between two runs by
+  more than any threshold, however tight each run's own interval: two back-to-back CPU runs of the same
+  code moved a point 1.68×), so that two runs of the same code on a CPU never read as a regression;
 - `same`: within the threshold;
 - `nan`: no ratio (the point was not timed ok in both runs), with the reason.
 
@@ -36,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from dsa_lab import axes
-from dsa_lab.paths import check_output_path
+from dsa_lab.paths import check_output_path, resolve_data_path, shown_path
 from dsa_lab.store.folders import Run, load_run
 from dsa_lab.store.writes import write_text_atomic
 
@@ -47,6 +49,7 @@ CONFIDENCE = 0.95
 VERDICT_SAMPLES = 10  # fewer samples of a point in either run: no verdict (a median of 3-5 says little)
 EXTRA_COLUMNS = ("samples_ms", "samples", "noisy")  # what a verdict reads beside the times, where stored
 DEVICE_FIELDS = ("device", "device_name")  # provenance fields that must agree unless allow_cross_device
+WALL_CLOCK = "CPU wall clock: no verdict (its drift between runs exceeds the threshold)"
 
 
 class NothingCompared(ValueError):
@@ -116,8 +119,15 @@ def _verdict(ratio: float, low: float, high: float, threshold: float) -> str:
     return "same"
 
 
-def _judge(row: dict, threshold: float, rng: np.random.Generator, resamples: int) -> dict[str, object]:
-    """ratio, ci_low, ci_high, verdict and note of one merged row."""
+def on_cpu(run: Run) -> bool:
+    """A run timed by a CPU's wall clock (not CUDA events): its times say nothing across runs."""
+    return run.provenance.get("device") != "cuda"
+
+
+def _judge(
+    row: dict, threshold: float, rng: np.random.Generator, resamples: int, cpu: bool = False
+) -> dict[str, object]:
+    """ratio, ci_low, ci_high, verdict and note of one merged row (`cpu`: a run was timed on a CPU)."""
     if not (row["status_a"] == "ok" and row["status_b"] == "ok"):
         note = f"not timed in both: A {row['status_a']}, B {row['status_b']}"
         return {"ratio": math.nan, "ci_low": math.nan, "ci_high": math.nan, "verdict": "nan", "note": note}
@@ -140,7 +150,9 @@ def _judge(row: dict, threshold: float, rng: np.random.Generator, resamples: int
         low, high = (1.0 + 1e-9, ratio) if apart_up else ((ratio, 1.0 - 1e-9) if apart_down else (0.0, math.inf))
         note = "no stored samples: interval from the interquartile ranges"
     flagged = tuple(isinstance(row.get(f"noisy_{s}"), (bool, np.bool_)) and bool(row[f"noisy_{s}"]) for s in "ab")
-    why_not = _no_verdict((_count(row, "a", sa), _count(row, "b", sb)), noise, flagged, threshold)
+    why_not = (
+        WALL_CLOCK if cpu else _no_verdict((_count(row, "a", sa), _count(row, "b", sb)), noise, flagged, threshold)
+    )
     verdict = "unsure" if why_not else _verdict(ratio, low, high, threshold)
     return {"ratio": ratio, "ci_low": low, "ci_high": high, "verdict": verdict, "note": why_not or note}
 
@@ -206,6 +218,7 @@ def compare_runs(
             f"{untimed}: {a.path if untimed == 'A' else b.path}), so there is no verdict"
         )
     rng = np.random.default_rng(seed)
+    cpu = on_cpu(a) or on_cpu(b)
     rows = []
     for row in merged.to_dict("records"):
         out = {key: row[key] for key in ("point_key", *axes.NAMES) if key in row}
@@ -215,7 +228,7 @@ def compare_runs(
             median_ms_a=row["median_ms_a"],
             median_ms_b=row["median_ms_b"],
         )
-        out.update(_judge(row, threshold, rng, resamples))
+        out.update(_judge(row, threshold, rng, resamples, cpu))
         rows.append(out)
     columns = [
         "point_key",
@@ -255,6 +268,7 @@ class Summary:
     threshold: float
     cross_device: str | None = None  # how the runs' devices differ, when compared anyway
     no_verdict: int = 0  # unsure for too few samples or a median noisier than the threshold
+    cpu: bool = False  # a run was timed on a CPU: no verdicts at all
 
     @property
     def regressions(self) -> int:
@@ -270,6 +284,8 @@ class Summary:
         ]
         if self.cross_device:
             lines.insert(0, f"CROSS-DEVICE: {self.cross_device}: every ratio mixes the device with the code")
+        if self.cpu:
+            lines.insert(0, "CPU: no verdicts (wall-clock times drift between runs by more than any threshold)")
         if self.no_verdict:
             lines.append(
                 f"no verdict (unsure) for {self.no_verdict} point(s): fewer than {VERDICT_SAMPLES} samples, "
@@ -295,7 +311,9 @@ def summarize(table: pd.DataFrame, a: Run, b: Run, threshold: float) -> Summary:
     ratios = table["ratio"][np.isfinite(table["ratio"])] if not table.empty else pd.Series(dtype=float)
     positive = ratios[ratios > 0]
     counts = table["verdict"].value_counts().to_dict() if not table.empty else {}
-    no_verdict = int(table["note"].str.startswith(("too few", "noisier", "noisy")).sum()) if not table.empty else 0
+    no_verdict = (
+        int(table["note"].str.startswith(("too few", "noisier", "noisy", WALL_CLOCK)).sum()) if not table.empty else 0
+    )
     return Summary(
         both=len(table),
         untimed=untimed,
@@ -309,6 +327,7 @@ def summarize(table: pd.DataFrame, a: Run, b: Run, threshold: float) -> Summary:
         threshold=threshold,
         cross_device=device_difference(a, b),
         no_verdict=no_verdict,
+        cpu=on_cpu(a) or on_cpu(b),
     )
 
 
@@ -347,8 +366,15 @@ def _outputs(args: argparse.Namespace, a: Run, b: Run) -> list[tuple[str, Path]]
     return outputs
 
 
+def run_argument(path: str) -> Path:
+    """A run as `compare` takes it: a folder (or its results.parquet) as given, else relative to data/ as
+    `report --run` reads it ('h200/<run_id>')."""
+    given = Path(path)
+    return given if given.exists() else resolve_data_path(path)
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
-    a, b = load_run(args.run_a), load_run(args.run_b)
+    a, b = load_run(run_argument(args.run_a)), load_run(run_argument(args.run_b))
     if args.top < 0:
         raise ValueError(f"--top={args.top}: must be >= 0")
     outputs = _outputs(args, a, b)
@@ -356,7 +382,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         a, b, args.threshold, allow_mixed_sources=args.allow_mixed_sources, allow_cross_device=args.allow_cross_device
     )
     summary = summarize(table, a, b, args.threshold)
-    lines = summary.lines(str(a.path), str(b.path))
+    lines = summary.lines(shown_path(a.path), shown_path(b.path))
     print("\n".join(lines))
     if not table.empty and args.top:
         with pd.option_context("display.width", 220, "display.max_columns", 20, "display.max_colwidth", 60):
@@ -385,8 +411,8 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         "--threshold beyond its noise; 2 when the runs cannot be compared (no point shared and timed, "
         "different devices without --allow-cross-device, an output path inside a run).",
     )
-    compare.add_argument("run_a", help="baseline run folder (or its results.parquet)")
-    compare.add_argument("run_b", help="run folder compared with the baseline")
+    compare.add_argument("run_a", help="baseline run folder (or its results.parquet), or a run under data/ (h200/RUN)")
+    compare.add_argument("run_b", help="run folder compared with the baseline (the same forms)")
     compare.add_argument(
         "--threshold",
         type=float,

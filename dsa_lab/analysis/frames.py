@@ -30,6 +30,24 @@ def vllm_family() -> tuple[str, ...]:
     return family_of(vllm_backend().name)
 
 
+def baseline_backends(
+    baseline: str | Sequence[str] | None = None, frame: pd.DataFrame | None = None
+) -> tuple[str, ...]:
+    """The backends a comparison is held to (the best of them at each point): one name, several, or None for
+    every DeepGEMM build (`vllm_family`: what vLLM runs, and a build of a PR of it) that `frame` timed (every one,
+    when it timed none or no frame is given), so a label names exactly the builds its numbers come from."""
+    if baseline is not None:
+        return (baseline,) if isinstance(baseline, str) else tuple(baseline)
+    timed = set(frame.loc[frame["status"] == "ok", "backend"]) if frame is not None and "status" in frame else set()
+    return tuple(b for b in vllm_family() if b in timed) or vllm_family()
+
+
+def path_backend(backends: Sequence[str]) -> str:
+    """The backend whose strategies stand for vLLM 0.33's path among `backends`: what vLLM runs when it is one of
+    them, else the first."""
+    return vllm_backend().name if vllm_backend().name in backends else backends[0]
+
+
 def context_order(labels: Iterable[str]) -> list[str]:
     """Uniform contexts by length, then mixed ones (log-uniform, then log-normal, each by its longest or its
     median), a request order after the drawn one."""
@@ -281,7 +299,11 @@ H200_SMS = int(get_gpu("H200").sms.value)  # streaming multiprocessors of an H20
 
 
 def mixed_context_gap(
-    frame: pd.DataFrame, seed: int, candidate: tuple[str, str], baseline: str | None = None, num_sms: int = H200_SMS
+    frame: pd.DataFrame,
+    seed: int,
+    candidate: tuple[str, str],
+    baseline: str | Sequence[str] | None = None,
+    num_sms: int = H200_SMS,
 ) -> pd.DataFrame:
     """Why a kernel falls behind on mixed-length batches: per batch with a mixed context and its uniform
     twin (`uniform_twin`: HI of 'mixed:LO-HI', a log-normal's median) both measured, how much of the uniform
@@ -289,7 +311,8 @@ def mixed_context_gap(
 
     Columns: batch, mixed, uniform, token_share (mixed tokens / uniform tokens), longest and
     mean (the mixed lengths, drawn with the run's `seed`), candidate_scale / baseline_scale
-    (min and max over next_n of mixed time / uniform time; baseline: its best option),
+    (min and max over next_n of mixed time / uniform time; baseline: its best option, over every DeepGEMM
+    build by default),
     vs_best (min and max of the best baseline time / the candidate's time at the mixed
     context), and for a kernel of fixed KV slices (Triton's) its grid: `programs`, `busy_programs`
     (those whose range of KV blocks holds a cached token) and `blocks_per_program`, from its own rule
@@ -298,7 +321,7 @@ def mixed_context_gap(
     data = measured_ok(frame)
     backend, strategy = candidate
     mine = data[(data["backend"] == backend) & (data["strategy"] == strategy)].set_index(POINT)["median_ms"]
-    best = best_option(frame, baseline).set_index(POINT)["best_ms"]
+    best = best_option(frame, list(baseline_backends(baseline, frame))).set_index(POINT)["best_ms"]
     at, step = POINT.index("context"), POINT.index("next_n")
 
     def twin(key: tuple) -> tuple:

@@ -27,6 +27,7 @@ import torch
 
 from dsa_lab import kernels
 from dsa_lab.analysis.frames import POINT, SM90_DEEPGEMM, by_point, measured_ok, one_view, recommend, vllm_choice
+from dsa_lab.analysis.labels import pieces_title
 from dsa_lab.analysis.modeled import SM90_NATIVE_SIZES
 from dsa_lab.analysis.versus import pick_point
 from dsa_lab.cache import bytes_per_token
@@ -305,21 +306,41 @@ def headline_section(results: pd.DataFrame, batch: int, context: str) -> Headlin
     return HeadlineSection(shown, point_batch, point_context, backend, table, notes)
 
 
-def headline_reading(table: pd.DataFrame, device_label: str, run_id: str, batch: int, context: str) -> str:
-    """Markdown: where vLLM's choice is the best option (within the spread), and where it is not, by how much."""
+def runs_named(run_ids: str) -> str:
+    """'run `a`', or 'runs `a` and `b`' for 'a, b' (the runs a table's rows come from), as Markdown."""
+    names = [md_code(run_id) for run_id in run_ids.split(", ")]
+    return f"run {names[0]}" if len(names) == 1 else f"runs {', '.join(names[:-1])} and {names[-1]}"
+
+
+def headline_reading(
+    table: pd.DataFrame, device_label: str, run_id: str, batch: int, context: str, speedups: bool = True
+) -> str:
+    """Markdown: where vLLM's choice is the best option (within the spread), and where it is not, by how much;
+    `run_id` names the run(s) the rows come from. Without `speedups` (a CPU's wall clock, whose drift between runs
+    exceeds most gaps) the fastest option per next_n, and no ratio."""
+    short = ContextSpec.parse(context).short
     if table.empty:
-        return f"No next_n at batch={batch}, context={context} has a timed decision in run {md_code(run_id)}."
+        return f"No next_n at B = {batch}, {short} has a timed decision in {runs_named(run_id)}."
+    if not speedups:
+        fastest = "; ".join(
+            f"next_n = {row.next_n}: {md_text(row.best_strategy)} ({md_text(row.best_backend)}, {row.best_us:.0f} µs)"
+            for row in table.itertuples()
+        )
+        return (
+            f"**Wall-clock times on {md_text(device_label)}, {runs_named(run_id)}, B = {batch}, {short}** "
+            f"(no speedups read from a CPU run). Fastest here: {fastest}."
+        )
     timed = table.dropna(subset=["vllm_us", "best_us"])
     same = timed[~timed["beyond_spread"]]
     worse = timed[timed["beyond_spread"]]
-    lines = [f"**Measured on {md_text(device_label)}, run {md_code(run_id)}, batch = {batch}, context = {context}.**"]
+    lines = [f"**Measured on {md_text(device_label)}, {runs_named(run_id)}, B = {batch}, context {short}.**"]
     if not same.empty:
         lines.append(
             f"- vLLM 0.33's choice is as fast as the best option (within the measured spread) at next_n = "
             f"{', '.join(map(str, same['next_n']))}."
         )
     for row in worse.itertuples():
-        pieces = f" {row.best_pieces}" if row.best_pieces else ""
+        pieces = f" {pieces_title(row.best_pieces)}" if row.best_pieces else ""
         lines.append(
             f"- next_n = {row.next_n}: vLLM takes **{row.vllm_strategy}** ({row.vllm_us:.0f} µs); "
             f"**{row.best_strategy}{pieces}** on {md_text(row.best_backend)} takes {row.best_us:.0f} µs: "

@@ -8,11 +8,14 @@ does not hold, and nothing is drawn. Names from a run (device, backend) are Mark
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
-from dsa_lab.analysis.frames import measured_ok
+from dsa_lab.analysis import versus
+from dsa_lab.analysis.frames import baseline_backends, measured_ok, path_backend
+from dsa_lab.analysis.labels import baseline_label
 from dsa_lab.errors import check_choice
-from dsa_lab.kernels import vllm_backend
 from dsa_lab.markup import md_code, md_text
 from dsa_lab.model.indexer import BLOCK_TOKENS
 from dsa_lab.model.roofline import GpuSpec
@@ -74,38 +77,41 @@ def comparison_reading(
     context: str,
     device: str,
     candidate: tuple[str, str],
-    baseline: str | None = None,
+    baseline: str | Sequence[str] | None = None,
 ) -> str:
-    """Markdown: per next_n at (batch, context) the candidate's time, its speedups and share of the
-    floor; then the whole run in one line. Every number comes from `comparison`."""
-    baseline = vllm_backend().name if baseline is None else baseline
+    """Markdown: per next_n at (batch, context) the candidate's time, its speedups (the other's time over the
+    candidate's: > 1, the candidate is faster) and share of the floor; then the whole run in one line. Every
+    number comes from `comparison`; the baseline is named by `labels.baseline_label`."""
+    backends = versus.held_to(comparison, baseline)
+    held_to = md_text(baseline_label(backends))
     name = f"{candidate[0]} {candidate[1]}"
     here = comparison[(comparison["batch"] == batch) & (comparison["context"] == context)]
     lines = [f"**{name} on {md_text(device)}, batch={batch}, context {_short(context)} (measured):**", ""]
     for row in here.itertuples():
         parts = [f"- next_n={row.next_n}: {row.candidate_ms * 1e3:.1f} µs"]
         if pd.notna(row.vllm_ms):
-            parts.append(f"{row.speedup_vs_vllm:.2f}x vs vLLM's path ({row.vllm_strategy}, {row.vllm_ms * 1e3:.1f} µs)")
+            parts.append(f"{row.speedup_vs_vllm:.2f}× vs vLLM's path ({row.vllm_strategy}, {row.vllm_ms * 1e3:.1f} µs)")
         else:
-            parts.append(f"vLLM's path ({row.vllm_strategy}) not timed on {baseline}")
+            parts.append(f"vLLM's path ({row.vllm_strategy}) not timed on {md_text(path_backend(backends))}")
         if pd.notna(row.best_ms):
             parts.append(
-                f"{row.speedup_vs_best:.2f}x vs the best {baseline} option "
-                f"({row.best_strategy}, {row.best_ms * 1e3:.1f} µs)"
+                f"{row.speedup_vs_best:.2f}× vs {held_to} ({row.best_strategy} on {md_text(row.best_backend)}, "
+                f"{row.best_ms * 1e3:.1f} µs)"
             )
         if pd.notna(row.floor_pct):
             parts.append(f"{row.floor_pct:.0f}% of the floor ({row.floor_bound}-bound)")
         lines.append("; ".join(parts) + ".")
     both = comparison.dropna(subset=["best_ms"])
     if both.empty:
-        lines.append(f"\nNo point has a timed {baseline} row, so no speedup over it can be read from this run.")
+        lines.append(f"\nNo point has {held_to} timed, so no speedup over it can be read from this run.")
     else:
         wins = int((both["speedup_vs_best"] > 1).sum())
         clear = int(both["beyond_spread_vs_best"].sum())
         lines.append(
-            f"\nOver the whole run ({len(both)} points with both): {name} is faster than the best {baseline} option in "
-            f"{wins} ({clear} beyond the measured spread); speedup median {both['speedup_vs_best'].median():.2f}x, "
-            f"range {both['speedup_vs_best'].min():.2f}x to {both['speedup_vs_best'].max():.2f}x."
+            f"\nOver the whole run ({len(both)} points with both): {name} is faster than {held_to} in "
+            f"{wins} ({clear} beyond the measured spread); speedup (its time over the candidate's) median "
+            f"{both['speedup_vs_best'].median():.2f}×, range {both['speedup_vs_best'].min():.2f}× to "
+            f"{both['speedup_vs_best'].max():.2f}×."
         )
     return "\n".join(lines)
 
@@ -116,11 +122,11 @@ def _range(span: tuple[float, float], digits: int = 2) -> str:
 
 
 def mixed_context_reading(
-    gap: pd.DataFrame, device: str, candidate: tuple[str, str], baseline: str | None = None
+    gap: pd.DataFrame, device: str, candidate: tuple[str, str], baseline: str | Sequence[str] | None = None
 ) -> str:
     """Markdown: why the candidate falls behind on a mixed-length batch, every number from
     `analysis.frames.mixed_context_gap` (the batch where it falls furthest behind first)."""
-    baseline = vllm_backend().name if baseline is None else baseline
+    held_to = md_text(baseline_label(baseline_backends(baseline)))
     name = f"{candidate[0]} {candidate[1]}"
     if gap.empty:
         return f"*No mixed-length batch of this run has {md_code(name)} measured beside its uniform twin.*"
@@ -128,9 +134,9 @@ def mixed_context_reading(
     k = lambda n: f"{n / 1024:.1f}K"  # noqa: E731
     text = (
         f"**Why {name} falls behind at B = {worst.batch} with {_short(worst.mixed)} contexts "
-        f"({_range(worst.vs_best)}× the best {baseline} option, measured on {md_text(device)}).** The batch's requests hold "
+        f"({_range(worst.vs_best)}× {held_to}'s time, measured on {md_text(device)}).** The batch's requests hold "
         f"{k(worst['mean'])} tokens on average and {k(worst.longest)} at most: {100 * worst.token_share:.0f} % of "
-        f"the tokens of a uniform {_short(worst.uniform)} batch. The best {baseline} option's time falls "
+        f"the tokens of a uniform {_short(worst.uniform)} batch. The time of {held_to} falls "
         f"with the tokens ({_range(worst.baseline_scale)}× its uniform-{_short(worst.uniform)} time over "
         f"next_n); {name}'s falls only to {_range(worst.candidate_scale)}×."
     )

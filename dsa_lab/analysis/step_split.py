@@ -17,6 +17,9 @@ from dsa_lab.analysis.frames import ok_rows, vllm_family
 from dsa_lab.kernels import vllm_backend
 
 STEP = "logits+topk"
+# What a chart of one run shows first where it holds several: the serving study's ragged batch, CUDA graphs (how
+# vLLM replays a decode step), vLLM's own top-k.
+SHOWN_FIRST = {"context": "mixed:2048-131072", "timer": "graph", "topk_impl": "vllm"}
 # A step's time and its logits' time pair up over every axis but the timed unit and the top-k run after them.
 PAIRED = [a.name for a in axes.AXES if a.name not in ("timed", "topk_impl")]
 
@@ -75,3 +78,23 @@ def route_ratio(split: pd.DataFrame) -> pd.DataFrame:
     if not table.empty:
         table["route_over_best"] = table["route_us"] / table["best_us"]
     return table
+
+
+def one_chart(split: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The rows of `split` one chart draws (one context, timer and top-k: `SHOWN_FIRST`'s where the run has them,
+    else its first), and a note naming the others the run holds ('' when it holds none)."""
+    picked, others = split, []
+    for axis, preferred in SHOWN_FIRST.items():
+        values = list(dict.fromkeys(picked[axis]))
+        value = preferred if preferred in values else values[0]
+        others += [f"{axis} {v}" for v in values if v != value]
+        picked = picked[picked[axis] == value]
+    note = f"Also in this run: {', '.join(others)}." if others else ""
+    return picked, note
+
+
+def replayed(results: pd.DataFrame) -> pd.DataFrame:
+    """Ragged verification's rows (timer 'replay') whose step ran the top-k, timed or failed by a wrong replay."""
+    rows = axes.complete(results)
+    steps = rows[(rows["timer"] == "replay") & (rows["timed"] == STEP) & rows["status"].isin(("ok", "failed"))]
+    return steps[steps["median_ms"].notna()].reset_index(drop=True)

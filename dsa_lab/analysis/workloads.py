@@ -18,7 +18,6 @@ import pandas as pd
 from dsa_lab import axes
 from dsa_lab.analysis.frames import (
     POINT,
-    STUDY_SHAPE,
     by_point,
     context_order,
     recommend,
@@ -26,12 +25,12 @@ from dsa_lab.analysis.frames import (
     uniform_twin,
     vllm_path,
 )
+from dsa_lab.analysis.labels import pieces_title, workload_title
 from dsa_lab.markup import md_code, md_text
 from dsa_lab.workload import ContextSpec
 
 WORKLOAD = tuple(k for k in POINT if k not in ("batch", "next_n"))  # what an answer holds for
 STEP = ("batch", "next_n")  # the cells of one workload's answer
-LABEL_PREFIX = {"acceptance": "acceptance ", "logits_width": "width "}
 
 
 def is_ragged(row: Mapping[str, object]) -> bool:
@@ -40,20 +39,15 @@ def is_ragged(row: Mapping[str, object]) -> bool:
 
 
 def workload_label(row: Mapping[str, object]) -> str:
-    """For people: the context ('mixed 2K-128K') and every other workload axis away from its old-run value
-    ('acceptance v4flash-vllm41044', 'width model:163840', 'logits+topk', 'graph'); the shape when not the study's."""
-    parts = [ContextSpec.parse(str(row["context"])).short]
-    for name in ("acceptance", "logits_width", "timed", "timer"):
-        if row[name] != axes.axis(name).old_value:
-            parts.append(f"{LABEL_PREFIX.get(name, '')}{row[name]}")
-    if any(row[k] != v for k, v in STUDY_SHAPE.items()):
-        parts.append(", ".join(f"{k}={row[k]}" for k in STUDY_SHAPE))
-    return ", ".join(parts)
+    """For people (`labels.workload_title`): the context ('mixed 2K-128K') and every other workload axis away from
+    its old-run value ("logits 160K wide (vLLM's max_model_len)", "logits + torch's top-k (not vLLM's)",
+    'CUDA graph'); the shape when not the study's."""
+    return workload_title(row)
 
 
 def choice_label(strategy: str, backend: str, pieces: str = "") -> str:
     """'atom 4+4 (deepgemm)': one option, as the answer tables name it."""
-    return f"{strategy}{f' {pieces}' if pieces else ''} ({backend})"
+    return f"{strategy}{f' {pieces_title(pieces)}' if pieces else ''} ({backend})"
 
 
 def answers(frame: pd.DataFrame, backends: Sequence[str] | None = None) -> pd.DataFrame:
@@ -130,7 +124,8 @@ def pairings(table: pd.DataFrame) -> list[tuple[str, str]]:
     """(uniform, ragged) workload pairs to compare: each ragged workload with the uniform one of the same other
     axes measured at the most of its (batch, next_n) cells; of equals, its uniform twin (`frames.uniform_twin`),
     then the longest. A ragged workload no uniform one shares a cell with is left out."""
-    cells = {w: set(zip(p["batch"], p["next_n"])) for w, p in table.groupby("workload")}
+    runs = table["run_id"] if "run_id" in table else pd.Series("", index=table.index)
+    cells = {w: set(zip(p["batch"], p["next_n"], runs[p.index])) for w, p in table.groupby("workload")}
     firsts = table.drop_duplicates("workload").set_index("workload")
     others = [k for k in WORKLOAD if k != "context"]
     pairs = []
@@ -161,11 +156,13 @@ def panels(table: pd.DataFrame) -> list[str]:
 
 
 def reversals(table: pd.DataFrame, uniform: str, ragged: str) -> pd.DataFrame:
-    """Per (batch, next_n) measured in both workloads: the option to use on each and whether they differ
-    (`differs`: another strategy or another kernel; `strategy_differs`: another strategy)."""
-    left = _workload_of(table, uniform)[[*STEP, "choice", "recommended_strategy", "recommended_ms"]]
-    right = _workload_of(table, ragged)[[*STEP, "choice", "recommended_strategy", "recommended_ms"]]
-    both = left.merge(right, on=list(STEP), suffixes=("_uniform", "_ragged"))
+    """Per (batch, next_n) measured in both workloads (by one run, when `table` holds several runs' answers: the
+    options two runs timed differ): the option to use on each and whether they differ (`differs`: another strategy
+    or another kernel; `strategy_differs`: another strategy)."""
+    keys = [*STEP, *(["run_id"] if "run_id" in table else [])]  # answers of several runs: a cell within one run
+    left = _workload_of(table, uniform)[[*keys, "choice", "recommended_strategy", "recommended_ms"]]
+    right = _workload_of(table, ragged)[[*keys, "choice", "recommended_strategy", "recommended_ms"]]
+    both = left.merge(right, on=keys, suffixes=("_uniform", "_ragged"))
     both["differs"] = both["choice_uniform"] != both["choice_ragged"]
     both["strategy_differs"] = both["recommended_strategy_uniform"] != both["recommended_strategy_ragged"]
     both.insert(0, "ragged", ragged)

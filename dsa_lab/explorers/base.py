@@ -78,16 +78,17 @@ def _option_values(options: Sequence[Any]) -> list[Any]:
 
 
 def _offer(control: widgets.ValueWidget, options: Sequence[Any]) -> bool:
-    """Give `control` these options, keeping its value where still offered (else the first); True if it changed."""
+    """Give `control` these options, keeping its value where still offered (else the first); True if it changed.
+    A multiple choice given new options selects every one of them: a run or point switched to shows everything it
+    timed (never only what the old one shared with it), and the explorer says so."""
     options = list(options)
     allowed = _option_values(options)
-    control.disabled = len(allowed) <= 1  # one choice: shown, not offered
+    control.disabled = len(allowed) <= 1 and not isinstance(control, widgets.SelectMultiple)  # one choice: shown
     if tuple(control.options) == tuple(options):
         return False
     if isinstance(control, widgets.SelectMultiple):
-        kept = tuple(v for v in control.value if v in allowed)
         control.options = options
-        control.value = kept or tuple(allowed)
+        control.value = tuple(allowed)
     else:
         kept = control.value
         control.options = options
@@ -96,14 +97,33 @@ def _offer(control: widgets.ValueWidget, options: Sequence[Any]) -> bool:
     return True
 
 
-def _settle(controls: Mapping[str, widgets.ValueWidget], allowed: Allowed) -> None:
+def _settle(controls: Mapping[str, widgets.ValueWidget], allowed: Allowed) -> list[str]:
     """Offer each dependent control what the others allow, until nothing changes (a chain settles in
-    as many passes as it has links)."""
+    as many passes as it has links); returns the multiple choices that were given new options (each now
+    selects all of them)."""
+    renewed: list[str] = []
     for _ in range(len(controls) + 1):
         values = {name: control.value for name, control in controls.items()}
-        if not any(_offer(controls[name], options) for name, options in allowed(values).items()):
-            return
+        changed = [name for name, options in allowed(values).items() if _offer(controls[name], options)]
+        renewed += [n for n in changed if isinstance(controls[n], widgets.SelectMultiple) and n not in renewed]
+        if not changed:
+            return renewed
     raise RuntimeError("explorer: the allowed options did not settle")
+
+
+def _say_selected(controls: Mapping[str, widgets.ValueWidget], renewed: Sequence[str]) -> None:
+    """One line naming what a switch selected: every option the run timed at this point, in each renewed choice."""
+    if renewed:
+        chosen = "; ".join(f"{name}: {', '.join(map(str, controls[name].value))}" for name in renewed)
+        display(Markdown(f"*New options here, every one selected ({chosen}).*"))
+
+
+# A multiple choice's selected options in the selection colour even when the box is not focused (browsers grey
+# them out then, which reads as disabled).
+SELECTED_CSS = (
+    f"<style>.{EXPLORER_CLASS} select[multiple] option:checked "
+    "{background: #0969da linear-gradient(0deg, #0969da 0%, #0969da 100%); color: #fff;}</style>"
+)
 
 
 def explore(
@@ -146,15 +166,17 @@ def explore(
             return
         with DRAWING, output:
             output.clear_output(wait=True)
+            renewed: list[str] = []
             if allowed is not None:
                 settling = True
                 try:
-                    _settle(controls, allowed)
+                    renewed = _settle(controls, allowed)
                 except ValueError as err:  # e.g. a run chosen that does not load: named, the controls as they were
                     show_error(err)
                     return
                 finally:
                     settling = False
+            _say_selected(controls, renewed if change is not None else [])
             _draw_safely(draw, {name: control.value for name, control in controls.items()})
 
     for control in controls.values():
@@ -162,7 +184,7 @@ def explore(
     lines = rows or [list(controls)]
     box = widgets.VBox(
         [
-            widgets.HTML(f"<b>{escape(title)}</b>"),
+            widgets.HTML(f"{SELECTED_CSS}<b>{escape(title)}</b>"),
             *(widgets.HBox([controls[n] for n in line]) for line in lines),
             output,
         ]

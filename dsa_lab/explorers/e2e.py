@@ -10,13 +10,13 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from dsa_lab.analysis.e2e import CONTEXTS, LABELS, VLLM, IndexerTimes, step_row
+from dsa_lab.analysis.labels import context_title
 from dsa_lab.errors import check_choice
 from dsa_lab.explorers.base import dropdown, explore, show_figure
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS, tokens_per_step
 from dsa_lab.model.gpus import ARCH_MAJORS, GPUS
 from dsa_lab.plots.e2e import COMPONENT_COLORS, plot_step_breakdown
-from dsa_lab.plots.style import context_title
 
 
 def e2e_explorer(times: IndexerTimes, interactive: bool = True) -> None:

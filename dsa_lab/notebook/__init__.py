@@ -14,6 +14,7 @@ _DISPLAY = {
     "show_fallback",
     "show_ignored",
     "show_provenance",
+    "show_answer",
     "show_run",
     "show_sm100",
 }

@@ -1,7 +1,7 @@
 """What a notebook displays about its data: which run a chart came from, and a banner when it is not
 the measured data. `dsa-lab report` collects both from the executed notebooks (`PROVENANCE_MIME`,
 `FALLBACK_MIME`) and lists them on the index; nothing here decides which run to show
-(`dsa_lab.analysis.runs` does). Everything a run says (ids, device names, paths, problems) is shown as
+(`dsa_lab.notebook.runs` and `notebook.sections` do). Everything a run says (ids, device names, paths, problems) is shown as
 text: escaped for Markdown or HTML (`dsa_lab.markup`), never live markup. Beside them, what each
 notebook would otherwise write again: its setup (`setup_notebook`), a cell's note (`note`), a section's
 run (`announce_section`), a second run's provenance (`show_run`) and the words of an SM100 section
@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from IPython.display import Markdown, display
 
-from dsa_lab.analysis.runs import ChosenProfile, ChosenRun, relative_to_data
 from dsa_lab.env_info import LIBRARY_KEYS
 from dsa_lab.markup import md_code, md_text
+from dsa_lab.notebook.runs import ChosenProfile, ChosenRun, relative_to_data
 from dsa_lab.store import folders as store
 
 if TYPE_CHECKING:
-    from dsa_lab.analysis.modeled import Sm100Frame
+    from dsa_lab.notebook.answers import Answer
+    from dsa_lab.notebook.sm100 import Sm100Frame
 
 PROVENANCE_MIME = "application/vnd.dsa-lab.provenance+json"
 FALLBACK_MIME = "application/vnd.dsa-lab.fallback+json"
@@ -123,8 +124,9 @@ def _libraries(environment: Mapping[str, Any]) -> dict[str, Any]:
 def announce(chosen: ChosenRun, label: str) -> None:
     """Say in the notebook which run it shows: a banner when it is a stand-in, the runs passed over, and its
     provenance in one line (`provenance_html`)."""
-    if chosen.missing:
-        show_fallback(chosen.missing, f"{chosen.device_label} and roofline-modeled times")
+    if chosen.missing:  # a stand-in made now, or another run than the one asked for
+        where = f"run {relative_to_data(chosen.run.path)} on {chosen.device_label}"
+        show_fallback(chosen.missing, where if chosen.measured else f"{chosen.device_label} and roofline-modeled times")
     show_ignored(chosen.ignored)
     provenance = chosen.run.provenance
     record = {
@@ -142,7 +144,7 @@ def announce(chosen: ChosenRun, label: str) -> None:
 
 
 def announce_section(chosen: ChosenRun | None, why: str | None, label: str) -> None:
-    """A section's run as `analysis.runs.section_run` gives it: why it is not the run asked for (as text),
+    """A section's run as `notebook.sections.Section.run` gives it: why it is not the run asked for (as text),
     then `announce` when there is a run."""
     if why:
         display(Markdown(f"*{md_text(why)}*"))
@@ -155,6 +157,7 @@ def show_run(run: store.Run, label: str) -> None:
     provenance = run.provenance
     record = {
         "run_id": provenance["run_id"],
+        "path": relative_to_data(run.path),
         "source": run.source,
         "created": provenance["created"],
         "git_sha": provenance["git"].get("sha"),
@@ -162,10 +165,20 @@ def show_run(run: store.Run, label: str) -> None:
     show_provenance(record, label)
 
 
+def show_answer(found: Answer, label: str = "answer run") -> None:
+    """Which runs an answer read (`notebook.answers.answer`): each one's provenance line (`show_run`, collected by
+    the report as the runs a card used), and the runs it passed over, with why."""
+    for run_id in found.run_ids(found.table):
+        show_run(found.runs[run_id], label)
+    show_ignored(found.ignored)
+
+
 def show_ignored(ignored: list[tuple[str, str]], what: str = "run") -> None:
-    """One line per run passed over, `*Ignored run <path>: <problem>*`, both shown as text."""
-    for path, problem in ignored:
-        display(Markdown(f"*Ignored {what} {md_code(path)}: {md_text(problem)}*"))
+    """The runs a search passed over, each with why, in one line: `*Passed over (run): <path>: <why>; ...*`, every
+    path and reason shown as text."""
+    if ignored:
+        runs = "; ".join(f"{md_code(path)}: {md_text(problem)}" for path, problem in ignored)
+        display(Markdown(f"*Passed over ({what}{'s' if len(ignored) > 1 else ''}): {runs}.*"))
 
 
 def announce_profile(chosen: ChosenProfile) -> None:

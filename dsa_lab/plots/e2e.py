@@ -22,14 +22,14 @@ from dsa_lab.plots.tables import FoldedTable, folded
 
 LABEL_COLORS = {**STRATEGY_COLORS, "dsa_lab kernel": "#9467bd", "vLLM 0.33": "black"}
 LABEL_LINES = {"vLLM 0.33": ":", "dsa_lab kernel": "--"}
-COMPONENT_COLORS = {
-    "indexer logits": "#d62728",
-    "indexer (MTP drafts)": "#ff9896",
-    "indexer top-k": "#e377c2",
-    "sparse MLA": "#1f77b4",
-    "attention weights": "#aec7e8",
-    "MoE experts": "#2ca02c",
-    "MoE all-to-all": "#98df8a",
+COMPONENT_COLORS = {  # no strategy's colour: a part of the step is never read as native, atom or flatten
+    "indexer logits": "#ff7f0e",
+    "indexer (MTP drafts)": "#ffbb78",
+    "indexer top-k": "#e6ab02",
+    "sparse MLA": "#9467bd",
+    "attention weights": "#c5b0d5",
+    "MoE experts": "#8c564b",
+    "MoE all-to-all": "#c49c94",
     "dense MLP": "#bcbd22",
     "LM head": "#7f7f7f",
     "MTP draft layers + LM head": "#c7c7c7",
@@ -190,7 +190,7 @@ def plot_model_vs_measured(errors: pd.DataFrame, published: pd.DataFrame) -> Fig
     right.scatter(
         published["published_deepgemm_us"],
         published["modeled_deepgemm_us"],
-        color="#1f77b4",
+        color="#8c564b",
         label="DeepGEMM: modeled vs published",
     )
     right.scatter(

@@ -20,12 +20,22 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from pandas.io.formats.style import Styler
 
-from dsa_lab.analysis.frames import SM90_DEEPGEMM, best_option, context_order, ok_rows, vllm_path
-from dsa_lab.analysis.versus import MODELED_LABEL, kernel_comparison, modeled_gpu, modeled_vs_measured
-from dsa_lab.kernels import vllm_backend
+from dsa_lab.analysis.frames import (
+    SM90_DEEPGEMM,
+    baseline_backends,
+    best_option,
+    context_order,
+    ok_rows,
+    path_backend,
+    vllm_path,
+)
+from dsa_lab.analysis.labels import baseline_label, context_title
+from dsa_lab.analysis.versus import MODELED_LABEL, held_to, kernel_comparison, modeled_gpu, modeled_vs_measured
 from dsa_lab.model.roofline import GpuSpec
 from dsa_lab.plots.style import (
+    ANNOTATION_SIZE,
     BEST_MARKER,
+    MAX_WIDTH,
     MODELED_COLOR,
     MODELED_HATCH,
     MODELED_LINESTYLE,
@@ -37,8 +47,6 @@ from dsa_lab.plots.style import (
     add_footer,
     backend_marker,
     chart_text,
-    colour_by_backend,
-    context_title,
     legend_outside,
     point_columns,
     provenance_line,
@@ -78,10 +86,10 @@ def _finish(fig: Figure, title: str, provenance_line: str | None) -> Figure:
     return add_footer(fig, provenance_line)
 
 
-def _draw_backend_latency(ax: Axes, data: pd.DataFrame, baseline: str, platform: Platform, by_backend: bool) -> None:
-    """One (batch, context)'s lines on `ax`: a line per backend + strategy (IQR as error bars; coloured by
-    backend when `by_backend`), the best `baseline` option ringed, vLLM 0.33's path as black diamonds;
-    modeled rows dashed grey and labelled."""
+def _draw_backend_latency(ax: Axes, data: pd.DataFrame, baseline: tuple[str, ...], platform: Platform) -> None:
+    """One (batch, context)'s lines on `ax`: a line per backend + strategy (IQR as error bars; colour: the
+    strategy, marker: the backend), the best option of the `baseline` backends ringed, vLLM 0.33's path as black
+    diamonds; modeled rows dashed grey and labelled."""
     modeled_greys = iter(sns.color_palette("Greys_r", 4))
     for name in sorted(data["series"].unique(), key=_series_key):
         part = data[data["series"] == name].sort_values("next_n")
@@ -105,24 +113,24 @@ def _draw_backend_latency(ax: Axes, data: pd.DataFrame, baseline: str, platform:
             capsize=3,
             linewidth=1.8,
             label=f"{series_label(strategy, backend)}, measured",
-            **series_style(strategy, backend, by_backend=by_backend),
+            **series_style(strategy, backend),
         )
-    best = best_option(data, baseline)
+    best = best_option(data, list(baseline))
     if not best.empty:
         ax.scatter(
             best["next_n"],
             best["best_ms"] * 1e3,
-            label=f"best {baseline} option (fastest of its strategies)",
+            label=f"{baseline_label(baseline)}: the fastest of its strategies",
             **BEST_MARKER,
         )
-    path = vllm_path(data, baseline, platform).dropna(subset=["vllm_ms"])
+    path = vllm_path(data, path_backend(baseline), platform).dropna(subset=["vllm_ms"])
     if not path.empty:
         native = sorted(int(n) for n in path.loc[path["vllm_strategy"] == "native", "next_n"])
         ax.scatter(
             path["next_n"],
             path["vllm_ms"] * 1e3,
             **VLLM_MARKER,
-            label=f"{VLLM_RELEASE} path on {_platform_label(platform)} ({baseline}):\n"
+            label=f"{VLLM_RELEASE} path on {_platform_label(platform)} ({path_backend(baseline)}):\n"
             f"native for next_n in {native}, else flatten",
         )
     ax.set_xticks(sorted(data["next_n"].unique()))
@@ -147,18 +155,15 @@ def plot_backend_latency(
     context: str,
     device: str,
     provenance_line: str | None = None,
-    baseline: str | None = None,
+    baseline: str | Sequence[str] | None = None,
     platform: Platform = SM90_DEEPGEMM,
 ) -> Figure:
     """Kernel time vs next_n at one (batch, context): a line per backend + strategy (IQR as error
-    bars), the best `baseline` option ringed, vLLM 0.33's path as black diamonds; modeled rows
-    dashed grey and labelled."""
-    baseline = vllm_backend().name if baseline is None else baseline
+    bars), the best option of the `baseline` backends (default: every DeepGEMM build) ringed, vLLM 0.33's path
+    as black diamonds; modeled rows dashed grey and labelled."""
     data = _latency_rows(frame, batch, context)
     fig, ax = plt.subplots(figsize=(11.5, 5.0), constrained_layout=True)
-    _draw_backend_latency(
-        ax, data, baseline, platform, colour_by_backend(data.loc[data["source"] == "measured", "backend"])
-    )
+    _draw_backend_latency(ax, data, baseline_backends(baseline, data), platform)
     ax.set_ylabel(LATENCY_LABEL)
     legend_outside(ax)
     title = (
@@ -174,22 +179,20 @@ def plot_backend_latency_panels(
     contexts: Sequence[str],
     device: str,
     provenance_line: str | None = None,
-    baseline: str | None = None,
+    baseline: str | Sequence[str] | None = None,
 ) -> Figure:
     """`plot_backend_latency` at one batch for several contexts, a panel each side by side in one figure
     (each its own time axis: contexts differ in bytes), one legend beside them all."""
     if not contexts:
         raise ValueError("contexts: none to draw (give at least one context the frame timed)")
-    baseline = vllm_backend().name if baseline is None else baseline
     panels = [_latency_rows(frame, batch, context) for context in contexts]
     every = pd.concat(panels)
-    by_backend = colour_by_backend(every.loc[every["source"] == "measured", "backend"])
     fig, axes = plt.subplots(
         1, len(panels), figsize=(4.2 * len(panels) + 3.6, 5.0), squeeze=False, constrained_layout=True
     )
     legend: dict[str, Any] = {}
     for ax, data, context in zip(axes.flat, panels, contexts):
-        _draw_backend_latency(ax, data, baseline, SM90_DEEPGEMM, by_backend)
+        _draw_backend_latency(ax, data, baseline_backends(baseline, every), SM90_DEEPGEMM)
         ax.set_title(f"context {context_title(context)}", fontsize=10)
         legend.update(zip(*reversed(ax.get_legend_handles_labels())))
     axes.flat[0].set_ylabel(LATENCY_LABEL)
@@ -203,14 +206,15 @@ def plot_speedup_heatmaps(
     device: str,
     provenance_line: str | None,
     candidate: tuple[str, str],
-    baseline: str | None = None,
+    baseline: str | Sequence[str] | None = None,
 ) -> Figure:
-    """Candidate speedup over vLLM's path (left) and over the best baseline option (right):
-    rows batch x context, columns next_n; blue = the candidate is faster, red = slower."""
-    baseline = vllm_backend().name if baseline is None else baseline
+    """Candidate speedup over vLLM's path (left) and over the best baseline option (right), each the other
+    side's time over the candidate's: rows batch x context, columns next_n; blue = the candidate is faster,
+    red = slower."""
+    backends = held_to(comparison, baseline)
     panels = [
-        ("speedup_vs_vllm", f"over {VLLM_RELEASE}'s path ({baseline})"),
-        ("speedup_vs_best", f"over the best {baseline} option"),
+        ("speedup_vs_vllm", f"{VLLM_RELEASE}'s path ({path_backend(backends)}) / candidate"),
+        ("speedup_vs_best", f"{baseline_label(backends)} / candidate"),
     ]
     values = comparison[[c for c, _ in panels]].to_numpy(dtype=float)
     if np.isnan(values).all():
@@ -218,8 +222,8 @@ def plot_speedup_heatmaps(
     norm = speedup_norm(values)
     contexts = context_order(comparison["context"])
     groups = comparison.groupby(["batch", "context"]).ngroups
-    width = 2 * (3.5 + 0.6 * comparison["next_n"].nunique())
-    fig, axes = plt.subplots(1, 2, figsize=(width, max(3.5, 1.4 + 0.3 * groups)), constrained_layout=True)
+    width = min(MAX_WIDTH, 2 * (3.5 + 0.6 * comparison["next_n"].nunique()))
+    fig, axes = plt.subplots(1, 2, figsize=(width, max(3.5, 1.4 + 0.22 * groups)), constrained_layout=True)
     for ax, (column, title) in zip(axes, panels):
         grid = comparison.pivot_table(index=["batch", "context"], columns="next_n", values=column)
         order = [(b, c) for b in sorted(comparison["batch"].unique()) for c in contexts if (b, c) in grid.index]
@@ -235,9 +239,11 @@ def plot_speedup_heatmaps(
             cbar=False,
             linewidths=0.5,
             linecolor="white",
+            annot_kws={"fontsize": ANNOTATION_SIZE},
         )
         ax.set(title=title, xlabel="next_n", ylabel="batch, context")
-    fig.colorbar(axes[0].collections[0], ax=axes, label="speedup (×): other time / candidate time", shrink=0.8)
+    label = "speedup (×): the other side's time / the candidate's (> 1: the candidate is faster)"
+    fig.colorbar(axes[0].collections[0], ax=axes, label=label, shrink=0.8)
     title = f"{candidate[0]} {candidate[1]} speedup on {chart_text(device)} (measured); empty cell: the other side was not timed"
     return _finish(fig, title, provenance_line)
 
@@ -264,14 +270,14 @@ def plot_roofline_intensity(
         color="black",
         linestyle=":",
         linewidth=1,
-        label=f"HBM slope {gpu.hbm_tbps:g} TB/s ({gpu.name})",
+        label=f"HBM slope {gpu.hbm_tbps:.2f} TB/s ({gpu.name})",
     )
     ax.axhline(
         gpu.fp8_tflops,
         color="black",
         linestyle="--",
         linewidth=1,
-        label=f"FP8 roof {gpu.fp8_tflops:g} TFLOP/s ({gpu.name})",
+        label=f"FP8 roof {gpu.fp8_tflops:.0f} TFLOP/s ({gpu.name})",
     )
     ax.plot(span, np.minimum(gpu.fp8_tflops, span * gpu.hbm_tbps), color="black", linewidth=2)
     ax.axvline(ridge, color="0.6", linewidth=0.8)
@@ -348,7 +354,7 @@ def plot_modeled_sm100(
     device: str,
     provenance_line: str | None,
     candidate: tuple[str, str],
-    baseline: str | None = None,
+    baseline: str | Sequence[str] | None = None,
 ) -> Figure:
     """Bars per next_n from `modeled_vs_measured`: measured times on `device` (solid, coloured by
     the strategy each bar ran, topped by its series' mark: the candidate's backend marker, the
@@ -411,24 +417,26 @@ def plot_modeled_sm100(
 
 
 def style_comparison(table: pd.DataFrame) -> FoldedTable:
-    """The comparison for display: times in µs, speedups shaded (blue: the candidate wins); the points where
-    the candidate gains most over vLLM's path on top, every point folded below (`plots.tables`)."""
+    """The comparison for display: times in µs, speedups (the other side's time over the candidate's, as in the
+    heatmaps) shaded (blue: the candidate wins); the points where the candidate gains most over vLLM's path on
+    top, every point folded below (`plots.tables`)."""
     names = {
         "candidate_ms": "candidate µs",
         "floor_pct": "floor share",
         "vllm_strategy": "vLLM 0.33 takes",
         "vllm_ms": "vLLM µs",
-        "speedup_vs_vllm": "speedup over vLLM",
-        "best_strategy": "best DeepGEMM option",
+        "speedup_vs_vllm": "vLLM / candidate",
+        "best_strategy": "best option",
+        "best_backend": "its kernel",
         "best_ms": "best µs",
-        "speedup_vs_best": "speedup over the best",
+        "speedup_vs_best": "best / candidate",
     }
     shown = table[[*point_columns(table), *names]].rename(columns=names)
     shown = shown.assign(
         context=shown["context"].map(context_title),
         **{c: shown[c] * 1e3 for c in ("candidate µs", "vLLM µs", "best µs")},
     )
-    speedups = ["speedup over vLLM", "speedup over the best"]
+    speedups = ["vLLM / candidate", "best / candidate"]
 
     def style(rows: pd.DataFrame) -> Styler:
         styled = rows.style.format(
@@ -442,7 +450,7 @@ def style_comparison(table: pd.DataFrame) -> FoldedTable:
         )
         return shade_speedups(styled, speedups).hide(axis="index")
 
-    return top_rows(shown, style, ["speedup over vLLM"], "points where the candidate gains most over vLLM's path")
+    return top_rows(shown, style, ["vLLM / candidate"], "points where the candidate gains most over vLLM's path")
 
 
 def style_outcomes(results: pd.DataFrame) -> FoldedTable:
@@ -465,7 +473,7 @@ def style_outcomes(results: pd.DataFrame) -> FoldedTable:
 
 
 def style_modeled_vs_measured(
-    frame: pd.DataFrame, batch: int, context: str, candidate: tuple[str, str], baseline: str
+    frame: pd.DataFrame, batch: int, context: str, candidate: tuple[str, str], baseline: str | Sequence[str] | None
 ) -> FoldedTable:
     """`analysis.versus.modeled_vs_measured` at (batch, context) for display, folded under one line: the
     chart draws the same times; values to 0.1 µs, headers (backend names from the run) escaped."""

@@ -22,9 +22,12 @@ from matplotlib.ticker import FixedLocator, NullLocator
 from pandas.io.formats.style import Styler
 
 from dsa_lab.analysis.frames import SM90_DEEPGEMM, context_order, speedup_over_strategy, speedup_over_vllm, vllm_path
+from dsa_lab.analysis.labels import context_title
 from dsa_lab.analysis.readings import DECISIONS_NAMED
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.plots.style import (
+    ANNOTATION_SIZE,
+    MAX_WIDTH,
     MODELED,
     MODELED_CMAP,
     MODELED_HATCH,
@@ -34,8 +37,6 @@ from dsa_lab.plots.style import (
     VLLM_RELEASE,
     add_footer,
     chart_text,
-    colour_by_backend,
-    context_title,
     legend_outside,
     point_columns,
     series_label,
@@ -89,7 +90,6 @@ def plot_vs_vllm(
         constrained_layout=True,
     )
     series = sorted(data.groupby(["strategy", "backend"]).groups, key=lambda k: (k[1], STRATEGY_ORDER.index(k[0])))
-    by_backend = colour_by_backend(data["backend"])
     for (i, batch), (j, context) in ((r, c) for r in enumerate(batches) for c in enumerate(contexts)):
         ax = axes[i, j]
         part = data[(data["batch"] == batch) & (data["context"] == context)]
@@ -102,7 +102,7 @@ def plot_vs_vllm(
                 markersize=4.5,
                 linewidth=1.6,
                 label=series_label(strategy, name),
-                **series_style(strategy, name, by_backend=by_backend),
+                **series_style(strategy, name),
             )
         if i == 0:
             ax.set_title(f"context {context_title(context)}", fontsize=10)
@@ -151,8 +151,8 @@ def plot_speedup(
     contexts = context_order(table["context"])
     columns = min(2, len(panels))
     rows = -(-len(panels) // columns)
-    width = columns * (3.2 + 0.5 * table["next_n"].nunique()) + 1.5
-    height = max(3.8, rows * (1.3 + 0.19 * table.groupby(["batch", "context"]).ngroups))
+    width = min(MAX_WIDTH, columns * (3.2 + 0.5 * table["next_n"].nunique()) + 1.5)
+    height = max(3.8, rows * (1.3 + 0.17 * table.groupby(["batch", "context"]).ngroups))
     fig, axes = plt.subplots(rows, columns, figsize=(width, height), squeeze=False, constrained_layout=True)
     for index, (ax, ((backend, strategy), part)) in enumerate(zip(axes.flat, panels)):
         grid = part.pivot_table(index=["batch", "context"], columns="next_n", values="speedup")
@@ -169,7 +169,7 @@ def plot_speedup(
             linewidths=0.5,
             linecolor="white",
             cbar=False,
-            annot_kws={"fontsize": 7.5},
+            annot_kws={"fontsize": ANNOTATION_SIZE},
             yticklabels=index % columns == 0,
         )
         label = series_label(strategy, backend, source)
@@ -204,7 +204,7 @@ def plot_modeled_speedup(frame: pd.DataFrame, device: str, baseline: str = "flat
     rows = list(grid.index)
     names = [backend.removeprefix("model (").removesuffix(")") for backend, _ in rows]  # 'B200, deepgemm'
     grid.index = [f"{strategy} · {name} ({MODELED})" for (_, strategy), name in zip(rows, names)]
-    fig, ax = plt.subplots(figsize=(4.5 + 0.8 * grid.shape[1], 1.6 + 0.5 * len(grid)), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(4.5 + 0.8 * grid.shape[1], max(2.9, 1.6 + 0.5 * len(grid))), layout="constrained")
     sns.heatmap(
         grid,
         annot=True,
@@ -249,7 +249,7 @@ def style_decisions(table: pd.DataFrame) -> FoldedTable:
             "fastest": table["best_strategy"],
             "fastest µs": table["best_ms"] * 1e3,
             "speedup": table["speedup"],
-            "beyond the spread": table["beyond_spread"],
+            "beyond the spread": table["beyond_spread"].map({True: "yes", False: "no"}),
             "recommended": table["recommended_strategy"],
         }
     )
@@ -270,36 +270,43 @@ def plot_point(
     title: str,
     caption: str | None = None,
     baseline: pd.DataFrame | None = None,
+    speedups: bool = True,
 ) -> Figure:
     """The latency explorer's view of one point: left, median µs against next_n with IQR bars, vLLM's
     choice (its strategy on `vllm_backend`, from `baseline`: the point's rows before any were left out;
-    default `point`) as hollow diamonds; right, the speedup over vLLM's choice. `caption`: the run's
-    provenance, drawn under the figure. More than two backends: lines coloured by backend."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")
+    default `point`) as hollow diamonds; right, the speedup over vLLM's choice (vLLM's time over the series').
+    `caption`: the run's provenance, drawn under the figure. Without `speedups` (a CPU's wall clock) the left
+    panel alone."""
+    if speedups:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11.5, 4.6), layout="constrained")
+    else:
+        fig, left = plt.subplots(figsize=(8.5, 4.6), layout="constrained")
+        right = None
     rows = point if baseline is None else baseline
     path = vllm_path(rows, vllm_backend).dropna(subset=["vllm_ms"])
     vllm_us = path.set_index("next_n")["vllm_ms"] * 1e3
-    by_backend = colour_by_backend(point["backend"])
     for (strategy, backend), part in sorted(
         point.groupby(["strategy", "backend"]), key=lambda kv: (STRATEGY_ORDER.index(kv[0][0]), kv[0][1])
     ):
         part = part.sort_values("next_n")
-        style = series_style(strategy, backend, by_backend=by_backend)
+        style = series_style(strategy, backend)
         spread = [part["kernel_us"] - part["p25_ms"] * 1e3, part["p75_ms"] * 1e3 - part["kernel_us"]]
         label = series_label(strategy, backend)
         left.errorbar(part["next_n"], part["kernel_us"], yerr=spread, capsize=3, label=label, **style)
-        right.plot(part["next_n"], part["next_n"].map(vllm_us) / part["kernel_us"], label=label, **style)
+        if right is not None:
+            right.plot(part["next_n"], part["next_n"].map(vllm_us) / part["kernel_us"], label=label, **style)
     if not path.empty:
         left.scatter(path["next_n"], vllm_us.to_numpy(), label=f"what {VLLM_RELEASE} runs", **VLLM_MARKER)
-    else:
+    elif right is not None:
         right.text(0.5, 0.5, f"{VLLM_RELEASE}'s choice was not timed here", ha="center", transform=right.transAxes)
-    right.axhline(1.0, color="grey", lw=1)
     left.set(xlabel="next_n", ylabel="kernel time, µs (median, IQR bars)", title="latency")
-    right.set(
-        xlabel="next_n",
-        ylabel=f"{VLLM_RELEASE}'s time / this time",
-        title=f"speedup over {VLLM_RELEASE}'s choice (> 1: faster)",
-    )
+    if right is not None:
+        right.axhline(1.0, color="grey", lw=1)
+        right.set(
+            xlabel="next_n",
+            ylabel=f"speedup: {VLLM_RELEASE}'s time / this time",
+            title=f"speedup over {VLLM_RELEASE}'s choice (> 1: faster)",
+        )
     handles, labels = left.get_legend_handles_labels()
     legend_outside(fig, handles, labels)
     fig.suptitle(title)

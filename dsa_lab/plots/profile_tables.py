@@ -9,8 +9,8 @@ from typing import Any
 import pandas as pd
 from pandas.io.formats.style import Styler
 
+from dsa_lab.analysis.labels import context_title
 from dsa_lab.analysis.profiles import versus_native
-from dsa_lab.plots.style import context_title
 from dsa_lab.plots.tables import FoldedTable, top_rows
 
 POINT = {"backend": "backend", "batch": "B", "context": "context", "next_n": "next_n", "strategy": "strategy"}

@@ -17,20 +17,21 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from dsa_lab.analysis.labels import context_title
 from dsa_lab.analysis.profiles import PHASE_ORDER, tensor_column, tensor_pipe_label
 from dsa_lab.plots.style import (
     MODELED,
     MODELED_HATCH,
+    PART_PALETTE,
     STRATEGY_ORDER,
     add_footer,
     backend_marker,
-    context_title,
     legend_outside,
     provenance_line,
     strategy_color,
 )
 
-PHASE_COLORS = dict(zip(PHASE_ORDER, sns.color_palette("colorblind", len(PHASE_ORDER))))
+PHASE_COLORS = dict(zip(PHASE_ORDER, PART_PALETTE))  # no strategy's colour (`style.PART_PALETTE`)
 
 
 def provenance_caption(provenance: Mapping[str, Any]) -> str:

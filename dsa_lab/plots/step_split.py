@@ -10,7 +10,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from dsa_lab.plots.style import FOOTER_STYLE, axis_value_title, strategy_color
+from dsa_lab.analysis.labels import axis_value_title
+from dsa_lab.plots.style import FOOTER_STYLE, strategy_color
 from dsa_lab.topk.registry import label_of
 
 TOPK_HATCH = "///"  # the top-k's part of a bar: the option's colour, hatched

@@ -4,9 +4,12 @@
 - **backend ↔ marker**: each backend declares its own (`LogitsBackend.marker`: DeepGEMM a circle,
   our Triton kernel a square, the reference a triangle, Gluon a plus, PR #340 a hexagon); none is the
   modeled glyph, vLLM's diamond or the unknown backend's triangle (the contract test holds that).
-- **more than two backends ↔ colour by backend** (`colour_by_backend`): four native lines in one blue
-  cannot be told apart, so a chart of more backends colours each by its descriptor's colour and
-  draws the strategy as the line style (native solid, atom dash-dot, flatten dotted).
+- **the answer grids** (`plots.answers`): a cell is an option to use, so its colour is its kernel's
+  (`LogitsBackend.color`, the colour key) and its pattern its strategy; every chart of times keeps
+  strategy = colour and backend = marker, however many backends it draws (a chart of four native lines
+  tells them apart by marker).
+- **phases** (notebooks 04 and 05, `PHASE_COLORS`, `COMPONENT_COLORS`): the part of a step a bar is, in
+  colours no strategy uses (no blue, green or red).
 - **measured ↔ solid, modeled ↔ dashed or hatched**: measured lines are solid with filled
   markers; modeled ones (roofline times, never timed) are dashed with hollow X markers,
   modeled bars hatched, and their labels say 'modeled'.
@@ -39,20 +42,20 @@ from matplotlib.lines import Line2D
 from pandas.io.formats.style import Styler
 
 from dsa_lab import axes
-from dsa_lab.acceptance import AcceptanceSpec
 from dsa_lab.env_info import version_line
 from dsa_lab.kernels import backend_names, get_backend
-from dsa_lab.plan import LogitsWidth
 from dsa_lab.policy.vllm import RELEASES
-from dsa_lab.workload import ContextSpec, format_tokens
 
+MAX_WIDTH = 12.0  # inches: a report page shows a figure this wide unscaled (1,200 px), so 9 pt text stays >= 9 px
+ANNOTATION_SIZE = 9  # pt: a heatmap cell's number, at least 9 px on a report page
 STRATEGY_ORDER = ("native", "atom", "flatten")
 STRATEGY_COLORS = {"native": "#1f77b4", "atom": "#2ca02c", "flatten": "#d62728"}
-STRATEGY_LINESTYLES = {"native": "-", "atom": "-.", "flatten": ":"}  # a strategy's look once colour is the backend's
-MAX_STRATEGY_COLOURED = 2  # backends a chart may hold and still colour its lines by strategy
 SPEEDUP_CMAP = "RdBu"  # the one diverging palette: blue faster than vLLM's choice (speedup > 1), red slower
 BETTER_BACKGROUND = "#d1e5f0"  # the palette's light blue: a table cell that beats vLLM's choice
 MODELED_CMAP = "Purples"  # modeled speedups: a scale of their own
+# Parts of a step (04's profiled phases, 05's decode-step components): colours no strategy uses, so a bar's part is
+# never read as native, atom or flatten.
+PART_PALETTE = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#e6ab02", "#c5b0d5")
 MEASURED_LINESTYLE = "-"
 MODELED_LINESTYLE = "--"
 MODELED_MARKER = "X"
@@ -66,41 +69,6 @@ BEST_MARKER = {"marker": "o", "s": 240, "facecolors": "none", "edgecolors": "bla
 FOOTER_STYLE = {"fontsize": 7, "color": "0.35"}
 FOOTER_GID = "provenance-footer"
 UNKNOWN_MARKER = "v"  # a backend name no registered backend has (a modeled row's, an older run's)
-
-
-def context_title(label: str) -> str:
-    """'65536' -> '64K'; 'mixed:1024-65536' -> 'mixed 1K-64K'; 'lognormal:16384:1.2' -> 'lognormal 16K σ1.2'
-    (tokens cached per request): the one human label of a context, in every chart, table and explorer."""
-    return ContextSpec.parse(label).short
-
-
-def acceptance_title(label: str) -> str:
-    """'none' -> 'every draft accepted'; 'accept:0.8,0.6' -> 'accept 0.8, 0.6'; a published curve keeps its
-    name and shows its rates ('v4flash-vllm41044 (0.7, 0.287)'; 'NAME:K': 'NAME, first K (...)')."""
-    spec = AcceptanceSpec.parse(label)
-    if spec.rates is None:
-        return "every draft accepted"
-    rates = ", ".join(f"{r:.3g}" for r in spec.rates)
-    if spec.name is None:
-        return f"accept {rates}"
-    name, _, count = spec.name.partition(":")
-    return f"{name}{f', first {count}' if count else ''} ({rates})"
-
-
-def width_title(label: str) -> str:
-    """'batch' -> 'logits as wide as the longest context'; 'model:163840' -> "logits 160K wide (vLLM's max_model_len)"."""
-    width = LogitsWidth.parse(label)
-    if width.model_len is None:
-        return "logits as wide as the longest context"
-    return f"logits {format_tokens(width.model_len)} wide (vLLM's max_model_len)"
-
-
-AXIS_TITLES = {"context": context_title, "acceptance": acceptance_title, "logits_width": width_title}
-
-
-def axis_value_title(name: str, value: object) -> str:
-    """How a chart, table or explorer writes one value of a point axis for people (the stored label otherwise)."""
-    return AXIS_TITLES[name](str(value)) if name in AXIS_TITLES else str(value)
 
 
 def point_columns(table: pd.DataFrame) -> list[str]:
@@ -129,17 +97,9 @@ def backend_color(backend: str) -> str:
     return get_backend(backend).color if backend in backend_names() else OTHER_COLOR
 
 
-def colour_by_backend(backends: Iterable[str]) -> bool:
-    """Whether a chart of these backends colours its lines by backend (more than `MAX_STRATEGY_COLOURED`)."""
-    return len(set(backends)) > MAX_STRATEGY_COLOURED
-
-
-def series_style(strategy: str, backend: str, modeled: bool = False, by_backend: bool = False) -> dict[str, object]:
-    """matplotlib keyword arguments for the line of one (strategy, backend) series.
-
-    Measured: solid, filled marker; `by_backend` (`colour_by_backend`): the backend's colour, the strategy
-    as the line style. Modeled: dashed, hollow X marker (say 'modeled' in its label).
-    """
+def series_style(strategy: str, backend: str, modeled: bool = False) -> dict[str, object]:
+    """matplotlib keyword arguments for the line of one (strategy, backend) series: the strategy's colour and the
+    backend's marker, solid. Modeled: dashed, hollow X marker (say 'modeled' in its label)."""
     if modeled:
         return {
             "color": strategy_color(strategy),
@@ -147,9 +107,6 @@ def series_style(strategy: str, backend: str, modeled: bool = False, by_backend:
             "linestyle": MODELED_LINESTYLE,
             "markerfacecolor": "none",
         }
-    if by_backend:
-        linestyle = STRATEGY_LINESTYLES.get(strategy, MEASURED_LINESTYLE)
-        return {"color": backend_color(backend), "marker": backend_marker(backend), "linestyle": linestyle}
     return {"color": strategy_color(strategy), "marker": backend_marker(backend), "linestyle": MEASURED_LINESTYLE}
 
 
@@ -189,24 +146,15 @@ def series_label(strategy: str, backend: str, source: str = "measured") -> str:
     return f"{strategy} ({backend})"
 
 
-def style_handles(
-    strategies: Iterable[str], backends: Iterable[str], by_backend: bool = False
-) -> tuple[list[Line2D], list[str]]:
-    """Legend entries that explain the code once: a colour per strategy, a marker per backend; `by_backend`:
-    a line style per strategy, a colour and marker per backend."""
+def style_handles(strategies: Iterable[str], backends: Iterable[str]) -> tuple[list[Line2D], list[str]]:
+    """Legend entries that explain the code once: a colour per strategy, a marker per backend."""
     handles: list[Line2D] = []
     labels: list[str] = []
     for strategy in strategies:
-        look = (
-            {"color": "0.3", "linestyle": STRATEGY_LINESTYLES.get(strategy, MEASURED_LINESTYLE), "linewidth": 2}
-            if by_backend
-            else {"color": strategy_color(strategy), "linewidth": 3}
-        )
-        handles.append(Line2D([], [], **look))
+        handles.append(Line2D([], [], color=strategy_color(strategy), linewidth=3))
         labels.append(strategy)
     for backend in backends:
-        colour = backend_color(backend) if by_backend else "0.3"
-        handles.append(Line2D([], [], color=colour, marker=backend_marker(backend), linestyle="none"))
+        handles.append(Line2D([], [], color="0.3", marker=backend_marker(backend), linestyle="none"))
         labels.append(backend)
     return handles, labels
 

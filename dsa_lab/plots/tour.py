@@ -20,8 +20,8 @@ from pandas.io.formats.style import Styler
 
 from dsa_lab.analysis.frames import measured_ok
 from dsa_lab.analysis.headline import TileReads
+from dsa_lab.analysis.labels import context_title, pieces_title
 from dsa_lab.markup import html_text
-from dsa_lab.plots.latency import context_title
 from dsa_lab.plots.style import (
     MODELED,
     MODELED_COLOR,
@@ -33,7 +33,6 @@ from dsa_lab.plots.style import (
     VLLM_RELEASE,
     add_footer,
     chart_text,
-    colour_by_backend,
     legend_outside,
     series_label,
     series_style,
@@ -208,10 +207,9 @@ def plot_headline(
     series = sorted(
         data.groupby(["strategy", "backend"]), key=lambda kv: (order[kv[0][1]], STRATEGY_ORDER.index(kv[0][0]))
     )
-    by_backend = colour_by_backend(data["backend"])
     for (strategy, backend), part in series:
         part = part.set_index("next_n").reindex(next_ns)  # a next_n the series lacks breaks its line
-        style = series_style(strategy, backend, by_backend=by_backend)
+        style = series_style(strategy, backend)
         main = backend == first  # the kernel vLLM runs; others drawn lighter
         ax.plot(
             next_ns,
@@ -290,16 +288,17 @@ def plot_headline(
     return add_footer(fig, provenance_line)
 
 
-def style_headline(table: pd.DataFrame, device_label: str) -> Styler:
+def style_headline(table: pd.DataFrame, device_label: str, speedups: bool = True) -> Styler:
     """The headline table for display: µs, the best option's pieces, speedups shaded in the one speedup palette
-    (`style.shade_speedups`: white, vLLM is best; blue, the best option is faster)."""
+    (`style.shade_speedups`: white, vLLM is best; blue, the best option is faster), and the run of each row when
+    they come from several. Without `speedups` (a CPU's wall clock) the times only."""
     shown = pd.DataFrame(
         {
             "next_n": table["next_n"],
             "vLLM 0.33 takes": table["vllm_strategy"] + " (" + table["vllm_backend"] + ")",
             "vLLM µs": table["vllm_us"],
             "best option": table["best_strategy"]
-            + np.where(table["best_pieces"] != "", " " + table["best_pieces"], "")
+            + np.where(table["best_pieces"] != "", " " + table["best_pieces"].map(pieces_title), "")
             + " ("
             + table["best_backend"]
             + ")",
@@ -315,6 +314,10 @@ def style_headline(table: pd.DataFrame, device_label: str) -> Styler:
     if "floor_us" in table and table["floor_us"].notna().any():
         shown[f"floor µs ({MODELED})"] = table["floor_us"]
         shown["best / floor"] = table["best_us"] / table["floor_us"]
+    if "run_id" in table and table["run_id"].nunique() > 1:
+        shown["run"] = table["run_id"]
+    if not speedups:
+        shown = shown.drop(columns=["speedup", "gap"])
     formats = {
         "vLLM µs": "{:.0f}",
         "best µs": "{:.0f}",
@@ -323,8 +326,6 @@ def style_headline(table: pd.DataFrame, device_label: str) -> Styler:
         "best / floor": "{:.2f}×",
     }
     styled = shown.style.format({k: v for k, v in formats.items() if k in shown}, na_rep="—", escape="html")
-    return (
-        shade_speedups(styled, ["speedup"])
-        .set_caption(f"Measured on {html_text(device_label)}: vLLM 0.33's choice against the fastest option timed")
-        .hide(axis="index")
-    )
+    styled = shade_speedups(styled, ["speedup"]) if speedups else styled
+    what = "vLLM 0.33's choice against the fastest option timed" if speedups else "wall-clock times, no speedups"
+    return styled.set_caption(f"Measured on {html_text(device_label)}: {what}").hide(axis="index")

@@ -46,11 +46,12 @@ from dsa_lab.store.folders import RunFormatError, load_run
 from dsa_lab.store.provenance import git_state
 from dsa_lab.store.writes import check_replaceable, write_text_atomic
 
-PAPERMILL_BANNER_TAG = "papermill-error-cell-tag"
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_.+\.ipynb$")
 DEFAULT_NOTEBOOKS = Path("notebooks")
 DEFAULT_OUT = Path("reports")
-RUN_PARAMETERS = ("run_path", "serving_run_path")  # what `--run PATH` sets: the notebooks' run and serving run
+RUN_PARAMETERS = ("run_path", "serving_run_path", "gluon_run_path")  # what `--run PATH` sets: every run a page reads
+# What `--run` clears: defaults that name another run or another run's measurements ('' : the page says it shows none)
+OTHER_RUN_PARAMETERS = ("repeat_path", "gluon_ncu_path", "timeline_path", "profile_path")
 
 
 @dataclass
@@ -152,28 +153,31 @@ def build_report(
             bar.set_postfix_str(path.name)
             outcomes.append(_run_one(path, out_dir, params, workdir, execution_timeout))
     run_path = str(params.get("run_path") or "")
-    findings = _findings(notebooks_dir, run_path)
+    findings, point = _findings(notebooks_dir, run_path)
     result = ReportResult(out_dir, params, outcomes, git_state(), headline_failed=findings.problem)
-    _write_index(result, findings, report_page.serving_answers(str(params.get("serving_run_path") or run_path)))
+    answers = report_page.serving_answers(str(params.get("serving_run_path") or run_path), point[1], point[3])
+    _write_index(result, findings, answers)
     return result
 
 
-def _findings(notebooks_dir: Path, run_path: str = "") -> report_page.Findings:
+def _findings(notebooks_dir: Path, run_path: str = "") -> tuple[report_page.Findings, tuple[str, int, str, str]]:
     """The headline of the run and shape the tour notebook names, or of `run_path` when one is given (none
-    without the tour)."""
+    without the tour), and that point (run path, batch, context, GPU)."""
+    point = (run_path, 128, "65536", "h200")  # the study's headline, when the tour cannot name it
     tour = [p for p in find_notebooks(notebooks_dir) if p.name.startswith(report_page.HEADLINE_NOTEBOOK)]
     if not tour:
         text = f"No tour notebook ({report_page.HEADLINE_NOTEBOOK}_*.ipynb) among the notebooks: no headline."
-        return report_page.Findings(None, f"<p class='fallback'>{escape(text)}</p>", text + "\n")
+        return report_page.Findings(None, f"<p class='fallback'>{escape(text)}</p>", text + "\n"), point
     try:
-        point = report_page.headline_point(tour[0])
-        point = (run_path, *point[1:]) if run_path else point
+        shape = report_page.headline_point(tour[0])
+        device = report_page.tour_parameters(tour[0]).get("run_device", "h200")
+        point = (run_path or shape[0], shape[1], shape[2], device)
     except Exception as err:  # parameters the tour cannot give: the index is written, with a failed card
-        return report_page.failed_findings(str(tour[0]), err)
+        return report_page.failed_findings(tour[0].name, err), point
     try:
-        return report_page.headline_findings(*point)
+        return report_page.headline_findings(*point), point
     except Exception as err:  # whatever the headline run does, the index is written, with a failed card
-        return report_page.failed_findings(point[0], err)
+        return report_page.failed_findings(point[0], err), point
 
 
 @contextlib.contextmanager
@@ -183,7 +187,10 @@ def _kernels_draw_svg_too() -> Iterator[None]:
     with tempfile.TemporaryDirectory(prefix="dsa_lab_ipython_") as ipython_dir:
         profile = Path(ipython_dir) / "profile_default"
         profile.mkdir()
-        (profile / "ipython_kernel_config.py").write_text('c.InlineBackend.figure_formats = {"png", "svg"}\n')
+        # and keep their own log quiet: its notes (that it talks TCP to papermill on this machine, the interrupt
+        # jupyter_client sends every kernel it shuts down) are not the report's; a cell's error comes back as output
+        config = 'c.InlineBackend.figure_formats = {"png", "svg"}\nc.IPKernelApp.log_level = "CRITICAL"\n'
+        (profile / "ipython_kernel_config.py").write_text(config)
         previous = os.environ.get("IPYTHONDIR")
         os.environ["IPYTHONDIR"] = ipython_dir
         try:
@@ -193,6 +200,12 @@ def _kernels_draw_svg_too() -> Iterator[None]:
                 os.environ.pop("IPYTHONDIR", None)
             else:
                 os.environ["IPYTHONDIR"] = previous
+
+
+def _own(path: Path, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters `path` declares (papermill would warn of the others, one line each)."""
+    declared = papermill.inspect_notebook(str(path))
+    return {name: value for name, value in params.items() if name in declared}
 
 
 def _run_one(
@@ -211,7 +224,7 @@ def _run_one(
         papermill.execute_notebook(
             str(path),
             str(running),
-            parameters=params,
+            parameters=_own(path, params),
             cwd=str(workdir),
             progress_bar=False,
             execution_timeout=execution_timeout,
@@ -269,7 +282,7 @@ def _failing_source_cell(node: nbformat.NotebookNode) -> int | None:
     """
     index = 0
     for cell in node.cells:
-        if {"injected-parameters", PAPERMILL_BANNER_TAG} & set(cell.metadata.get("tags", [])):
+        if set(report_page.PAPERMILL_TAGS) & set(cell.metadata.get("tags", [])):
             continue
         if any(out.get("output_type") == "error" for out in cell.get("outputs", [])):
             return index
@@ -310,6 +323,7 @@ code { font-size: 90%; } details { margin: .3em 0; } summary { cursor: pointer; 
 &middot; parameters {% for k, v in parameters.items() %}<code>{{ k }}={{ v }}</code> {% endfor %}</p>
 
 <h2>Findings</h2>
+{{ whole_step_html|safe }}
 {{ headline_table|safe }}
 {{ headline_reading|safe }}
 {{ answers_html|safe }}
@@ -355,6 +369,23 @@ def _write_index(
     write_text_atomic(result.out_dir / "report.json", json.dumps(summary, indent=2, default=str))
 
 
+def run_parameter(path: Path) -> str:
+    """What `--run PATH` hands the notebooks: PATH relative to data/ or as `scratch/...` when it lies there (the
+    pages then name it so, never by a machine path), else the folder's absolute path (the notebooks run in the
+    repository root); a path that is not a folder is read relative to data/."""
+    from dsa_lab.paths import data_dir, resolve_data_path, scratch_dir
+
+    if not path.is_absolute() and resolve_data_path(path).is_dir():
+        return str(path)
+    if not path.is_dir():
+        return str(path)
+    folder = path.resolve()
+    for root, prefix in ((data_dir(), ""), (scratch_dir(), "scratch/")):
+        if folder.is_relative_to(root.resolve()):
+            return prefix + folder.relative_to(root.resolve()).as_posix()
+    return str(folder)
+
+
 def parse_parameter(text: str) -> tuple[str, Any]:
     """`key=value` with value read as a Python literal when it is one (3, True, 'x'), else a string."""
     key, sep, raw = text.partition("=")
@@ -391,8 +422,10 @@ def run_flag(run: Path) -> str:
 
 def _cli(args: argparse.Namespace) -> int:
     params = dict(parse_parameter(p) for p in args.parameter)
-    if args.run is not None:  # one run everywhere: every notebook's main and serving sections, and the index
-        params.update(dict.fromkeys(RUN_PARAMETERS, run_flag(args.run)))
+    if args.run is not None:  # one run everywhere: every notebook's sections and the index; no other run's default
+        run = run_parameter(Path(run_flag(args.run)))  # refused by name before any notebook runs unless it loads
+        params.update({name: run for name in RUN_PARAMETERS})
+        params.update({name: "" for name in OTHER_RUN_PARAMETERS})
     device = params.pop("device", None)
     result = build_report(args.notebooks, args.out, params, device=device, only=args.only)
     for o in result.outcomes:

@@ -28,17 +28,25 @@ import pandas as pd
 import papermill
 from nbconvert import HTMLExporter
 
+from dsa_lab.analysis.headline import runs_named
+from dsa_lab.analysis.labels import pieces_title
+from dsa_lab.kernels import vllm_backend
 from dsa_lab.markup import html_text, md_code, md_text, render_markdown
 from dsa_lab.store.writes import write_atomic
 from dsa_lab.workload import ContextSpec
 
 if TYPE_CHECKING:
-    from dsa_lab.analysis.runs import ChosenRun
+    from dsa_lab.notebook.answers import Answer
+    from dsa_lab.plots.answers import AnswerGrid
 
 HEADLINE_NOTEBOOK = "00"  # the tour: its parameters name the headline's run and shape
 THUMB_WIDTH = 360
 FIGURE_MIMES = {"image/png": "png", "image/svg+xml": "svg"}
-CELL_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # nbformat's cell id, a safe file name; else the cell's number
+CELL_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+PAPERMILL_TAGS = (
+    "papermill-error-cell-tag",
+    "injected-parameters",
+)  # cells papermill adds to an executed notebook  # nbformat's cell id, a safe file name; else the cell's number
 
 
 @dataclass
@@ -55,105 +63,109 @@ class Findings:
         return self.problem is not None
 
 
+def tour_parameters(notebook: Path) -> dict[str, Any]:
+    """The tour notebook's parameters (their defaults), as papermill reads its parameters cell."""
+    return {name: ast.literal_eval(p["default"]) for name, p in papermill.inspect_notebook(str(notebook)).items()}
+
+
 def headline_point(notebook: Path) -> tuple[str, int, str]:
     """(run path, batch, context) of the headline, as the tour notebook's parameters cell names them
     (`run_path`, `batch`, `context`): the report shows the run and shape the tour shows."""
-    values = {name: ast.literal_eval(p["default"]) for name, p in papermill.inspect_notebook(str(notebook)).items()}
+    values = tour_parameters(notebook)
     return values["run_path"], values["batch"], ContextSpec.parse(values["context"]).label
 
 
-def headline_findings(run_path: str, batch: int, context: str) -> Findings:
-    """What vLLM 0.33 takes and what is fastest per next_n at one shape of one measured run."""
+def headline_findings(run_path: str, batch: int, context: str, device: str = "h200") -> Findings:
+    """What vLLM 0.33 takes and what is fastest per next_n at one shape: the one answer
+    (`notebook.answers.answer`, over every measured run of `device`, or the run `run_path` names)."""
     from dsa_lab.analysis import headline
-    from dsa_lab.analysis.frames import one_view
-    from dsa_lab.analysis.runs import latency_run
-    from dsa_lab.analysis.versus import pick_point
+    from dsa_lab.notebook.answers import answer
+    from dsa_lab.notebook.answers import headline as headline_of
 
     try:
-        chosen = latency_run(run_path) if not run_path or _run_present(run_path) else None
-        if chosen is None or not chosen.measured:
-            what = (
-                f"The measured run {md_code(run_path)} is"
-                if run_path
-                else "No measured run covering the study's grid is"
-            )
+        found = answer(run_path, device)
+        shown = headline_of(found, batch, context)
+        if shown is None:
             text = (
-                f"{what} not in this checkout's data folder, so there is no headline. Make one on an H200 with "
-                "`dsa-lab bench --preset h200-full`." + _passed_over(chosen)
+                f"{_what_is_missing(found, run_path, device)}, so there is no headline. Make one on an H200 with "
+                "`dsa-lab bench --preset h200-full`." + _passed_over(found.ignored)
             )
             return Findings(None, f"<div class='fallback'>{render_markdown(text)}</div>", text + "\n")
-        run_id = chosen.run.provenance["run_id"]
-        results = one_view(chosen.run.results)[0]
-        batch, context, _ = pick_point(results, batch, context)  # a run of the user's may lack the tour's shape
-        table = headline.headline_table(results, batch, context)
-        reading = headline.headline_reading(table, chosen.device_label, run_id, batch, context) + _passed_over(chosen)
+        runs = ", ".join(found.run_ids(shown.table))
+        label = shown.chosen.device_label
+        reading = headline.headline_reading(shown.table, label, runs, shown.batch, shown.context)
+        reading += "".join(f"\n\n{n}" for n in shown.notes) + _passed_over(found.ignored)
     except (ValueError, OSError) as err:  # a damaged run (store.RunFormatError names its file): a failed card
         return failed_findings(run_path, err)
-    markdown = headline_markdown(table, chosen.device_label, run_id, batch, context)
-    return Findings(table, render_markdown(reading), markdown)
+    markdown = headline_markdown(shown.table, label, runs, shown.batch, shown.context)
+    return Findings(shown.table, render_markdown(reading), markdown)
 
 
-def _passed_over(chosen: ChosenRun | None) -> str:
-    """Markdown naming the broken runs the newest-run search passed over ('' when none): a damaged run of the
+def _what_is_missing(found: Answer, run_path: str, device: str) -> str:
+    """Why an answer has no point: the run asked for is not there, or times no step vLLM takes, or no run does."""
+    step = f"the step vLLM 0.33 takes (its backend, {md_text(vllm_backend().name)}, on a GPU)"
+    if run_path and not found.asked:
+        return f"The measured run {md_code(run_path)} is not in this checkout's data folder"
+    if run_path:
+        return f"The run {md_code(run_path)} times no point of {step}"
+    return f"No measured {device.upper()} run in this checkout's data folder times {step}"
+
+
+def _passed_over(ignored: list[tuple[str, str]]) -> str:
+    """Markdown naming the runs a search passed over, with why ('' when none): a damaged or a newer run of the
     user's is said on the card, never skipped in silence."""
-    from dsa_lab.paths import shown_path
-
-    if chosen is None or not chosen.ignored:
+    if not ignored:
         return ""
-    runs = "; ".join(f"{md_code(shown_path(path))}: {md_text(problem)}" for path, problem in chosen.ignored)
+    runs = "; ".join(f"{md_code(path)}: {md_text(problem)}" for path, problem in ignored)
     return f"\n\n*Runs passed over: {runs}.*"
 
 
 @dataclass
 class Answers:
-    """The answer per serving workload from the run `analysis.runs.SERVING` picks (or the one asked for)."""
+    """The answer per workload and next_n (`analysis.answers.grid`): the whole step's grid (`whole_html`, what the
+    index opens with), then the kernel's (`html`: its grids, or why there are none, and the runs passed over)."""
 
     html: str
     markdown: str
-    run_id: str | None = None  # None: no run covers the section (`html` says why)
+    run_ids: tuple[str, ...] = ()  # the runs it read (empty: none answered; `html` says why)
+    whole_html: str = ""  # the whole step's grid, when a run timed whole steps
 
 
-ANSWER_COLUMNS = ("workload", "batches", "next_n", "vLLM beaten", "best speedup", "options used")
-
-
-def serving_answers(run_path: str = "") -> Answers:
-    """Per workload of the serving run: where vLLM 0.33's route is beaten and which options (kernels ours too)
-    to use, then where the answer reverses between uniform and ragged batches, in words."""
-    from dsa_lab.analysis import workloads
-    from dsa_lab.analysis.runs import SERVING, section_run
+def serving_answers(run_path: str = "", batch: int = 128, device: str = "h200") -> Answers:
+    """The option to use per workload and next_n (`notebook.answers.grids`: the one answer over every measured
+    run of `device`, or over the run `run_path` names), the whole step's workloads (logits and top-k) first, each
+    cell's speedup over vLLM 0.33's choice; the runs passed over named."""
+    from dsa_lab.notebook.answers import answer, grids
 
     try:
-        chosen, note = section_run(SERVING, run_path)
-        if chosen is None:
-            return Answers(f"<div class='fallback'>{html_text(note)}</div>", note + "\n")
-        run_id = chosen.run.provenance["run_id"]
-        table = workloads.answers(chosen.run.results)
-        summary = workloads.answer_summary(table)
-        reading = workloads.reversal_reading(table, run_id)
+        found = answer(run_path, device)
+        shown = grids(found, batch)
     except (ValueError, OSError) as err:  # a damaged run: said on the page, the index still written
         problem = f"{type(err).__name__}: {err}"
         return Answers(f"<div class='failed'>Answers per workload failed: {html_text(problem)}</div>", problem + "\n")
-    lead = (
-        f"Answers per workload, measured on {md_text(chosen.device_label)} (run {md_code(run_id)}): every backend "
-        "timed, ours included, against the route vLLM 0.33 takes for each step."
-    )
-    head = "".join(f"<th>{html_text(c)}</th>" for c in ANSWER_COLUMNS)
-    rows = "".join(
-        "<tr>" + "".join(f"<td>{html_text(_cell(row[c]))}</td>" for c in ANSWER_COLUMNS) + "</tr>"
-        for row in summary.to_dict("records")
-    )
-    notes = f"<p class='meta'>{html_text(note)}</p>" if note else ""
-    html = (
-        f"{render_markdown(lead)}{notes}<table class='answers'><tr>{head}</tr>{rows}</table>{render_markdown(reading)}"
-    )
-    markdown = "\n".join(
-        [lead, "", summary[list(ANSWER_COLUMNS)].to_markdown(index=False, floatfmt=".2f"), "", reading]
-    )
-    return Answers(html, markdown + "\n", run_id)
+    passed = _passed_over(found.ignored)
+    if not shown:
+        note = f"{_what_is_missing(found, run_path, device)}, so there is no answer per workload." + passed
+        return Answers(f"<div class='fallback'>{render_markdown(note)}</div>", note + "\n")
+    whole = "".join(grid.to_html() for grid in shown if grid.rows["whole_step"].all())
+    kernel = "".join(grid.to_html() for grid in shown if not grid.rows["whole_step"].all())
+    html = kernel + (render_markdown(passed.strip()) if passed else "")
+    markdown = "\n\n".join(_grid_markdown(grid) for grid in shown) + passed
+    return Answers(html, markdown + "\n", tuple(found.run_ids(found.table)), whole)
 
 
-def _cell(value: object) -> str:
-    return f"{value:.2f}×" if isinstance(value, float) else str(value)
+def _grid_markdown(grid: AnswerGrid) -> str:
+    """A grid as Markdown: a row per workload, a column per next_n, each cell 'option speedup×'."""
+    rows = grid.rows
+    keys = ["workload", "batch"] if grid.by_batch else ["workload"]
+    table = rows.assign(cell=rows["choice"] + " " + rows["gain"].map("{:.2f}×".format)).pivot_table(
+        index=keys, columns="next_n", values="cell", aggfunc="first", sort=False
+    )
+    table = table[sorted(table.columns)]
+    runs = runs_named(", ".join(dict.fromkeys(rows["run_id"])))
+    devices = ", ".join(md_text(d) for d in dict.fromkeys(rows["device"]))
+    head = f"**{md_text(grid.title)}** ({runs}, on {devices})"
+    return head + "\n\n" + table.fillna("").reset_index().to_markdown(index=False)
 
 
 def failed_findings(source: str, err: BaseException) -> Findings:
@@ -168,42 +180,50 @@ def failed_findings(source: str, err: BaseException) -> Findings:
     return Findings(None, card, markdown, problem=f"{source} could not be read: {problem}")
 
 
-def _run_present(run_path: str) -> bool:
-    from dsa_lab.paths import resolve_data_path
-
-    try:
-        return resolve_data_path(run_path).is_dir()
-    except FileNotFoundError:
-        return False
-
-
 def headline_markdown(table: pd.DataFrame, device_label: str, run_id: str, batch: int, context: str) -> str:
-    """The headline table in Markdown, with its provenance line."""
+    """The headline table in Markdown, with its provenance line (`run_id`: the runs its rows come from)."""
     lines = [
         f"Paged MQA logits, one decode step, B = {batch}, context {int(context) // 1024}K, FP8; the workload: a "
         "uniform batch (every request that context), logits only at the batch's width, CUDA events; "
-        f"measured on {md_text(device_label)} (run {md_code(run_id)}), median µs.",
+        f"measured on {md_text(device_label)} ({runs_named(run_id)}), median µs.",
         "",
-        "| next_n | vLLM 0.33 takes | µs | fastest measured | µs | speedup |",
-        "|---|---|---|---|---|---|",
+        "| next_n | vLLM 0.33 takes | µs | fastest measured | µs | speedup |" + (" run |" if "," in run_id else ""),
+        "|---|---|---|---|---|---|" + ("---|" if "," in run_id else ""),
     ]
     for row in table.itertuples():
-        pieces = f" {row.best_pieces}" if row.best_pieces else ""
+        pieces = f" {pieces_title(row.best_pieces)}" if row.best_pieces else ""
         lines.append(
             f"| {row.next_n} | {row.vllm_strategy} ({row.vllm_backend}) | {row.vllm_us:.0f} | "
             f"{row.best_strategy}{pieces} ({row.best_backend}) | {row.best_us:.0f} | {row.speedup:.2f}× |"
+            + (f" {md_code(row.run_id)} |" if "," in run_id else "")
         )
     return "\n".join(lines) + "\n"
 
 
+ABBREVIATIONS = re.compile(r"\b(e\.g|i\.e|cf|vs|etc|Fig|No)\.$")  # a full stop that ends no sentence
+
+
 def describe(node: nbformat.NotebookNode) -> tuple[str, str]:
-    """(title, one line) from a notebook's first markdown cell: its heading and first sentence."""
-    first = next((c.source for c in node.cells if c.cell_type == "markdown"), "")
+    """(title, one line) from a notebook's first markdown cell of its own (papermill's error banner and injected
+    cells are not the notebook's): its heading and first sentence, a full stop after 'e.g.' ending none."""
+    own = (
+        c.source
+        for c in node.cells
+        if c.cell_type == "markdown" and not set(PAPERMILL_TAGS) & set(c.get("metadata", {}).get("tags", []))
+    )
+    first = next(own, "")
     lines = [line.strip() for line in first.splitlines()]
     title = re.sub(r"[*`]", "", next((line.lstrip("# ").strip() for line in lines if line.startswith("#")), ""))
     prose = " ".join(line for line in lines if line and not line.startswith("#"))
-    sentence = re.split(r"(?<=[.?!])\s", prose, maxsplit=1)[0] if prose else ""
-    return title, re.sub(r"[*`]", "", sentence)
+    return title, re.sub(r"[*`]", "", first_sentence(prose))
+
+
+def first_sentence(prose: str) -> str:
+    """The text up to the first full stop, question or exclamation mark that ends a sentence."""
+    for found in re.finditer(r"[.?!](?=\s|$)", prose):
+        if not ABBREVIATIONS.search(prose[: found.end()]):
+            return prose[: found.end()]
+    return prose
 
 
 def images(node: nbformat.NotebookNode) -> list[tuple[str, str, str | bytes]]:
@@ -295,7 +315,7 @@ def headline_html(findings: Findings) -> str:
         return ""
     rows = []
     for row in findings.table.itertuples():
-        pieces = f" {row.best_pieces}" if row.best_pieces else ""
+        pieces = f" {pieces_title(row.best_pieces)}" if row.best_pieces else ""
         mark = " class='win'" if row.beyond_spread else ""
         rows.append(
             f"<tr><td>{row.next_n}</td><td>{html_text(row.vllm_strategy)} ({html_text(row.vllm_backend)})</td>"
@@ -317,4 +337,5 @@ def page_context(findings: Findings, answers: Answers | None = None) -> dict[str
         "headline_table": headline_html(findings),
         "headline_reading": findings.reading_html,
         "answers_html": answers.html if answers is not None else "",
+        "whole_step_html": answers.whole_html if answers is not None else "",
     }

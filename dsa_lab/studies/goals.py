@@ -28,15 +28,24 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from dsa_lab import axes
-from dsa_lab.analysis.frames import POINT, best_option, by_point, context_order, measured_ok, vllm_family
+from dsa_lab.analysis.frames import POINT, best_option, by_point, context_order, measured_ok, one_view, vllm_family
+from dsa_lab.analysis.labels import context_title
 from dsa_lab.analysis.modeled import modeled_native_rows
 from dsa_lab.analysis.profiles import TENSOR_METRICS
-from dsa_lab.analysis.runs import ChosenRun, stored_run, timed_backends
 from dsa_lab.kernels import family_of
 from dsa_lab.markup import html_text
 from dsa_lab.model.roofline import gpu_for_device
+from dsa_lab.notebook.runs import ChosenRun, chosen, named_run, passed, relative_to_data, search, timed_backends
 from dsa_lab.paths import resolve_data_path, shown_path
-from dsa_lab.plots.style import SPEEDUP_CMAP, add_footer, chart_text, context_title, point_columns, speedup_norm
+from dsa_lab.plots.style import (
+    ANNOTATION_SIZE,
+    SPEEDUP_CMAP,
+    add_footer,
+    chart_text,
+    point_columns,
+    shade_speedups,
+    speedup_norm,
+)
 from dsa_lab.plots.tables import FoldedTable, folded
 from dsa_lab.profiling.ncu_tables import METRICS
 from dsa_lab.profiling.runs import load_profile_run
@@ -110,14 +119,17 @@ def goal_points(
     baselines: Sequence[str] | None = None,
     goals: Goals = GOALS,
 ) -> pd.DataFrame:
-    """One row per measured (batch, context, next_n) of a run: the candidate's native median (`candidate_us`),
-    the best option of `baselines` (`best_us`, `best_backend`, `best_strategy`) and `ratio` = candidate /
-    best (< 1: the candidate wins), the best of their flatten and atom (`flatten_atom_*`, `flatten_atom_ratio`),
-    the floor (`floor_us`, at `floor_gpu`'s ceilings) and `floor_share` = floor / candidate, and a verdict per
-    goal (`goal1`..`goal4`: True, False, or NA where the goal does not apply or a side was not timed).
+    """One row per measured (batch, context, next_n) of a run (of one shape and serving setting,
+    `frames.one_view`: the goals are about uniform logits steps): the candidate's native median (`candidate_us`),
+    the best option of `baselines` (`best_us`, `best_backend`, `best_strategy`), `ratio` = candidate / best (the
+    goals' thresholds) and `speedup` = best / candidate (> 1: the candidate wins; what every table shows), the
+    best of their flatten and atom (`flatten_atom_*`, `flatten_atom_ratio`, `flatten_atom_speedup`), the floor
+    (`floor_us`, at `floor_gpu`'s ceilings) and `floor_share` = floor / candidate, and a verdict per goal
+    (`goal1`..`goal4`: True, False, or NA where the goal does not apply or a side was not timed).
 
     Raises ValueError when the candidate's native strategy has no measured timed row in `results`.
     """
+    results = one_view(results)[0]
     data = measured_ok(results)
     mine = data[(data["backend"] == candidate) & (data["strategy"] == "native")]
     if mine.empty:
@@ -138,6 +150,8 @@ def goal_points(
         table[f"{column}_us"] = table.pop(f"{column}_ms").astype(float) * 1e3
     table["ratio"] = table["candidate_us"] / table["best_us"]
     table["flatten_atom_ratio"] = table["candidate_us"] / table["flatten_atom_us"]
+    table["speedup"] = 1 / table["ratio"]
+    table["flatten_atom_speedup"] = 1 / table["flatten_atom_ratio"]
     table["floor_share"] = table["floor_us"] / table["candidate_us"]
     applies = _applicable(table, goals)
     mine_known = table["candidate_us"].notna()
@@ -149,8 +163,9 @@ def goal_points(
 
 
 def goal_summary(points: pd.DataFrame, goals: Goals = GOALS) -> pd.DataFrame:
-    """Goal 1 per next_n over the shapes it applies to: `shapes` timed on both sides, `ratio_min`/`ratio_max`,
-    how many `met` it, and the `worst` shape. Every next_n of the goal gets a row (shapes 0: not measured)."""
+    """Goal 1 per next_n over the shapes it applies to: `shapes` timed on both sides, `speedup_min`/`speedup_max`
+    (the best DeepGEMM option's time over the candidate's), how many `met` it, and the `worst` shape. Every next_n
+    of the goal gets a row (shapes 0: not measured)."""
     shapes = points[_applicable(points, goals)["goal1"] & points["ratio"].notna()]
     rows = []
     for n in sorted({*goals.next_ns, *shapes["next_n"].astype(int)}):
@@ -160,13 +175,13 @@ def goal_summary(points: pd.DataFrame, goals: Goals = GOALS) -> pd.DataFrame:
             {
                 "next_n": n,
                 "shapes": len(part),
-                "ratio_min": part["ratio"].min(),
-                "ratio_max": part["ratio"].max(),
+                "speedup_min": part["speedup"].min(),
+                "speedup_max": part["speedup"].max(),
                 "met": int(part["goal1"].sum()),
                 "worst": _where(int(worst.batch), worst.context) if worst is not None else "",
             }
         )
-    return pd.DataFrame(rows, columns=["next_n", "shapes", "ratio_min", "ratio_max", "met", "worst"])
+    return pd.DataFrame(rows, columns=["next_n", "shapes", "speedup_min", "speedup_max", "met", "worst"])
 
 
 def _span(values: pd.Series, fmt: str) -> str:
@@ -210,11 +225,12 @@ def goal_sentences(points: pd.DataFrame, candidate: str, goals: Goals = GOALS) -
         f"{name} ≤ {goals.ratio:.2f}× the best DeepGEMM option at B ≥ {goals.min_batch}, "
         f"L ≥ {format_tokens(goals.min_context)}, every next_n in {goals.next_ns[0]}..{goals.next_ns[-1]}"
     )
-    body = f"{name} / best {_span(judged['ratio'], '.3f')}× over {len(judged)} shapes"
+    body = f"best / {name} {_span(judged['speedup'], '.3f')}× over {len(judged)} shapes"
     if not missed.empty:
         worst = missed.loc[missed["ratio"].idxmax()]
         body += (
-            f"; above {goals.ratio:.2f}× at {len(missed)}, by next_n: {_per_next_n(missed, 'ratio', '.3f', '×')} "
+            f"; below {1 / goals.ratio:.2f}× at {len(missed)}, by next_n: "
+            f"{_per_next_n(missed, 'speedup', '.3f', '×')} "
             f"(worst {_where(worst.batch, worst.context, worst.next_n)}: {worst.candidate_us:.1f} µs against "
             f"{worst.best_strategy} ({worst.best_backend}) {worst.best_us:.1f} µs)"
         )
@@ -243,11 +259,11 @@ def goal_sentences(points: pd.DataFrame, candidate: str, goals: Goals = GOALS) -
     judged, missed, unjudged = _judged(points, "goal4", goals)
     batches = " and ".join(str(b) for b in goals.small_batches)
     head = f"at B = {batches}, {name} never slower than the best DeepGEMM flatten or atom"
-    body = f"{name} / best flatten or atom {_span(judged['flatten_atom_ratio'], '.3f')}× over {len(judged)} shapes"
+    body = f"best flatten or atom / {name} {_span(judged['flatten_atom_speedup'], '.3f')}× over {len(judged)} shapes"
     if not missed.empty:
         worst = missed.loc[missed["flatten_atom_ratio"].idxmax()]
         body += (
-            f"; slower at {len(missed)}, by next_n: {_per_next_n(missed, 'flatten_atom_ratio', '.3f', '×')} "
+            f"; slower at {len(missed)}, by next_n: {_per_next_n(missed, 'flatten_atom_speedup', '.3f', '×')} "
             f"(worst {_where(worst.batch, worst.context, worst.next_n)}: against {worst.flatten_atom_strategy} "
             f"({worst.flatten_atom_backend}) {worst.flatten_atom_us:.1f} µs)"
         )
@@ -269,20 +285,27 @@ def sweep_how(candidate: str) -> str:
 
 
 def goal_run(run_path: str, device: str, candidate: str) -> tuple[ChosenRun | None, str]:
-    """`run_path` (relative to data/) if it is there, else the newest measured run of `device` that timed
-    `candidate`; else None and one line saying what is missing and the command that makes it (no stand-in:
-    a CPU sweep says nothing about these goals). A `run_path` that is there without `candidate` is an error."""
-    needs = f"measured {device.upper()} run with {candidate!r} timed"
-    chosen, _ = stored_run(
-        run_path, device, needs, lambda run: run.source == "measured" and candidate in timed_backends(run)
-    )
-    if chosen is None:
-        asked = f" (run_path {run_path!r} is not there)" if run_path else ""
+    """The run the goals are judged on: `run_path` (relative to data/, or a folder) when it timed `candidate`, else
+    the newest measured run of `device` that did (the current kernel's newest measurement, so the goals say
+    whether the kernel as last measured meets them); else None and one line saying what is missing and the
+    command that makes it (no stand-in: a CPU sweep says nothing about these goals). The line also names a run
+    asked for that lacks the candidate, and the newer runs passed over."""
+    asked = named_run(run_path)
+    if asked is not None and candidate in timed_backends(asked) and asked.provenance.get("device") == "cuda":
+        return chosen(asked), ""
+    found = search(device, accept=lambda run: None if candidate in timed_backends(run) else f"{candidate!r} not timed")
+    why = []
+    if run_path:
+        held = "is not there" if asked is None else f"has no {candidate!r} timed on a GPU"
+        why.append(f"run_path {run_path!r} {held}")
+    if found.run is None:
         return None, (
             f"No measured {device.upper()} run with the {candidate!r} backend under "
-            f"{shown_path(resolve_data_path(device))}{asked}: make one with {sweep_how(candidate)}."
+            f"{shown_path(resolve_data_path(device))}{f' ({why[0]})' if why else ''}: make one with "
+            f"{sweep_how(candidate)}."
         )
-    return chosen, ""
+    note = f"{why[0]}: showing {relative_to_data(found.run.path)} instead." if why else ""
+    return chosen(found.run, passed(found), missing=note or None), note
 
 
 def _kernel_name(names: pd.Series) -> str:
@@ -345,14 +368,15 @@ def ncu_comparison(path: str, candidate: str) -> pd.DataFrame:
 
 
 def plot_goal_ratio_heatmap(points: pd.DataFrame, device: str, provenance_line: str | None, candidate: str) -> Figure:
-    """The candidate's speedup over the best DeepGEMM option at every point (`goal_points`: the best's
-    time / the candidate's, > 1 faster, the one ratio direction of every chart): rows batch x context,
+    """The candidate's speedup over the best DeepGEMM option at every uniform point (`goal_points`: the best's
+    time / the candidate's, > 1 faster, the one ratio direction of every chart; ragged batches have a section of
+    their own): rows batch x context,
     columns next_n, the one speedup palette (`style.SPEEDUP_CMAP`, blue: the candidate faster). Each cell
     names the option it is held to: its strategy, and its backend when more than one wins somewhere."""
-    shown = points.dropna(subset=["ratio"])
-    shown = shown.assign(speedup=1.0 / shown["ratio"])
+    shown = points.dropna(subset=["speedup"])
+    shown = shown[~shown["context"].map(lambda c: ContextSpec.parse(c).mixed)]  # the goals' batches: uniform ones
     if shown.empty:
-        raise ValueError("points: no point has both a candidate and a DeepGEMM time (column 'ratio' all NaN)")
+        raise ValueError("points: no point has both a candidate and a DeepGEMM time (column 'speedup' all NaN)")
     several = shown["best_backend"].nunique() > 1
     text = [
         f"{r.speedup:.3f}\n{r.best_strategy}" + (f"\n{r.best_backend}" if several else "") for r in shown.itertuples()
@@ -372,7 +396,7 @@ def plot_goal_ratio_heatmap(points: pd.DataFrame, device: str, provenance_line: 
         grid,
         annot=notes.to_numpy(),
         fmt="",
-        annot_kws={"fontsize": 8},
+        annot_kws={"fontsize": ANNOTATION_SIZE},
         cmap=SPEEDUP_CMAP,
         norm=speedup_norm(grid.to_numpy(dtype=float)),
         ax=ax,
@@ -392,17 +416,18 @@ def plot_goal_ratio_heatmap(points: pd.DataFrame, device: str, provenance_line: 
 
 
 def style_goal_points(points: pd.DataFrame) -> FoldedTable:
-    """`goal_points` for display: µs, ratios shaded around 1 (blue: the candidate wins),
-    the floor's share in %, verdicts as met / missed ('—': the goal does not apply, or a side was not timed);
-    folded (`plots.tables`): the heatmap above draws every point's ratio."""
+    """`goal_points` for display: µs, speedups (the other side's time over the candidate's, as in the heatmap)
+    shaded in the one speedup palette (blue: the candidate wins), the floor's share in %, verdicts as met /
+    missed ('—': the goal does not apply, or a side was not timed); folded (`plots.tables`): the heatmap above
+    draws every point's speedup."""
     names = {
         "candidate_us": "candidate µs",
         "best_us": "best µs",
         "best_strategy": "best option",
         "best_backend": "its backend",
-        "ratio": "× best",
+        "speedup": "best / candidate",
         "flatten_atom_us": "flatten/atom µs",
-        "flatten_atom_ratio": "× flatten/atom",
+        "flatten_atom_speedup": "flatten/atom / candidate",
         "floor_us": "floor µs",
         "floor_share": "floor share",
         **{goal: f"goal {goal[-1]}" for goal in GOAL_COLUMNS},
@@ -416,30 +441,33 @@ def style_goal_points(points: pd.DataFrame) -> FoldedTable:
         rows.style.format(
             {
                 **dict.fromkeys(["candidate µs", "best µs", "flatten/atom µs", "floor µs"], "{:.1f}"),
-                "× best": "{:.3f}",
-                "× flatten/atom": "{:.3f}",
+                "best / candidate": "{:.3f}×",
+                "flatten/atom / candidate": "{:.3f}×",
                 "floor share": "{:.1%}",
                 **dict.fromkeys(goals, verdict),
             },
             na_rep="—",
             escape="html",
         )
-        .background_gradient(subset=["× best", "× flatten/atom"], cmap="RdBu_r", vmin=0.8, vmax=1.2)
+        .pipe(shade_speedups, ["best / candidate", "flatten/atom / candidate"])
         .map(colour, subset=goals)
         .hide(axis="index")
     )
-    return folded(shown, style, "Every point with its goals' verdicts (its ratio: the heatmap above)")
+    return folded(shown, style, "Every point with its goals' verdicts (its speedup: the heatmap above)")
 
 
 def style_goal_summary(summary: pd.DataFrame) -> Any:
-    """`goal_summary` for display: the min and max ratio per next_n shaded around 1."""
-    names = {"ratio_min": "× best, min", "ratio_max": "× best, max", "met": "shapes met", "worst": "worst shape"}
-    return (
-        summary.rename(columns=names)
-        .style.format({"× best, min": "{:.3f}", "× best, max": "{:.3f}"}, na_rep="—", escape="html")
-        .background_gradient(subset=["× best, min", "× best, max"], cmap="RdBu_r", vmin=0.8, vmax=1.2)
-        .hide(axis="index")
-    )
+    """`goal_summary` for display: the least and most speedup per next_n (the best DeepGEMM option's time over
+    the candidate's), shaded in the one speedup palette."""
+    names = {
+        "speedup_min": "best / candidate, min",
+        "speedup_max": "best / candidate, max",
+        "met": "shapes met",
+        "worst": "worst shape",
+    }
+    shaded = list(names.values())[:2]
+    styled = summary.rename(columns=names).style.format(dict.fromkeys(shaded, "{:.3f}×"), na_rep="—", escape="html")
+    return shade_speedups(styled, shaded).hide(axis="index")
 
 
 def style_ncu_comparison(table: pd.DataFrame) -> Any:

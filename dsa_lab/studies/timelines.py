@@ -11,16 +11,16 @@ The folder and the call are parameters: notebook 03 passes round 10's.
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
 
 from dsa_lab.paths import resolve_data_path, shown_path
-from dsa_lab.plots.style import add_footer, chart_text, legend_outside
+from dsa_lab.plots.style import PART_PALETTE, add_footer, chart_text, legend_outside
 from dsa_lab.store.folders import PROVENANCE_FILE
 from dsa_lab.workload import format_tokens
 
@@ -79,7 +79,9 @@ def plot_cta_phases(phases: pd.DataFrame, device: str, provenance_line: str | No
         raise ValueError("phases: no traced case to draw")
     cases = list(dict.fromkeys(phases["case"]))
     names = list(dict.fromkeys(phases["phase"]))
-    colors = dict(zip(names, sns.color_palette("deep", len(names))))
+    colors = dict(
+        zip(names, itertools.cycle(PART_PALETTE))
+    )  # parts of a step: no strategy's colour (`style.PART_PALETTE`)
     fig, ax = plt.subplots(figsize=(11.5, 1.2 + 0.36 * len(cases)), constrained_layout=True)
     for phase in names:
         part = phases[phases["phase"] == phase].set_index("case").reindex(cases)

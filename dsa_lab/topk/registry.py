@@ -110,5 +110,8 @@ def vllm_topk() -> TopkImpl:
 
 
 def label_of(name: str) -> str:
-    """How tables name a top-k ('none' for a logits-only point)."""
-    return "none (logits only)" if name == "none" else get_topk(name).label
+    """How people read a top-k: its label ("vLLM's top-k", "torch's top-k (not vLLM's)"), 'no top-k' for a
+    logits-only point, a name this process has no implementation of as it is."""
+    if name == "none":
+        return "no top-k"
+    return _IMPLS[name].label if name in _IMPLS else name

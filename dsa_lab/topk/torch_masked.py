@@ -27,7 +27,7 @@ class _MaskedCall(TopkCall):
 @register_topk
 class TorchTopk(TopkImpl):
     name = "torch"
-    label = "torch.topk on a masked copy (not vLLM's)"
+    label = "torch's top-k (not vLLM's)"
     runs_on = "any device torch runs on"
 
     def environment(self) -> dict[str, object]:

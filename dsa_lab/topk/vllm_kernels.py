@@ -180,7 +180,7 @@ def _check_call(logits: torch.Tensor, lengths: torch.Tensor, rows: int) -> None:
 @register_topk
 class VllmTopk(TopkImpl):
     name = "vllm"
-    label = "vLLM 0.33 decode top-k"
+    label = "vLLM's top-k"
     is_vllm = True
     sizes = SIZES
     runs_on = "CUDA, compute capability 9.0 and newer (vLLM's compiled ops, or dsa_lab's build of them)"

@@ -247,6 +247,7 @@ def load_cases() -> list[Case]:
         cases_compare,
         cases_gate,
         cases_model,
+        cases_newest,
         cases_outputs,
         cases_params,
         cases_pr340,

@@ -28,7 +28,8 @@ def headline() -> tuple[str, int, str]:
     """(run path, batch, context) of the headline, as the tour notebook names them; its run_path '' (the
     newest measured run covering the study's grid) as the run that is in the checkout's own data, so a case
     can damage a copy of it (cached: the first call, at load, reads the checkout's data, not a case's)."""
-    from dsa_lab.analysis.runs import latency_run, relative_to_data
+    from dsa_lab.notebook.runs import relative_to_data
+    from dsa_lab.notebook.sections import latency_run
     from dsa_lab.report.page import headline_point
 
     run_path, batch, context = headline_point(TOUR)
@@ -245,7 +246,7 @@ def _announce_outputs(chosen) -> list[str]:
 
 
 def _chosen(tmp: Path, **provenance):
-    from dsa_lab.analysis.runs import ChosenRun
+    from dsa_lab.notebook.runs import ChosenRun
     from dsa_lab.store import folders as store
 
     folder = shipped_copy(tmp) / headline()[0]
@@ -295,7 +296,7 @@ def _(tmp: Path) -> Result:
 
     from dsa_lab.analysis import headline as tables
     from dsa_lab.analysis.frames import one_shape
-    from dsa_lab.analysis.runs import latency_run
+    from dsa_lab.notebook.sections import latency_run
 
     run_path, batch, context = headline()
     with environment(DSA_LAB_DATA=str(shipped_copy(tmp))):
@@ -344,7 +345,7 @@ def _styled(kind: str) -> str:
         return tour.style_headline(table, bad).to_html()
     if kind == "goal summary":
         return goals.style_goal_summary(
-            pd.DataFrame({"next_n": [bad], "ratio_min": [1.0], "ratio_max": [1.1]})
+            pd.DataFrame({"next_n": [bad], "speedup_min": [1.0], "speedup_max": [1.1]})
         ).to_html()
     table = pd.DataFrame(
         {

@@ -717,7 +717,7 @@ for _flag in ("--root", "--out"):
 
 
 def _latency(tmp: Path) -> object:
-    from dsa_lab.analysis.runs import latency_run
+    from dsa_lab.notebook.sections import latency_run
 
     return latency_run()
 
@@ -736,30 +736,33 @@ for _label, _value, _names in (
 
 
 def _data_with(tmp: Path, damage) -> Path:
-    """A data folder holding one measured h200 study run (a copy of a tiny CPU run relabelled as study data,
-    not scratch: run discovery passes scratch over unnamed), damaged by `damage`."""
+    """A data folder holding one measured h200 study run (a copy of a tiny CPU run relabelled as H200 study data,
+    not scratch: run discovery passes scratch and other GPUs' runs over), damaged by `damage`."""
     data = tmp / "data"
     out = partial_run(tmp, "seed")
     run = data / "h200" / "h200-damaged"
     run.mkdir(parents=True)
     for name in ("provenance.json", "results.parquet", "points.jsonl"):
         (run / name).write_bytes((out / name).read_bytes())
-    _set_provenance(run, lambda p: p.update(scratch=False))
+    _set_provenance(run, lambda p: p.update(scratch=False, device="cuda", device_name="NVIDIA H200"))
     damage(run)
     return data
 
 
 def _ignored_names(tmp: Path, damage, *names: str) -> Result:
-    """A notebook's run discovery (`stored_run`, what `latency_run` asks before falling back to a CPU
+    """A notebook's run discovery (`notebook.runs.search`, what `latency_run` asks before falling back to a CPU
     stand-in) with a damaged run in the data folder: it is passed over, named, with why; a run it
     does choose is announced."""
-    from dsa_lab.analysis.runs import stored_run
     from dsa_lab.notebook import display as notebook
+    from dsa_lab.notebook.runs import chosen as as_chosen
+    from dsa_lab.notebook.runs import passed, search
 
     data = _data_with(tmp, damage)
     with environment(DSA_LAB_DATA=str(data)):
         try:
-            chosen, ignored = stored_run("", "h200", "measured run", lambda run: True)
+            found = search("h200")
+            ignored = passed(found)
+            chosen = as_chosen(found.run, ignored) if found.run is not None else None
             if chosen is not None:
                 real = notebook.display
                 notebook.display = lambda *objs, **kw: None
