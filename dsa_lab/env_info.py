@@ -25,7 +25,7 @@ import torch
 
 from dsa_lab.errors import probe
 from dsa_lab.kernels import backend_names, external, get_backend, vllm_backend
-from dsa_lab.policy.vllm import CAPABILITY_FAMILIES, CDNA_BY_GFX, Platform
+from dsa_lab.policy.query import CAPABILITY_FAMILIES, CDNA_BY_GFX, Platform
 from dsa_lab.topk import get_topk, topk_names
 
 

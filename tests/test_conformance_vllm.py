@@ -60,11 +60,9 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 from dsa_lab.acceptance import AcceptanceSpec
 from dsa_lab.cache import quantize_fp8
 from dsa_lab.metadata import build_flatten_metadata, build_native_metadata
+from dsa_lab.policy.query import MODEL_ARCHS, Platform, PolicyQuery
 from dsa_lab.policy.steps import step_route, step_uses_native
 from dsa_lab.policy.vllm import (
-    MODEL_ARCHS,
-    Platform,
-    PolicyQuery,
     adaptive_rejection_0_33,
     fp4_rejection_0_33,
     indexer_backend_takes_device_query_lens,

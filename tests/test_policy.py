@@ -9,13 +9,11 @@ import torch
 
 from dsa_lab.cli import main
 from dsa_lab.env_info import detect_platform, environment_facts
+from dsa_lab.policy.query import Decision, Platform, PolicyQuery
 from dsa_lab.policy.steps import step_path, step_uses_native
 from dsa_lab.policy.vllm import (
     POLICIES,
     RELEASES,
-    Decision,
-    Platform,
-    PolicyQuery,
     all_platforms,
     before_pr45322,
     decision_matrix,

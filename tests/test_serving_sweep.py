@@ -26,7 +26,7 @@ from dsa_lab.bench.timing import TimingConfig
 from dsa_lab.bench.walk import skip_reason
 from dsa_lab.kernels import registry
 from dsa_lab.kernels.reference import ReferenceBackend
-from dsa_lab.policy.vllm import Platform
+from dsa_lab.policy.query import Platform
 from dsa_lab.store import folders as store
 
 FAST = TimingConfig(warmup=1, min_samples=2, max_samples=3, max_seconds=0.01, window=2)

@@ -19,8 +19,9 @@ from dsa_lab.errors import check_choice
 from dsa_lab.markup import md_code, md_text
 from dsa_lab.model.indexer import BLOCK_TOKENS
 from dsa_lab.model.roofline import GpuSpec
+from dsa_lab.policy.query import FAMILY_LABELS
 from dsa_lab.policy.steps import step_path
-from dsa_lab.policy.vllm import FAMILY_LABELS, POLICIES, RELEASES, Platform, PolicyQuery
+from dsa_lab.policy.vllm import POLICIES, RELEASES, Platform, PolicyQuery
 from dsa_lab.workload import ContextSpec, DecodeBatch
 
 DECISIONS_NAMED = 5  # the points where vLLM's choice loses most, named in words by `decisions_reading`

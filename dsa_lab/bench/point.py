@@ -36,8 +36,8 @@ from dsa_lab.cache import BLOCK_SIZE
 from dsa_lab.errors import UnsupportedShape, check_range, check_seed
 from dsa_lab.kernels import get_backend
 from dsa_lab.plan import LaunchPlan, LogitsWidth
+from dsa_lab.policy.query import Platform, PolicyQuery
 from dsa_lab.policy.steps import StepRoute, step_route
-from dsa_lab.policy.vllm import Platform, PolicyQuery
 from dsa_lab.workload import ContextSpec, DecodeBatch
 
 

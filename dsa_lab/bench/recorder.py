@@ -19,7 +19,7 @@ import torch
 
 from dsa_lab.bench.point import Point
 from dsa_lab.env_info import device_name
-from dsa_lab.policy.vllm import CAPABILITY_FAMILIES, Platform
+from dsa_lab.policy.query import CAPABILITY_FAMILIES, Platform
 from dsa_lab.store import folders as store
 
 RESULTS_EVERY_S = 30.0  # results.parquet is refreshed this often during a sweep

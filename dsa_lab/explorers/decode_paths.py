@@ -11,7 +11,8 @@ from dsa_lab.analysis.headline import strategy_reads
 from dsa_lab.analysis.readings import decision_reading
 from dsa_lab.explorers.base import dropdown, explore, show_figure
 from dsa_lab.plots.metadata import plot_block_tables, plot_context_lens
-from dsa_lab.policy.vllm import FAMILY_LABELS, POLICIES, RELEASES, Platform, PolicyQuery, vllm_native_sizes
+from dsa_lab.policy.query import FAMILY_LABELS
+from dsa_lab.policy.vllm import POLICIES, RELEASES, Platform, PolicyQuery, vllm_native_sizes
 from dsa_lab.workload import DecodeBatch, random_inputs, with_padding
 
 MAX_REQUESTS = 8

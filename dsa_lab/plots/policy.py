@@ -13,7 +13,8 @@ import seaborn as sns
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from dsa_lab.policy.vllm import PATHS, RELEASES, SYMBOLS
+from dsa_lab.policy.query import PATHS, SYMBOLS
+from dsa_lab.policy.vllm import RELEASES
 
 PATH_COLORS = {"native": "#4c9f70", "flatten": "#e07b39", "varlen": "#4a7fb5", "rejected": "#8c8c8c"}
 MATRIX_COLUMNS = ("policy", "platform", "deep_gemm", "next_n", "path")

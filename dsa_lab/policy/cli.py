@@ -5,16 +5,8 @@ from __future__ import annotations
 import argparse
 
 from dsa_lab.errors import check_range
-from dsa_lab.policy.vllm import (
-    DEEPSEEK_V32,
-    MAX_NEXT_N,
-    MODEL_ARCHS,
-    POLICIES,
-    RELEASES,
-    SYMBOLS,
-    all_platforms,
-    decision_matrix,
-)
+from dsa_lab.policy.query import DEEPSEEK_V32, MAX_NEXT_N, MODEL_ARCHS, SYMBOLS
+from dsa_lab.policy.vllm import POLICIES, RELEASES, all_platforms, decision_matrix
 
 _COLOURS = {"N": "bold green", "F": "bold red", "V": "bold cyan", "-": "dim"}
 

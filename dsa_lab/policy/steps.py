@@ -13,13 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dsa_lab.errors import check_choice, check_int_sequence, check_range
-from dsa_lab.policy.vllm import (
-    PolicyQuery,
-    supports_native_decode,
-    supports_varlen,
-    use_flattening_0_33,
-    vllm_0_33_0,
-)
+from dsa_lab.policy.query import PolicyQuery
+from dsa_lab.policy.vllm import supports_native_decode, supports_varlen, use_flattening_0_33, vllm_0_33_0
 
 
 def step_uses_native(q: PolicyQuery, max_decode_len: int, uniform: bool = True) -> bool:

@@ -321,7 +321,7 @@ def _cache() -> Any:
 
 def _reading(release: str) -> object:
     from dsa_lab.analysis.readings import decision_reading
-    from dsa_lab.policy.vllm import Platform
+    from dsa_lab.policy.query import Platform
     from dsa_lab.workload import uniform_batch
 
     return decision_reading(release, Platform("sm90", True), uniform_batch(1, 64, 1))
@@ -379,7 +379,8 @@ for _name in ("before_pr45322", "pr45322", "pr52164", "fp4_rejection_0_33", "ind
 
 @case(INPUTS, "policy.vllm.vllm_0_33_0 given a Platform where a PolicyQuery belongs names what it takes")
 def _(tmp: Path) -> Result:
-    from dsa_lab.policy.vllm import Platform, vllm_0_33_0
+    from dsa_lab.policy.query import Platform
+    from dsa_lab.policy.vllm import vllm_0_33_0
 
     return refused(lambda: vllm_0_33_0(Platform("sm90", True)), "PolicyQuery", types=(ValueError,))
 
@@ -387,7 +388,8 @@ def _(tmp: Path) -> Result:
 for _next_n in (None, 0, 99, 2.0):
 
     def _native_n(tmp: Path, next_n: object = _next_n) -> Result:
-        from dsa_lab.policy.vllm import Platform, supports_native_decode
+        from dsa_lab.policy.query import Platform
+        from dsa_lab.policy.vllm import supports_native_decode
 
         return refused(lambda: supports_native_decode(Platform("sm90", True), next_n), "next_n", types=(ValueError,))
 
