@@ -10,6 +10,7 @@ one line, a failed compile reported for its case, not raised. `dsa-lab env --aot
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -24,7 +25,6 @@ from dsa_lab.kernels.registry import backend_names, get_backend
 
 CHILD_TIMEOUT_S = 600
 REPORT_PREFIX = "AOT-REPORT "
-CASE_FIELDS = ("backend", "arch", "next_n", "heads", "head_dim", "config")
 
 
 class AotChildError(RuntimeError):
@@ -78,8 +78,11 @@ def compile_report(backend: str, arch: int, next_n: int, heads: int, head_dim: i
     from dsa_lab.kernels.cubin import resource_counts
 
     described, kernel = get_backend(backend).compile_ahead(arch, next_n, heads, head_dim, config)
-    return {**dict(zip(CASE_FIELDS, (backend, arch, next_n, heads, head_dim, described))), "triton": triton.__version__,
-            **resource_counts(kernel)}  # fmt: skip
+    case = (backend, arch, next_n, heads, head_dim, described)
+    return {**dict(zip(CASE_FIELDS, case)), "triton": triton.__version__, **resource_counts(kernel)}
+
+
+CASE_FIELDS = tuple(inspect.signature(compile_report).parameters)  # a report names its case as compile_report does
 
 
 def resource_table(

@@ -21,7 +21,9 @@ from dsa_lab.model.gpus import GPUS, get_gpu
 from dsa_lab.model.indexer import Prediction, predict
 from dsa_lab.workload import ContextSpec
 
-LIST_AXES = ("backend", "strategy", "batch", "context", "next_n")  # the order combinations are listed in
+# What the model varies, in the order combinations are listed: the option (backend, strategy) and the step (batch,
+# context, next_n), the axes every run stores but the shape (one `--heads`, one `--head-dim`) and the config.
+LIST_AXES = tuple(a.name for a in axes.AXES if a.stored_always and a.role != "shape")
 
 
 def _grid(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -110,8 +112,8 @@ def _print_grid(
     from rich.table import Table
 
     table = Table(title=f"modeled on {gpu.name} (calibrated on the H200 sweep; not measured)")
-    for column in ("backend", "strategy", "B", "context", "next_n"):
-        table.add_column(column)
+    for name in LIST_AXES:
+        table.add_column("B" if name == "batch" else name)
     for column in ("µs", "launches"):
         table.add_column(column, justify="right")
     table.add_column("bound")
