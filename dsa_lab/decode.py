@@ -116,8 +116,8 @@ def launch_call(packed: LaunchInputs, cache: PagedCache, max_context_len: int, s
         packed.context_lens,
         packed.block_table,
         max_context_len,
-        cache.cache_dtype,
         schedule,
+        cache_dtype=cache.cache_dtype,
     )
 
 

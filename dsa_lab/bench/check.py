@@ -238,7 +238,7 @@ def _reference(inputs: DecodeInputs, requests: Sequence[int], max_len: int) -> _
         contexts[:, None].contiguous(),
         table.contiguous(),
         max_len,
-        inputs.cache.cache_dtype,
+        cache_dtype=inputs.cache.cache_dtype,
     )
     ref = baseline_backend().logits(call)
     valid = torch.arange(max_len, device=device)[None, :] < contexts[:, None]

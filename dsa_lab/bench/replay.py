@@ -145,7 +145,14 @@ def ragged_step(
         schedule = backend.schedule(graph.context, BLOCK_SIZE, graph.block_table)
         out = backend.logits(
             LogitsCall(
-                graph.q, cache.data, graph.weights, graph.context, graph.block_table, width, cache.cache_dtype, schedule
+                graph.q,
+                cache.data,
+                graph.weights,
+                graph.context,
+                graph.block_table,
+                width,
+                schedule,
+                cache_dtype=cache.cache_dtype,
             )
         )
         picks = None if topk is None else topk(out, graph.context.reshape(-1), longest)
@@ -202,7 +209,7 @@ def check_replay(
             context[index][:, None].contiguous(),
             graph.tables[sources // n].contiguous(),
             width,
-            inputs.cache.cache_dtype,
+            cache_dtype=inputs.cache.cache_dtype,
         )
     )
     valid = torch.arange(width, device=device)[None, :] < context[index][:, None]

@@ -22,7 +22,7 @@ import functools
 import inspect
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -126,7 +126,8 @@ class LogitsCall:
 
     Row `b * n + j` of the result holds `sum_h w[t, h] * relu(q[t, h] . k[s]) * k_scale[s]` for the first
     `context_lens[b, j]` positions s of request b, as wide as `max_context_len` (the logits' width: the batch's
-    longest context, or vLLM's max_model_len).
+    longest context, or vLLM's max_model_len). Made as `logits` was called before issue 30: DeepGEMM's six
+    positional arguments, the schedule, and `cache_dtype=` by keyword.
     """
 
     q: torch.Tensor  # float8_e4m3fn [B, n, H, D]
@@ -135,27 +136,11 @@ class LogitsCall:
     context_lens: torch.Tensor  # int32 [B, n]
     block_table: torch.Tensor  # int32 [B, max_blocks]
     max_context_len: int  # the logits' width
-    cache_dtype: str  # 'fp8' or 'mxfp4': declared, never inferred from the byte width
     schedule: Any = None  # the backend's own per-launch metadata (`LogitsBackend.schedule`), made outside timed calls
+    cache_dtype: str = field(kw_only=True)  # 'fp8' or 'mxfp4': declared, never inferred from the byte width
 
     def __post_init__(self) -> None:
         check_logits_args(*self.args, cache_dtype=self.cache_dtype)
-
-    @classmethod
-    def of(
-        cls,
-        q: torch.Tensor,
-        kv_cache: torch.Tensor,
-        weights: torch.Tensor,
-        context_lens: torch.Tensor,
-        block_table: torch.Tensor,
-        max_context_len: int,
-        schedule: Any = None,
-        *,
-        cache_dtype: str,
-    ) -> LogitsCall:
-        """A call from DeepGEMM's positional arguments (what `logits` took before issue 30)."""
-        return cls(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype, schedule)
 
     @property
     def args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -191,7 +176,7 @@ def _as_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> LogitsCall:
         return args[0]
     if not args and set(kwargs) == {"call"} and isinstance(kwargs["call"], LogitsCall):
         return kwargs["call"]
-    return LogitsCall.of(*args, **kwargs)
+    return LogitsCall(*args, **kwargs)
 
 
 def takes_a_call(function: Callable[..., Any], owner: str = "", method: str = "") -> Callable[..., Any]:
@@ -253,19 +238,26 @@ def check_native_call(
         check_tensor("out", out, dtype=torch.float32, shape=shape, device=call.q.device, contiguous=True)
 
 
-def ready_native_call(
-    backend: Declared, call: LogitsCall, *, check_values: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def ready_native_call(backend: Declared, call: LogitsCall, *, check_values: bool) -> LogitsCall:
     """After `check_native_call`: the backend must run on q's device (else BackendUnavailable says
-    why), the value scan runs when asked, and q, weights, context_lens, block_table come back in
-    the layout the kernels index (contiguous; the table's rows unit-stride)."""
+    why), the value scan runs when asked, and the call comes back with q, weights, context_lens and
+    block_table in the layout the kernels index (contiguous; the table's rows unit-stride): itself when
+    they are (a packed launch's are), else a copy."""
     state = backend.availability(call.q.device)
     if not state.ok:
         raise BackendUnavailable(f"backend {backend.name!r} unavailable on {call.q.device}: {state.reason}")
     if check_values:
         call.check_values()
     table = call.block_table if call.block_table.stride(1) == 1 else call.block_table.contiguous()
-    return call.q.contiguous(), call.weights.contiguous(), call.context_lens.contiguous(), table
+    laid = {
+        "q": call.q.contiguous(),
+        "weights": call.weights.contiguous(),
+        "context_lens": call.context_lens.contiguous(),
+    }
+    laid["block_table"] = table
+    if all(tensor is getattr(call, name) for name, tensor in laid.items()):
+        return call
+    return dataclasses.replace(call, **laid)
 
 
 @functools.cache

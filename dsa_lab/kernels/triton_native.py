@@ -298,32 +298,24 @@ def paged_mqa_logits_triton(
     prove that every element is written.
     """
     backend = TritonNativeBackend()
-    call = LogitsCall.of(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype)
+    call = LogitsCall(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype)
     check_native_call(backend, call, check_values=check_values, out=out, max_next_n=MAX_NEXT_N, block_size=BLOCK_SIZE)
     if config is not None and not isinstance(config, KernelConfig):
         raise ValueError(f"config: expected a KernelConfig or None, got {type(config).__name__}")
-    q, weights, context_lens, block_table = ready_native_call(backend, call, check_values=check_values)
+    call = ready_native_call(backend, call, check_values=check_values)
     if config is None:
-        _, next_n, heads, dim = q.shape
+        _, next_n, heads, dim = call.q.shape
         capability = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
         config = INTERPRETER_CONFIG if interpreter_enabled() else choose_config(next_n, heads, dim, capability)
         _log_choice(next_n, heads, dim, config)
-    out, _ = _launch(q, kv_cache, weights, context_lens, block_table, max_context_len, config, out)
+    out, _ = _launch(call, config, out)
     return out
 
 
-def _launch(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    weights: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    max_context_len: int,
-    config: KernelConfig,
-    out: torch.Tensor | None,
-) -> tuple[torch.Tensor, Any]:
-    """Launch on checked, contiguous arguments; also return Triton's compiled kernel (its registers and
-    SASS are `cubin.resource_counts`'). Timing loops call this directly, skipping the checks."""
+def _launch(call: LogitsCall, config: KernelConfig, out: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
+    """Launch a checked call of contiguous tensors (`ready_native_call`'s); also return Triton's compiled kernel
+    (its registers and SASS are `cubin.resource_counts`')."""
+    q, kv_cache, weights, context_lens, block_table, max_context_len = call.args
     batch, next_n, heads, dim = q.shape
     if out is None:
         out = torch.empty(batch * next_n, max_context_len, dtype=torch.float32, device=q.device)

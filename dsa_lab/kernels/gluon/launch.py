@@ -209,13 +209,13 @@ def paged_mqa_logits_gluon(
     (`GluonNativeBackend.schedule`) is made here when not given, on the device, with no sync.
     """
     backend = GluonNativeBackend()
-    call = LogitsCall.of(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype)
+    call = LogitsCall(q, kv_cache, weights, context_lens, block_table, max_context_len, cache_dtype=cache_dtype)
     check_native_call(backend, call, check_values=check_values, out=out, max_next_n=MAX_NEXT_N, block_size=BLOCK_SIZE)
     check_gluon_config(q, config)
     check_choice("clean_tail", clean_tail, (False, True))
     check_schedule(schedule, context_lens)
-    q, weights, context_lens, block_table = ready_native_call(backend, call, check_values=check_values)
-    batch, next_n, heads, dim = q.shape
+    call = ready_native_call(backend, call, check_values=check_values)
+    batch, next_n, heads, dim = call.q.shape
     if batch * -(-max_context_len // BLOCK_SIZE) >= 1 << 31:  # the schedule counts blocks in int32
         raise UnsupportedShape(
             f"max_context_len={max_context_len}: {batch} requests x {-(-max_context_len // BLOCK_SIZE)} blocks "
@@ -223,26 +223,19 @@ def paged_mqa_logits_gluon(
         )
     config = config or choose_gluon_config(next_n, heads, dim)
     if schedule is None:
-        schedule = balanced_schedule(context_lens, block_table, num_sms(q.device.index or 0))
-    out = launch(q, kv_cache, weights, context_lens, block_table, max_context_len, config, schedule, out)[0]
+        schedule = balanced_schedule(call.context_lens, call.block_table, num_sms(q.device.index or 0))
+    out = launch(call, config, schedule, out)[0]
     if clean_tail:
         fill_tail(out, schedule, next_n)
     return out
 
 
 def launch(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    weights: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    max_context_len: int,
-    config: GluonConfig,
-    schedule: BalancedSchedule,
-    out: torch.Tensor | None = None,
+    call: LogitsCall, config: GluonConfig, schedule: BalancedSchedule, out: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, Any]:
-    """Launch on checked, contiguous arguments, one CTA per range of the schedule; also return
-    Triton's compiled kernel."""
+    """Launch a checked call of contiguous tensors (`ready_native_call`'s), one CTA per range of the schedule; also
+    return Triton's compiled kernel."""
+    q, kv_cache, weights, context_lens, block_table, max_context_len = call.args
     batch, next_n, heads, dim = q.shape
     if out is None:
         out = torch.empty(batch * next_n, max_context_len, dtype=torch.float32, device=q.device)
