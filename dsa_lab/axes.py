@@ -291,6 +291,19 @@ def recorded(values: Mapping[str, Sequence[Any]]) -> dict[str, list[Any]]:
     return {a.name: list(values[a.name]) for a in AXES if a.stored_always or tuple(values[a.name]) != (a.old_value,)}
 
 
+def at_old_values(frame: pd.DataFrame, names: Sequence[str] = SETTING_KEYS) -> pd.Series:
+    """Rows whose `names` axes are each at the old-run value, or at the value the row's other axes imply
+    (a logits-only row's top-k is 'none', never the old 'torch'): the step every run before these axes timed."""
+    keep = pd.Series(True, index=frame.index)
+    for name in names:
+        a = axis(name)
+        at = frame[name] == a.old_value
+        if a.implied_when is not None and len(frame):
+            at |= frame.apply(lambda row, a=a: a.implied_by(row) is not None, axis=1) & (frame[name] == a.implied_value)
+        keep &= at
+    return keep
+
+
 def complete(frame: pd.DataFrame) -> pd.DataFrame:
     """`frame` with every axis column: a column a run stored before the axis existed lacks gets its old-run value,
     or on each row the value that row's other axes imply."""

@@ -65,9 +65,7 @@ def fastest(runs: Sequence[RunFrame]) -> pd.DataFrame:
 def at_default_setting(table: pd.DataFrame) -> pd.Series:
     """Rows of the study's step: its shape, and every serving axis at its old-run value (no acceptance profile,
     the batch's width, logits only, CUDA events): what a uniform-batch headline reads."""
-    keep = pd.Series(True, index=table.index)
-    for name in axes.SETTING_KEYS:
-        keep &= table[name] == axes.axis(name).old_value
+    keep = axes.at_old_values(table)
     for name, value in STUDY_SHAPE.items():
         keep &= table[name] == value
     return keep

@@ -282,10 +282,10 @@ class Summary:
             f"verdicts: {verdicts}  (threshold {self.threshold:.1%}, {CONFIDENCE:.0%} bootstrap interval of "
             "the ratio of medians)",
         ]
-        if self.cross_device:
-            lines.insert(0, f"CROSS-DEVICE: {self.cross_device}: every ratio mixes the device with the code")
         if self.cpu:
             lines.insert(0, "CPU: no verdicts (wall-clock times drift between runs by more than any threshold)")
+        if self.cross_device:
+            lines.insert(0, f"CROSS-DEVICE: {self.cross_device}: every ratio mixes the device with the code")
         if self.no_verdict:
             lines.append(
                 f"no verdict (unsure) for {self.no_verdict} point(s): fewer than {VERDICT_SAMPLES} samples, "
@@ -300,6 +300,8 @@ class Summary:
             lines.append(
                 f"REGRESSION: {self.regressions} point(s) slower by more than {self.threshold:.1%}, beyond their noise"
             )
+        elif self.cpu:
+            lines.append("no regression verdict: a run was timed on a CPU")
         else:
             lines.append(f"no regression beyond {self.threshold:.1%}")
         return lines

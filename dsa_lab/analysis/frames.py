@@ -103,10 +103,12 @@ def one_workload(results: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """The rows of one serving setting (`axes.SETTING_KEYS`: acceptance, logits width, timed unit, timer), so a
     chart of (batch, context, next_n) holds one time per series; and a note naming the rest when the run holds
     several ('' when it holds one). The setting kept is each axis's old-run value (no acceptance profile, the
-    batch's width, logits, CUDA events), else the first the run holds."""
+    batch's width, logits, CUDA events), else the first the run holds. An axis the others imply (a
+    logits-only row's top-k) is read among the rows the axes before it kept, so it offers no false choice."""
     kept, others = {}, []
     for name in axes.SETTING_KEYS:
-        values = list(dict.fromkeys(results[name])) if name in results else []
+        rows = axes.select(results, kept) if axes.axis(name).implied_when is not None else results
+        values = list(dict.fromkeys(rows[name])) if name in rows else []
         if len(values) > 1:
             old = axes.axis(name).old_value
             kept[name] = old if old in values else values[0]

@@ -285,10 +285,7 @@ def ragged_reading(table: pd.DataFrame, candidate: str) -> str:
 
 def default_axes(data: pd.DataFrame) -> pd.Series:
     """Rows at every serving axis's old-run value (no acceptance profile, batch width, logits, events)."""
-    keep = pd.Series(True, index=data.index)
-    for name in axes.SETTING_KEYS:
-        keep &= data[name] == axes.axis(name).old_value
-    return keep
+    return axes.at_old_values(data)
 
 
 def _markdown(frame: pd.DataFrame) -> str:
