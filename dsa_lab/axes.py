@@ -35,14 +35,14 @@ from typing import Any
 
 import pandas as pd
 
-from dsa_lab.acceptance import AcceptanceSpec, parse_acceptance_list
+from dsa_lab.batch.acceptance import AcceptanceSpec, parse_acceptance_list
+from dsa_lab.batch.metadata import STRATEGIES
+from dsa_lab.batch.plan import LogitsWidth
+from dsa_lab.batch.workload import CACHE_DTYPES, MAX_NEXT_N, SUPPORTED_HEAD_DIMS, SUPPORTED_HEADS, ContextSpec
 from dsa_lab.errors import as_int, check_choice, check_range
 from dsa_lab.kernels import backend_names, baseline_backend
 from dsa_lab.kernels.registry import ask_backend
-from dsa_lab.metadata import STRATEGIES
-from dsa_lab.plan import LogitsWidth
 from dsa_lab.topk import topk_names
-from dsa_lab.workload import CACHE_DTYPES, MAX_NEXT_N, SUPPORTED_HEAD_DIMS, SUPPORTED_HEADS, ContextSpec
 
 ROLES = ("series", "shape", "point")
 MAX_BATCH = 4096

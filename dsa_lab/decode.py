@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from dsa_lab.cache import PagedCache
+from dsa_lab.batch.cache import PagedCache
+from dsa_lab.batch.metadata import DecodeMetadata, KernelLaunch, build_metadata
+from dsa_lab.batch.workload import MAX_NEXT_N, DecodeInputs
 from dsa_lab.errors import check_range, check_tensor
 from dsa_lab.kernels import LogitsBackend, LogitsCall, baseline_backend, get_backend
 from dsa_lab.kernels.convention import check_logits_values
-from dsa_lab.metadata import DecodeMetadata, KernelLaunch, build_metadata
 from dsa_lab.topk import DEFAULT_TOPK, MAX_TOPK, topk_per_row
-from dsa_lab.workload import MAX_NEXT_N, DecodeInputs
 
 
 @dataclass(frozen=True)

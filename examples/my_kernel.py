@@ -8,7 +8,7 @@ it takes). Load this file with
 `DSA_LAB_BACKEND_MODULES` so that notebooks and `dsa-lab report` see it too
 (docs/add_a_kernel.md walks through it).
 
-The kernel here dequantises each request's K (`dsa_lab.cache.gather_request_keys`) and scores
+The kernel here dequantises each request's K (`dsa_lab.batch.cache.gather_request_keys`) and scores
 it with two einsums: simple and slow, but not the reference's exact float64 sums, so the check
 against the reference measures a real (float32-sized) difference.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from dsa_lab.cache import PagedCache, gather_request_keys
+from dsa_lab.batch.cache import PagedCache, gather_request_keys
 from dsa_lab.kernels import LogitsBackend, LogitsCall, register_backend
 
 

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from dsa_lab import axes
+from dsa_lab.batch.metadata import build_native_metadata
+from dsa_lab.batch.workload import DecodeBatch, random_inputs
 from dsa_lab.bench.presets import PRESETS, preset
 from dsa_lab.bench.sweep import run_sweep
 from dsa_lab.bench.timing import TimingConfig
@@ -18,10 +20,8 @@ from dsa_lab.env_info import PACKAGES
 from dsa_lab.errors import BackendUnavailable, UnsupportedShape
 from dsa_lab.kernels import backend_names, baseline_backend, get_backend, vllm_backend
 from dsa_lab.kernels.descriptor import ModelTraits, Numerics
-from dsa_lab.metadata import build_native_metadata
 from dsa_lab.model.gpus import ARCH_MAJORS
 from dsa_lab.store import folders as store
-from dsa_lab.workload import DecodeBatch, random_inputs
 
 CPU = torch.device("cpu")
 

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsa_lab.cache import (
+from dsa_lab.batch.cache import (
     PagedCache,
     build_paged_cache,
     bytes_per_token,

@@ -9,12 +9,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsa_lab.cache import PagedCache
+from dsa_lab.batch.cache import PagedCache
+from dsa_lab.batch.metadata import build_metadata
+from dsa_lab.batch.workload import random_inputs, uniform_batch
 from dsa_lab.decode import check_launches, launch_logits, pack_launch, run_decode, run_logits, scatter_logits
 from dsa_lab.errors import UnsupportedShape
 from dsa_lab.kernels import get_backend
-from dsa_lab.metadata import build_metadata
-from dsa_lab.workload import random_inputs, uniform_batch
 
 INPUTS = random_inputs(uniform_batch(2, 100, 3, num_heads=32, head_dim=64), seed=0)
 ATOM = build_metadata(

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsa_lab.metadata import (
+from dsa_lab.batch.metadata import (
     AtomPiece,
     DecodeMetadata,
     KernelLaunch,
@@ -17,7 +17,7 @@ from dsa_lab.metadata import (
     build_native_metadata,
     plan_atoms,
 )
-from dsa_lab.workload import DecodeBatch, uniform_batch
+from dsa_lab.batch.workload import DecodeBatch, uniform_batch
 
 BATCH = uniform_batch(2, 130, 3, num_heads=32, head_dim=64)  # 130 tokens: 3 blocks of 64
 TABLE = torch.arange(6, dtype=torch.int32).view(2, 3)

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dsa_lab.batch.workload import MAX_NEXT_N
 from dsa_lab.cli import main
 from dsa_lab.model.decode_step import decode_step
 from dsa_lab.model.indexer import predict
-from dsa_lab.workload import MAX_NEXT_N
 
 
 def model(*flags: str, capsys) -> tuple[int, str, str]:

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsa_lab.workload import (
+from dsa_lab.batch.workload import (
     DecodeBatch,
     DecodeInputs,
     mixed_length_batch,

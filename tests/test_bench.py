@@ -23,6 +23,8 @@ import pytest
 import torch
 
 from dsa_lab import axes
+from dsa_lab.batch.cache import build_paged_cache, gather_request_keys, random_paged_cache, split_block
+from dsa_lab.batch.workload import ContextSpec
 from dsa_lab.bench import cli as bench_cli
 from dsa_lab.bench import inputs as bench_inputs
 from dsa_lab.bench import numerics, sweep, timing, walk
@@ -30,14 +32,12 @@ from dsa_lab.bench import presets as bench_presets
 from dsa_lab.bench.point import SweepSpec, expand
 from dsa_lab.bench.sweep import run_sweep
 from dsa_lab.bench.timing import StoppingRule, TimingConfig, summarize, time_callable
-from dsa_lab.cache import build_paged_cache, gather_request_keys, random_paged_cache, split_block
 from dsa_lab.cli import main
 from dsa_lab.kernels import registry
 from dsa_lab.kernels.reference import ReferenceBackend, paged_mqa_logits
 from dsa_lab.store import folders as store
 from dsa_lab.store import opening
 from dsa_lab.store.format import LOCK_FILE
-from dsa_lab.workload import ContextSpec
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsa_lab.cache import (
+from dsa_lab.batch.cache import (
     E2M1_VALUES,
     MX_GROUP,
     build_paged_cache,

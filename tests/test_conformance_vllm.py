@@ -57,9 +57,10 @@ from vllm.platforms.interface import DeviceCapability, PlatformEnum
 from vllm.platforms.interface import Platform as VllmPlatform
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
-from dsa_lab.acceptance import AcceptanceSpec
-from dsa_lab.cache import quantize_fp8
-from dsa_lab.metadata import build_flatten_metadata, build_native_metadata
+from dsa_lab.batch.acceptance import AcceptanceSpec
+from dsa_lab.batch.cache import quantize_fp8
+from dsa_lab.batch.metadata import build_flatten_metadata, build_native_metadata
+from dsa_lab.batch.workload import DecodeBatch, ragged_decode_batch, uniform_batch, with_padding
 from dsa_lab.policy.query import MODEL_ARCHS, Platform, PolicyQuery
 from dsa_lab.policy.steps import step_route, step_uses_native
 from dsa_lab.policy.vllm import (
@@ -73,7 +74,6 @@ from dsa_lab.policy.vllm import (
     use_flattening_0_33,
     vllm_0_33_0,
 )
-from dsa_lab.workload import DecodeBatch, ragged_decode_batch, uniform_batch, with_padding
 
 # DeepSeek-V4's ROCm attention layer lives in a module that reads the GPU arch when imported;
 # vLLM asks amdsmi, then torch. Imported once, seeing a gfx950 (the arch only sets module flags).

@@ -5,13 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsa_lab.cache import gather_request_keys
-from dsa_lab.decode import pack_launch, run_decode
-from dsa_lab.kernels import backend_names, get_backend
-from dsa_lab.kernels.reference import paged_mqa_logits
-from dsa_lab.metadata import build_native_metadata, plan_atoms
-from dsa_lab.topk import compare_selections, topk_per_row
-from dsa_lab.workload import (
+from dsa_lab.batch.cache import gather_request_keys
+from dsa_lab.batch.metadata import build_native_metadata, plan_atoms
+from dsa_lab.batch.workload import (
     DecodeBatch,
     mixed_length_batch,
     ragged_decode_batch,
@@ -19,6 +15,10 @@ from dsa_lab.workload import (
     uniform_batch,
     with_padding,
 )
+from dsa_lab.decode import pack_launch, run_decode
+from dsa_lab.kernels import backend_names, get_backend
+from dsa_lab.kernels.reference import paged_mqa_logits
+from dsa_lab.topk import compare_selections, topk_per_row
 
 
 def brute_force_logits(inputs, batch: DecodeBatch) -> torch.Tensor:

@@ -10,16 +10,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from dsa_lab.batch.cache import build_paged_cache
+from dsa_lab.batch.metadata import build_native_metadata
+from dsa_lab.batch.workload import DecodeInputs, random_inputs, uniform_batch
 from dsa_lab.bench.sweep import SweepPoint, skip_reason
-from dsa_lab.cache import build_paged_cache
 from dsa_lab.decode import pack_launch
 from dsa_lab.errors import BackendUnavailable
 from dsa_lab.kernels import get_backend
 from dsa_lab.kernels.deepgemm import DeepGemmBackend, ue8m0_kv_cache
 from dsa_lab.kernels.descriptor import Availability
 from dsa_lab.kernels.reference import paged_mqa_logits
-from dsa_lab.metadata import build_native_metadata
-from dsa_lab.workload import DecodeInputs, random_inputs, uniform_batch
 
 NUM_SMS = 132
 

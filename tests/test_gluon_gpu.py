@@ -19,12 +19,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsa_lab.decode import check_launches, pack_launch
-from dsa_lab.kernels import get_backend
-from dsa_lab.kernels.gluon import launch as gn
-from dsa_lab.kernels.reference import paged_mqa_logits as reference
-from dsa_lab.metadata import build_native_metadata
-from dsa_lab.workload import (
+from dsa_lab.batch.metadata import build_native_metadata
+from dsa_lab.batch.workload import (
     DecodeBatch,
     mixed_length_batch,
     ragged_decode_batch,
@@ -32,6 +28,10 @@ from dsa_lab.workload import (
     uniform_batch,
     with_padding,
 )
+from dsa_lab.decode import check_launches, pack_launch
+from dsa_lab.kernels import get_backend
+from dsa_lab.kernels.gluon import launch as gn
+from dsa_lab.kernels.reference import paged_mqa_logits as reference
 
 GLUON = get_backend("gluon")
 pytestmark = pytest.mark.skipif(

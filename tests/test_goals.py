@@ -13,10 +13,10 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from dsa_lab.analysis import frames  # noqa: E402
+from dsa_lab.batch.plan import LaunchPlan  # noqa: E402
 from dsa_lab.model.roofline import GpuSpec, floor_ms  # noqa: E402
 from dsa_lab.notebook.runs import timed_backends  # noqa: E402
 from dsa_lab.paths import DATA_ENV, resolve_data_path  # noqa: E402
-from dsa_lab.plan import LaunchPlan  # noqa: E402
 from dsa_lab.plots import style  # noqa: E402
 from dsa_lab.studies import goals, lab_notes  # noqa: E402
 

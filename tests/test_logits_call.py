@@ -8,11 +8,11 @@ import warnings
 import pytest
 import torch
 
+from dsa_lab.batch.metadata import build_native_metadata
+from dsa_lab.batch.workload import DecodeBatch, random_inputs
 from dsa_lab.decode import launch_call, pack_launch, run_decode
 from dsa_lab.kernels import LogitsCall, get_backend
 from dsa_lab.kernels.reference import ReferenceBackend
-from dsa_lab.metadata import build_native_metadata
-from dsa_lab.workload import DecodeBatch, random_inputs
 
 BATCH = DecodeBatch(seq_lens=(70, 130), decode_lens=(2, 2), next_n=2, num_heads=32, head_dim=64)
 INPUTS = random_inputs(BATCH, seed=3)

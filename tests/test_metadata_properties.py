@@ -11,8 +11,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from dsa_lab.decode import run_decode
-from dsa_lab.metadata import (
+from dsa_lab.batch.metadata import (
     DecodeMetadata,
     build_atom_metadata,
     build_flatten_metadata,
@@ -20,8 +19,9 @@ from dsa_lab.metadata import (
     build_native_metadata,
     plan_atoms,
 )
+from dsa_lab.batch.workload import DecodeBatch, random_inputs
+from dsa_lab.decode import run_decode
 from dsa_lab.topk import compare_selections
-from dsa_lab.workload import DecodeBatch, random_inputs
 
 SETTINGS = settings(max_examples=50, deadline=None)
 ATOM_SIZE_SETS = ((1, 2, 4), (1,), (2,), (4, 8), (1, 2), (3,), (2, 3, 5))

@@ -11,6 +11,7 @@ import pytest
 from tqdm import TqdmWarning
 
 from dsa_lab.analysis import agreement, e2e, frames, headline, profiles
+from dsa_lab.batch.workload import ContextSpec, ragged_decode_batch, random_inputs, with_padding
 from dsa_lab.invariance import LOGITS_COLUMN, StrategiesDisagree
 from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS
 from dsa_lab.notebook import display as notebook
@@ -18,7 +19,6 @@ from dsa_lab.notebook import views
 from dsa_lab.notebook.runs import repeat_run
 from dsa_lab.notebook.sections import latency_run
 from dsa_lab.notebook.sm100 import Sm100Frame, sm100_backend, sm100_point
-from dsa_lab.workload import ContextSpec, ragged_decode_batch, random_inputs, with_padding
 
 SHIPPED = "h200/h200-harness-20261130"  # a small measured run (80 points)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsa_lab.metadata import build_metadata, plan_atoms
-from dsa_lab.plan import ANY_NEXT_N, LaunchPlan
+from dsa_lab.batch.metadata import build_metadata, plan_atoms
+from dsa_lab.batch.plan import ANY_NEXT_N, LaunchPlan
+from dsa_lab.batch.workload import ContextSpec, DecodeBatch
 from dsa_lab.store import folders as store
-from dsa_lab.workload import ContextSpec, DecodeBatch
 
 SHIPPED = Path(__file__).resolve().parents[1] / "data" / "h200" / "h200-full-20261129"
 

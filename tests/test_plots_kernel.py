@@ -14,12 +14,12 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from dsa_lab.analysis import readings, versus  # noqa: E402
 from dsa_lab.analysis.modeled import modeled_native_rows  # noqa: E402
+from dsa_lab.batch.plan import LaunchPlan  # noqa: E402
+from dsa_lab.batch.workload import ContextSpec  # noqa: E402
 from dsa_lab.bench.point import Point  # noqa: E402
 from dsa_lab.model.roofline import get_gpu, modeled_time, roofline_columns  # noqa: E402
-from dsa_lab.plan import LaunchPlan  # noqa: E402
 from dsa_lab.plots import kernel, style  # noqa: E402
 from dsa_lab.policy.query import Platform  # noqa: E402
-from dsa_lab.workload import ContextSpec  # noqa: E402
 
 H200 = get_gpu("H200-measured")
 SEED = 0

@@ -12,15 +12,15 @@ import pandas as pd
 import pytest
 import torch
 
+from dsa_lab.batch.cache import gather_request_keys
+from dsa_lab.batch.plan import LaunchPlan
 from dsa_lab.bench.inputs import Workload
 from dsa_lab.bench.point import SweepSpec
 from dsa_lab.bench.presets import preset
-from dsa_lab.cache import gather_request_keys
 from dsa_lab.cli import main as cli_main
 from dsa_lab.decode import run_decode
 from dsa_lab.kernels import get_backend, registry
 from dsa_lab.kernels.reference import ReferenceBackend
-from dsa_lab.plan import LaunchPlan
 from dsa_lab.profiling import (
     PHASES,
     NcuUnavailable,

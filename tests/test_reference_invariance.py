@@ -17,7 +17,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsa_lab.cache import E2M1_VALUES, MX_GROUP, PagedCache, split_block
+from dsa_lab.batch.cache import E2M1_VALUES, MX_GROUP, PagedCache, split_block
+from dsa_lab.batch.metadata import build_native_metadata
+from dsa_lab.batch.workload import (
+    DecodeBatch,
+    DecodeInputs,
+    mixed_length_batch,
+    ragged_decode_batch,
+    random_inputs,
+    uniform_batch,
+    with_padding,
+)
 from dsa_lab.decode import DecodeResult, pack_launch, run_decode
 from dsa_lab.invariance import (
     GPU_RELATIVE_TOLERANCE,
@@ -29,16 +39,6 @@ from dsa_lab.invariance import (
 )
 from dsa_lab.kernels import reference
 from dsa_lab.kernels.reference import paged_mqa_logits
-from dsa_lab.metadata import build_native_metadata
-from dsa_lab.workload import (
-    DecodeBatch,
-    DecodeInputs,
-    mixed_length_batch,
-    ragged_decode_batch,
-    random_inputs,
-    uniform_batch,
-    with_padding,
-)
 
 STRATEGIES = ("native", "flatten", "atom")
 SMALL = dict(num_heads=32, head_dim=64)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsa_lab.acceptance import AcceptanceSpec, accepted_batch
+from dsa_lab.batch.acceptance import AcceptanceSpec, accepted_batch
+from dsa_lab.batch.workload import ContextSpec, random_inputs
 from dsa_lab.bench.point import Point
 from dsa_lab.bench.replay import check_replay, draws, ragged_graph, ragged_step, replay_skip
 from dsa_lab.kernels import get_backend
 from dsa_lab.topk import get_topk
-from dsa_lab.workload import ContextSpec, random_inputs
 
 CURVE = "v4flash-ascend131"
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsa_lab.acceptance import AcceptanceSpec, accepted_batch
+from dsa_lab.batch.acceptance import AcceptanceSpec, accepted_batch
+from dsa_lab.batch.workload import ContextSpec, random_inputs
 from dsa_lab.bench.point import Point
 from dsa_lab.bench.replay import replay_point
 from dsa_lab.bench.timing import TimingConfig
 from dsa_lab.decode import native_sizes_for
 from dsa_lab.kernels import backend_names, get_backend, vllm_backend
 from dsa_lab.topk import vllm_topk
-from dsa_lab.workload import ContextSpec, random_inputs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 QUICK = TimingConfig(warmup=2, min_samples=5, max_samples=20, max_seconds=0.2)

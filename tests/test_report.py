@@ -227,11 +227,11 @@ def test_modeled_rows_have_no_spread_a_gap_could_hide_in() -> None:
 
 def test_policy_grid_and_blocks_read() -> None:
     from dsa_lab.analysis.headline import blocks_read
-    from dsa_lab.metadata import build_flatten_metadata, build_native_metadata
+    from dsa_lab.batch.metadata import build_flatten_metadata, build_native_metadata
+    from dsa_lab.batch.workload import random_inputs, uniform_batch
     from dsa_lab.plots.policy import policy_grid
     from dsa_lab.policy.query import PATHS, Platform
     from dsa_lab.policy.vllm import decision_matrix
-    from dsa_lab.workload import random_inputs, uniform_batch
 
     matrix = decision_matrix(["vllm_0_33_0"], [Platform("sm90", True)], range(1, 7))
     grid = policy_grid(matrix)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsa_lab.metadata import build_metadata
+from dsa_lab.batch.metadata import build_metadata
+from dsa_lab.batch.plan import LaunchPlan
+from dsa_lab.batch.workload import DecodeBatch
 from dsa_lab.model.roofline import (
     GPUS,
     GpuSpec,
@@ -16,8 +18,6 @@ from dsa_lab.model.roofline import (
     modeled_time,
     roofline_columns,
 )
-from dsa_lab.plan import LaunchPlan
-from dsa_lab.workload import DecodeBatch
 
 # Two requests of 100 and 200 cached tokens, next_n = 2, H = 32, D = 64, FP8 (68 B a token).
 # Row contexts: 99, 100 | 199, 200 -> sum 598 over 4 query rows.

@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from dsa_lab.acceptance import PUBLISHED, AcceptanceSpec, accepted_batch, parse_acceptance_list
-from dsa_lab.cache import gather_request_keys
+from dsa_lab.batch.acceptance import PUBLISHED, AcceptanceSpec, accepted_batch, parse_acceptance_list
+from dsa_lab.batch.cache import gather_request_keys
+from dsa_lab.batch.metadata import STRATEGIES, logits_width
+from dsa_lab.batch.workload import ContextSpec, DecodeBatch, random_inputs
 from dsa_lab.decode import run_decode
-from dsa_lab.metadata import STRATEGIES, logits_width
 from dsa_lab.model.decode_step import ACCEPTANCE_PRESETS
-from dsa_lab.workload import ContextSpec, DecodeBatch, random_inputs
 
 
 def float64_logits(inputs, batch: DecodeBatch, width: int) -> torch.Tensor:

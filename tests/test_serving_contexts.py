@@ -10,9 +10,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dsa_lab.batch.workload import LOGNORMAL_CLIP, ContextSpec, order_lengths
 from dsa_lab.paths import resolve_data_path
 from dsa_lab.store import folders as store
-from dsa_lab.workload import LOGNORMAL_CLIP, ContextSpec, order_lengths
 
 # sha256 (first 16 hex digits) of ','.join(seq_lens) and the first lengths, drawn before issue 19 changed
 # ContextSpec: runs are stored by context label and seed, and every reader draws the lengths again.

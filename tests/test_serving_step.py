@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsa_lab.acceptance import AcceptanceSpec, accepted_batch
 from dsa_lab.axes import TIMED_UNITS, TIMERS
+from dsa_lab.batch.acceptance import AcceptanceSpec, accepted_batch
+from dsa_lab.batch.plan import LaunchPlan
+from dsa_lab.batch.workload import ContextSpec, random_inputs
 from dsa_lab.bench.timed_unit import check_topk, timed_step
 from dsa_lab.bench.timing import TimingConfig, step_timing_method, time_step
 from dsa_lab.decode import gather_selections, launch_call, pack_launch, run_decode
 from dsa_lab.kernels import get_backend
-from dsa_lab.plan import LaunchPlan
 from dsa_lab.topk import compare_selections, topk_in_context, topk_per_row
-from dsa_lab.workload import ContextSpec, random_inputs
 
 FAST = TimingConfig(warmup=1, min_samples=2, max_samples=3, max_seconds=0.01, window=2)
 

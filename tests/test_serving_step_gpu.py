@@ -10,15 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsa_lab.acceptance import AcceptanceSpec, accepted_batch
 from dsa_lab.axes import TIMED_UNITS
+from dsa_lab.batch.acceptance import AcceptanceSpec, accepted_batch
+from dsa_lab.batch.plan import DEEPSEEK_V32_MAX_MODEL_LEN, LaunchPlan
+from dsa_lab.batch.workload import ContextSpec, random_inputs
 from dsa_lab.bench.timed_unit import check_topk, timed_step
 from dsa_lab.bench.timing import TimingConfig, time_step
 from dsa_lab.decode import check_launches, launch_call, native_sizes_for, pack_launch, scheduled
 from dsa_lab.kernels import get_backend
-from dsa_lab.plan import DEEPSEEK_V32_MAX_MODEL_LEN, LaunchPlan
 from dsa_lab.topk import get_topk, topk_names
-from dsa_lab.workload import ContextSpec, random_inputs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 QUICK = TimingConfig(warmup=2, min_samples=5, max_samples=20, max_seconds=0.2)

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from dsa_lab import axes
-from dsa_lab.acceptance import AcceptanceSpec
 from dsa_lab.analysis.compare import compare_runs, summarize
 from dsa_lab.analysis.frames import context_order, mixed_context_gap, recommend, uniform_twin, vllm_path
 from dsa_lab.analysis.labels import context_title
+from dsa_lab.batch.acceptance import AcceptanceSpec
 from dsa_lab.bench.inputs import Workload
 from dsa_lab.bench.point import Grid, Point, SweepSpec
 from dsa_lab.bench.sweep import run_sweep

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsa_lab.metadata import STRATEGIES, build_metadata
-from dsa_lab.plan import DEEPSEEK_V32_MAX_MODEL_LEN, LaunchPlan, LogitsWidth
-from dsa_lab.workload import DecodeBatch
+from dsa_lab.batch.metadata import STRATEGIES, build_metadata
+from dsa_lab.batch.plan import DEEPSEEK_V32_MAX_MODEL_LEN, LaunchPlan, LogitsWidth
+from dsa_lab.batch.workload import DecodeBatch
 
 
 def test_logits_width_labels_and_bounds() -> None:

@@ -16,10 +16,10 @@ import torch
 
 from dsa_lab.analysis import headline
 from dsa_lab.analysis.headline import blocks_read
-from dsa_lab.metadata import build_metadata
+from dsa_lab.batch.metadata import build_metadata
+from dsa_lab.batch.workload import DecodeBatch
 from dsa_lab.plots import tour
 from dsa_lab.store import folders as store
-from dsa_lab.workload import DecodeBatch
 
 # ---------------------------------------------------------------- KV-tile reads
 

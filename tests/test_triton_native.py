@@ -25,14 +25,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from dsa_lab.decode import pack_launch, run_decode  # noqa: E402
-from dsa_lab.errors import BackendUnavailable, UnsupportedShape  # noqa: E402
-from dsa_lab.kernels import backend_names, get_backend  # noqa: E402
-from dsa_lab.kernels import triton_native as tn  # noqa: E402
-from dsa_lab.kernels.reference import paged_mqa_logits  # noqa: E402
-from dsa_lab.metadata import build_native_metadata  # noqa: E402
-from dsa_lab.topk import compare_selections  # noqa: E402
-from dsa_lab.workload import (  # noqa: E402
+from dsa_lab.batch.metadata import build_native_metadata  # noqa: E402
+from dsa_lab.batch.workload import (  # noqa: E402
     DecodeBatch,
     mixed_length_batch,
     ragged_decode_batch,
@@ -40,6 +34,12 @@ from dsa_lab.workload import (  # noqa: E402
     uniform_batch,
     with_padding,
 )
+from dsa_lab.decode import pack_launch, run_decode  # noqa: E402
+from dsa_lab.errors import BackendUnavailable, UnsupportedShape  # noqa: E402
+from dsa_lab.kernels import backend_names, get_backend  # noqa: E402
+from dsa_lab.kernels import triton_native as tn  # noqa: E402
+from dsa_lab.kernels.reference import paged_mqa_logits  # noqa: E402
+from dsa_lab.topk import compare_selections  # noqa: E402
 
 CHILD_FLAG = "DSA_LAB_TRITON_TEST_CHILD"
 REL_TOL = 1e-3

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pandas as pd
 
 from dsa_lab.analysis.headline import blocks_read
+from dsa_lab.batch.workload import DecodeInputs
 from dsa_lab.decode import run_decode
 from dsa_lab.invariance import LOGITS_COLUMN, check_agreement, compare_strategies, tolerance_for
-from dsa_lab.workload import DecodeInputs
 
 BLOCKS_COLUMN = "KV blocks read"
 

@@ -21,7 +21,7 @@ import pandas as pd
 from dsa_lab import axes
 from dsa_lab.analysis.frames import POINT, STUDY_SHAPE, by_point, ok_rows
 from dsa_lab.analysis.workloads import answers, workload_order
-from dsa_lab.workload import ContextSpec
+from dsa_lab.batch.workload import ContextSpec
 
 RUN_COLUMNS = ("run_id", "device")
 

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from dsa_lab import axes
+from dsa_lab.batch.workload import MAX_NEXT_N, MAX_REQUESTS
 from dsa_lab.errors import check_choice, check_range
 from dsa_lab.kernels import get_backend, modeled_backends, vllm_backend
 from dsa_lab.model import calibration
@@ -24,7 +25,6 @@ from dsa_lab.model.gpus import get_gpu
 from dsa_lab.model.indexer import atom_sizes, predict
 from dsa_lab.policy.steps import step_path
 from dsa_lab.policy.vllm import Platform, PolicyQuery
-from dsa_lab.workload import MAX_NEXT_N, MAX_REQUESTS
 
 CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072, 262144)
 # What the notebook compares, by label: each strategy on what vLLM runs (DeepGEMM), vLLM 0.33's own

@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import pandas as pd
 
 from dsa_lab import axes
+from dsa_lab.batch.workload import CONTEXT_DISTRIBUTIONS, ContextSpec
 from dsa_lab.kernels import family_of, get_backend, vllm_backend
 from dsa_lab.model.gpus import get_gpu
 from dsa_lab.model.indexer import BLOCK_TOKENS
 from dsa_lab.policy.steps import step_path
 from dsa_lab.policy.vllm import Platform, PolicyQuery
-from dsa_lab.workload import CONTEXT_DISTRIBUTIONS, ContextSpec
 
 SM90_DEEPGEMM = Platform("sm90", True)
 POINT = list(axes.POINT_KEYS)  # what every answer here is computed per: the step and its shape

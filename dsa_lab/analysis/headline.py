@@ -4,10 +4,10 @@ Three small questions, each answered from the project's own code rather than a f
 written again here:
 
 - *How often is each KV tile read?* `tile_reads` builds one request's native, atom or
-  flatten metadata (`dsa_lab.metadata`) and counts, per query row and tile, which read
+  flatten metadata (`dsa_lab.batch.metadata`) and counts, per query row and tile, which read
   of that tile serves the row.
 - *How many bytes does a step move?* `modeled_bytes` asks the launch plan
-  (`dsa_lab.plan.LaunchPlan.cost`) per strategy and next_n; every row says `modeled`.
+  (`dsa_lab.batch.plan.LaunchPlan.cost`) per strategy and next_n; every row says `modeled`.
 - *What did the H200 measure?* `headline_table` reads a run's results at one (batch,
   context): what vLLM 0.33 takes on SM90 + DeepGEMM (`analysis.frames.vllm_path`) beside
   the fastest option timed (`analysis.frames.best_option`, over every backend);
@@ -30,14 +30,14 @@ from dsa_lab.analysis.frames import POINT, SM90_DEEPGEMM, by_point, measured_ok,
 from dsa_lab.analysis.labels import pieces_title
 from dsa_lab.analysis.modeled import SM90_NATIVE_SIZES
 from dsa_lab.analysis.versus import pick_point
-from dsa_lab.cache import bytes_per_token
+from dsa_lab.batch.cache import bytes_per_token
+from dsa_lab.batch.metadata import STRATEGIES, DecodeMetadata, build_metadata, plan_atoms
+from dsa_lab.batch.plan import LaunchPlan
+from dsa_lab.batch.workload import MAX_NEXT_N, ContextSpec, DecodeBatch
 from dsa_lab.errors import check_choice, check_range
 from dsa_lab.markup import md_code, md_text
-from dsa_lab.metadata import STRATEGIES, DecodeMetadata, build_metadata, plan_atoms
 from dsa_lab.model.indexer import BLOCK_TOKENS  # tokens per KV block (tile) of the paged cache
-from dsa_lab.plan import LaunchPlan
 from dsa_lab.policy.vllm import Platform
-from dsa_lab.workload import MAX_NEXT_N, ContextSpec, DecodeBatch
 
 TOUR_STRATEGIES = ("native", "atom", "flatten")
 

@@ -13,12 +13,12 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 
 from dsa_lab import axes
-from dsa_lab.acceptance import AcceptanceSpec
 from dsa_lab.analysis.frames import STUDY_SHAPE
+from dsa_lab.batch.acceptance import AcceptanceSpec
+from dsa_lab.batch.plan import LogitsWidth
+from dsa_lab.batch.workload import ContextSpec, format_tokens
 from dsa_lab.kernels import backend_names, get_backend
-from dsa_lab.plan import LogitsWidth
 from dsa_lab.topk.registry import label_of
-from dsa_lab.workload import ContextSpec, format_tokens
 
 TOPK_AXIS = axes.axis("topk_impl")  # which top-k follows the logits on a 'logits+topk' step (its old-run value: torch)
 

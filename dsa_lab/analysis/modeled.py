@@ -19,14 +19,14 @@ import pandas as pd
 
 from dsa_lab import axes
 from dsa_lab.analysis.frames import POINT, measured_ok, ok_rows
+from dsa_lab.batch.metadata import STRATEGIES
+from dsa_lab.batch.plan import ANY_NEXT_N, LaunchPlan
+from dsa_lab.batch.workload import ContextSpec
 from dsa_lab.bench.point import Point
 from dsa_lab.kernels import modeled_backends, vllm_backend
-from dsa_lab.metadata import STRATEGIES
 from dsa_lab.model.gpus import ARCH_MAJORS
 from dsa_lab.model.roofline import GpuSpec, floor_ms, get_gpu, modeled_time
-from dsa_lab.plan import ANY_NEXT_N, LaunchPlan
 from dsa_lab.policy.vllm import Platform
-from dsa_lab.workload import ContextSpec
 
 SM90_NATIVE_SIZES = vllm_backend().native_sizes_on(ARCH_MAJORS["sm90"])  # SM90 DeepGEMM's (what vLLM runs there)
 

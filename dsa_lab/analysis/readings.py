@@ -15,6 +15,7 @@ import pandas as pd
 from dsa_lab.analysis import versus
 from dsa_lab.analysis.frames import baseline_backends, measured_ok, path_backend
 from dsa_lab.analysis.labels import baseline_label
+from dsa_lab.batch.workload import ContextSpec, DecodeBatch
 from dsa_lab.errors import check_choice
 from dsa_lab.markup import md_code, md_text
 from dsa_lab.model.indexer import BLOCK_TOKENS
@@ -22,7 +23,6 @@ from dsa_lab.model.roofline import GpuSpec
 from dsa_lab.policy.query import FAMILY_LABELS
 from dsa_lab.policy.steps import step_path
 from dsa_lab.policy.vllm import POLICIES, RELEASES, Platform, PolicyQuery
-from dsa_lab.workload import ContextSpec, DecodeBatch
 
 DECISIONS_NAMED = 5  # the points where vLLM's choice loses most, named in words by `decisions_reading`
 

@@ -29,8 +29,8 @@ from dsa_lab.analysis.frames import (
     vllm_path,
 )
 from dsa_lab.analysis.labels import baseline_label
+from dsa_lab.batch.workload import ContextSpec
 from dsa_lab.policy.vllm import RELEASES, Platform
-from dsa_lab.workload import ContextSpec
 
 MODELED_LABEL = "modeled (roofline, not measured)"
 RELEASE = RELEASES["vllm_0_33_0"][0]  # 'vLLM 0.33.0'

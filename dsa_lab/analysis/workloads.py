@@ -26,8 +26,8 @@ from dsa_lab.analysis.frames import (
     vllm_path,
 )
 from dsa_lab.analysis.labels import pieces_title, workload_title
+from dsa_lab.batch.workload import ContextSpec
 from dsa_lab.markup import md_code, md_text
-from dsa_lab.workload import ContextSpec
 
 WORKLOAD = tuple(k for k in POINT if k not in ("batch", "next_n"))  # what an answer holds for
 STEP = ("batch", "next_n")  # the cells of one workload's answer

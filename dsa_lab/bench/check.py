@@ -41,10 +41,10 @@ from dataclasses import dataclass
 
 import torch
 
+from dsa_lab.batch.metadata import DecodeMetadata
+from dsa_lab.batch.workload import DecodeBatch, DecodeInputs
 from dsa_lab.bench.numerics import backend_numerics
 from dsa_lab.kernels import LogitsBackend, LogitsCall, baseline_backend
-from dsa_lab.metadata import DecodeMetadata
-from dsa_lab.workload import DecodeBatch, DecodeInputs
 
 CHECKED_CALLS = 2  # calls of the step held to the reference on every device (CUDA runs one more first, also held)
 FINGERPRINT_WORDS = 1 << 22  # words a fingerprint pass reads: bounds its temporaries (32 MiB of int64 each)

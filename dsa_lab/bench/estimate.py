@@ -36,16 +36,16 @@ from dataclasses import dataclass
 
 import torch
 
+from dsa_lab.batch.cache import bytes_per_token
+from dsa_lab.batch.plan import ANY_NEXT_N, LaunchPlan
+from dsa_lab.batch.workload import ContextSpec
 from dsa_lab.bench.point import Point, SweepSpec
 from dsa_lab.bench.walk import point_backend, skip_reason
-from dsa_lab.cache import bytes_per_token
 from dsa_lab.decode import native_sizes_for
 from dsa_lab.errors import UnsupportedShape
 from dsa_lab.kernels import get_backend
 from dsa_lab.model.gpus import ARCH_MAJORS
 from dsa_lab.model.roofline import floor_ms, get_gpu
-from dsa_lab.plan import ANY_NEXT_N, LaunchPlan
-from dsa_lab.workload import ContextSpec
 
 SM90_MAJOR = ARCH_MAJORS["sm90"]
 START_S = 20.0

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 
 import torch
 
+from dsa_lab.batch.cache import BLOCK_SIZE, bytes_per_token, random_paged_cache
+from dsa_lab.batch.plan import LaunchPlan
+from dsa_lab.batch.workload import DecodeInputs
 from dsa_lab.bench.numerics import K_SCALE_FORMATS
 from dsa_lab.bench.point import Point
 from dsa_lab.bench.timing import flush_bytes
-from dsa_lab.cache import BLOCK_SIZE, bytes_per_token, random_paged_cache
 from dsa_lab.errors import check_choice
-from dsa_lab.plan import LaunchPlan
-from dsa_lab.workload import DecodeInputs
 
 OUTPUT_ALIGN = 256  # DeepGEMM pads logits rows to this; memory estimates assume it for everyone
 MEMORY_HEADROOM = 0.9

@@ -30,15 +30,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsa_lab import axes
-from dsa_lab.acceptance import AcceptanceSpec
+from dsa_lab.batch.acceptance import AcceptanceSpec
+from dsa_lab.batch.cache import BLOCK_SIZE
+from dsa_lab.batch.plan import LaunchPlan, LogitsWidth
+from dsa_lab.batch.workload import ContextSpec, DecodeBatch
 from dsa_lab.bench.timing import TimingConfig
-from dsa_lab.cache import BLOCK_SIZE
 from dsa_lab.errors import UnsupportedShape, check_range, check_seed
 from dsa_lab.kernels import get_backend
-from dsa_lab.plan import LaunchPlan, LogitsWidth
 from dsa_lab.policy.query import Platform, PolicyQuery
 from dsa_lab.policy.steps import StepRoute, step_route
-from dsa_lab.workload import ContextSpec, DecodeBatch
 
 
 def _old_value(name: str) -> Any:

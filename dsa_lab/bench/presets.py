@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from dsa_lab.batch.metadata import STRATEGIES
+from dsa_lab.batch.plan import DEEPSEEK_V32_MAX_MODEL_LEN
 from dsa_lab.bench.point import Grid, SweepSpec
 from dsa_lab.bench.timing import TimingConfig
 from dsa_lab.errors import check_choice
 from dsa_lab.kernels import family_of, preset_backends, vllm_backend
-from dsa_lab.metadata import STRATEGIES
-from dsa_lab.plan import DEEPSEEK_V32_MAX_MODEL_LEN
 
 PRESETS = ("ci", "smoke", "h200-full", "sm100", "h200-serving", "step")
 

@@ -37,13 +37,13 @@ from typing import Any
 
 import torch
 
-from dsa_lab.acceptance import AcceptanceSpec
+from dsa_lab.batch.acceptance import AcceptanceSpec
+from dsa_lab.batch.cache import BLOCK_SIZE
+from dsa_lab.batch.workload import DecodeInputs
 from dsa_lab.bench.point import Point
 from dsa_lab.bench.timing import GpuSpin, L2Flusher, TimingConfig, step_timing_method, summarize
-from dsa_lab.cache import BLOCK_SIZE
 from dsa_lab.kernels import LogitsBackend, LogitsCall, baseline_backend
 from dsa_lab.topk import DEFAULT_TOPK, TopkCall, compare_selections, get_topk, topk_per_row
-from dsa_lab.workload import DecodeInputs
 
 REPLAYS = 32  # decode steps one captured graph is replayed over, each drawn afresh and checked
 REPLAY_STRATEGIES = ("native", "flatten")

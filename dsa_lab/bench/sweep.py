@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from dsa_lab.batch.workload import ContextSpec
 from dsa_lab.bench.budget import RunBudget
 from dsa_lab.bench.ceilings import measure_ceilings
 from dsa_lab.bench.evaluate import evaluate_point, inputs_changed
@@ -47,7 +48,6 @@ from dsa_lab.errors import as_device
 from dsa_lab.model.roofline import gpu_for_device
 from dsa_lab.store import folders as store
 from dsa_lab.store import opening
-from dsa_lab.workload import ContextSpec
 
 __all__ = [
     "HUNG_EXIT_CODE",

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 import torch
 
 from dsa_lab.axes import TIMED_UNITS
+from dsa_lab.batch.metadata import DecodeMetadata
 from dsa_lab.bench.check import InputGuard, changed_message, launch_inputs, poisoned, poisoned_run, run_launches
 from dsa_lab.bench.numerics import backend_numerics
 from dsa_lab.decode import gather_selections, scatter_logits
 from dsa_lab.errors import check_choice, check_range
 from dsa_lab.kernels import LogitsBackend, LogitsCall, baseline_backend
-from dsa_lab.metadata import DecodeMetadata
 from dsa_lab.topk import (
     DEFAULT_TOPK,
     MAX_TOPK,

@@ -28,6 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
+from dsa_lab.batch.metadata import DecodeMetadata
+from dsa_lab.batch.plan import LaunchPlan
+from dsa_lab.batch.workload import DecodeInputs
 from dsa_lab.bench.check import InputGuard, checked_requests, handed_inputs
 from dsa_lab.bench.inputs import MEMORY_HEADROOM, Workload, free_device_bytes, point_bytes, workload_bytes
 from dsa_lab.bench.numerics import cache_k_scales
@@ -37,10 +40,7 @@ from dsa_lab.bench.timing import TimingConfig, step_timing_method
 from dsa_lab.decode import check_launches, launch_call, native_sizes_for, pack_launch, scheduled
 from dsa_lab.errors import BackendUnavailable, UnsupportedShape, probe
 from dsa_lab.kernels import LogitsBackend, LogitsCall, get_backend
-from dsa_lab.metadata import DecodeMetadata
-from dsa_lab.plan import LaunchPlan
 from dsa_lab.topk import DEFAULT_TOPK, get_topk
-from dsa_lab.workload import DecodeInputs
 
 
 @dataclass

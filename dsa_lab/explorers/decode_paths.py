@@ -9,11 +9,11 @@ from IPython.display import Markdown, display
 
 from dsa_lab.analysis.headline import strategy_reads
 from dsa_lab.analysis.readings import decision_reading
+from dsa_lab.batch.workload import DecodeBatch, random_inputs, with_padding
 from dsa_lab.explorers.base import dropdown, explore, show_figure
 from dsa_lab.plots.metadata import plot_block_tables, plot_context_lens
 from dsa_lab.policy.query import FAMILY_LABELS
 from dsa_lab.policy.vllm import POLICIES, RELEASES, Platform, PolicyQuery, vllm_native_sizes
-from dsa_lab.workload import DecodeBatch, random_inputs, with_padding
 
 MAX_REQUESTS = 8
 MAX_DRAWN_CONTEXT = 4096  # longer contexts make block tables too wide to read

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
-from dsa_lab.cache import CACHE_DTYPES, bytes_per_token
+from dsa_lab.batch.cache import CACHE_DTYPES, bytes_per_token
 from dsa_lab.errors import BackendUnavailable, UnsupportedShape, check_choice, check_range, check_tensor
 
 STEP_KEYWORDS = ("topk", "max_seq_len")  # what a fused backend's `step` takes besides the call

@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from dsa_lab.cache import CACHE_DTYPES, E2M1_VALUES, FP8_MAX, MX_GROUP, PagedCache, split_block
+from dsa_lab.batch.cache import CACHE_DTYPES, E2M1_VALUES, FP8_MAX, MX_GROUP, PagedCache, split_block
 from dsa_lab.kernels.convention import LogitsCall, check_logits_args, check_logits_values
 from dsa_lab.kernels.descriptor import LogitsBackend
 from dsa_lab.kernels.registry import register_backend

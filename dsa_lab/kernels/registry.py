@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dsa_lab.batch.metadata import STRATEGIES
 from dsa_lab.errors import check_choice
 from dsa_lab.kernels.descriptor import KernelFit, LogitsBackend
-from dsa_lab.metadata import STRATEGIES
 
 _BACKENDS: dict[str, LogitsBackend] = {}
 _LOOKUPS: list[Callable[[str], None]] = []  # ways to find a backend asked for by a name not registered yet

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from dsa_lab.cache import BLOCK_SIZE
+from dsa_lab.batch.cache import BLOCK_SIZE
 from dsa_lab.errors import check_choice, check_range
 from dsa_lab.kernels.chunks import binary_chunks
 from dsa_lab.kernels.convention import LogitsCall, check_native_call, num_sms, ready_native_call

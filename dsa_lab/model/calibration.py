@@ -18,11 +18,11 @@ import numpy as np
 import pandas as pd
 
 from dsa_lab import axes
+from dsa_lab.batch.workload import ContextSpec
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.kernels.descriptor import KernelFit
 from dsa_lab.model.gpus import GpuCeilings, get_gpu
 from dsa_lab.model.indexer import fit_key, fits, predict, program_spec_us, spec_us, step_work, traits
-from dsa_lab.workload import ContextSpec
 
 FIT_GRID = {
     "bw": np.round(np.arange(0.5, 1.0001, 0.05), 3),

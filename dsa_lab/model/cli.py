@@ -16,10 +16,10 @@ import json
 from typing import Any
 
 from dsa_lab import axes
+from dsa_lab.batch.workload import ContextSpec
 from dsa_lab.kernels import get_backend, modeled_backends, vllm_backend
 from dsa_lab.model.gpus import GPUS, get_gpu
 from dsa_lab.model.indexer import Prediction, predict
-from dsa_lab.workload import ContextSpec
 
 # What the model varies, in the order combinations are listed: the option (backend, strategy) and the step (batch,
 # context, next_n), the axes every run stores but the shape (one `--heads`, one `--head-dim`) and the config.

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsa_lab.acceptance import PUBLISHED
+from dsa_lab.batch.acceptance import PUBLISHED
+from dsa_lab.batch.workload import MAX_NEXT_N, MAX_SEQ_LEN
 from dsa_lab.errors import check_positive, check_range
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.model.gpus import GpuCeilings, get_gpu
 from dsa_lab.topk import DEFAULT_TOPK
-from dsa_lab.workload import MAX_NEXT_N, MAX_SEQ_LEN
 
 STREAM_EFFICIENCY = 4.35 / 4.8  # the H200's measured read rate over its spec (model.gpus)
 GEMM_EFFICIENCY = 1254.0 / 1979.0  # the H200's measured 8192^3 FP8 GEMM rate over its dense spec
@@ -212,7 +212,7 @@ def tokens_per_step(acceptance: tuple[float, ...], next_n: int) -> float:
 
 
 # Per-position acceptance a_k of MTP drafts (k = 1, 2, ...), as published: named for notebook 05, the
-# numbers and sources declared once in `dsa_lab.acceptance.PUBLISHED`.
+# numbers and sources declared once in `dsa_lab.batch.acceptance.PUBLISHED`.
 ACCEPTANCE_PRESETS: dict[str, tuple[tuple[float, ...], str]] = {
     name: (PUBLISHED[key].rates, PUBLISHED[key].source)
     for name, key in (

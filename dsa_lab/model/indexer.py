@@ -32,14 +32,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dsa_lab.cache import BLOCK_SIZE, CACHE_DTYPES, bytes_per_token, check_head_dim
+from dsa_lab.batch.cache import BLOCK_SIZE, CACHE_DTYPES, bytes_per_token, check_head_dim
+from dsa_lab.batch.metadata import STRATEGIES, AtomPiece
+from dsa_lab.batch.plan import LaunchPlan
+from dsa_lab.batch.workload import MAX_NEXT_N
 from dsa_lab.errors import check_choice, check_int_sequence, check_range
 from dsa_lab.kernels import backend_names, get_backend, modeled_backends, vllm_backend
 from dsa_lab.kernels.descriptor import KernelFit, ModelTraits
-from dsa_lab.metadata import STRATEGIES, AtomPiece
 from dsa_lab.model.gpus import ARCH_MAJORS, GpuCeilings, get_gpu
-from dsa_lab.plan import LaunchPlan
-from dsa_lab.workload import MAX_NEXT_N
 
 BLOCK_TOKENS = BLOCK_SIZE  # tokens a KV block holds (a Triton program's unit): the cache's block
 

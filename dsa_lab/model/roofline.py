@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dsa_lab.batch.plan import LaunchPlan, StepCost
 from dsa_lab.errors import check_choice
 from dsa_lab.model import gpus as model_gpus
-from dsa_lab.plan import LaunchPlan, StepCost
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,13 @@ import pandas as pd
 from dsa_lab.analysis import answers
 from dsa_lab.analysis.frames import one_view
 from dsa_lab.analysis.headline import headline_section
+from dsa_lab.batch.workload import ContextSpec
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.notebook.runs import ChosenRun, absent, chosen, every_run, named_run
 from dsa_lab.notebook.sections import latency_run
 from dsa_lab.plots.answers import AnswerGrid
 from dsa_lab.plots.style import provenance_line
 from dsa_lab.store import folders as store
-from dsa_lab.workload import ContextSpec
 
 
 @dataclass

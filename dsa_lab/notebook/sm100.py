@@ -12,12 +12,12 @@ import pandas as pd
 
 from dsa_lab.analysis.modeled import SM100_GPUS, SM100_PLATFORM, calibrated_rows
 from dsa_lab.analysis.versus import pick_point
+from dsa_lab.batch.workload import ContextSpec
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.markup import md_code, md_text
 from dsa_lab.notebook.runs import SM100_SWEEP_HOW, ChosenRun, sm100_evidence, sm100_run
 from dsa_lab.paths import resolve_data_path, shown_path
 from dsa_lab.policy.vllm import Platform
-from dsa_lab.workload import ContextSpec
 
 
 @dataclass

@@ -24,6 +24,7 @@ from pandas.io.formats.style import Styler
 from dsa_lab.analysis.frames import SM90_DEEPGEMM, context_order, speedup_over_strategy, speedup_over_vllm, vllm_path
 from dsa_lab.analysis.labels import context_title
 from dsa_lab.analysis.readings import DECISIONS_NAMED
+from dsa_lab.batch.workload import ContextSpec
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.plots.style import (
     ANNOTATION_SIZE,
@@ -47,7 +48,6 @@ from dsa_lab.plots.style import (
 )
 from dsa_lab.plots.tables import FoldedTable, folded, top_rows
 from dsa_lab.policy.vllm import Platform
-from dsa_lab.workload import ContextSpec
 
 SPEEDUP_TICKS = (0.25, 0.33, 0.5, 0.67, 1.0, 1.5, 2.0, 3.0, 4.0)
 

@@ -16,8 +16,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from dsa_lab.analysis.headline import blocks_read
-from dsa_lab.metadata import build_flatten_metadata, build_native_metadata
-from dsa_lab.workload import DecodeBatch
+from dsa_lab.batch.metadata import build_flatten_metadata, build_native_metadata
+from dsa_lab.batch.workload import DecodeBatch
 
 UNUSED_COLOR = "#d9d9d9"
 

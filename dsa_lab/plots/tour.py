@@ -178,7 +178,7 @@ def plot_modeled_bytes(frame: pd.DataFrame, batch: int, context: str) -> Figure:
     ax.set(xlabel="next_n (query rows per request)", ylabel="GB moved per decode step (KV reads + q, weights, logits)")
     ax.legend(fontsize=8.5, loc="upper left", frameon=False)
     ax.set_title(
-        f"Bytes one indexer step moves, modeled (dsa_lab.plan.LaunchPlan.cost), not measured\n"
+        f"Bytes one indexer step moves, modeled (dsa_lab.batch.plan.LaunchPlan.cost), not measured\n"
         f"B = {batch} requests, context {context_title(str(context))}, {shape['cache_dtype'].upper()} cache "
         f"({shape['bytes_per_token']} B/token), H = {shape['heads']}, D = {shape['head_dim']}",
         fontsize=10.5,

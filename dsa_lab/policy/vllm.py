@@ -29,6 +29,7 @@ from typing import Any
 
 import pandas as pd
 
+from dsa_lab.batch.workload import MAX_NEXT_N as MAX_DECODE_ROWS  # query rows a batch of the harness may have
 from dsa_lab.errors import check_choice, check_range
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.policy.query import (
@@ -41,7 +42,6 @@ from dsa_lab.policy.query import (
     Platform,
     PolicyQuery,
 )
-from dsa_lab.workload import MAX_NEXT_N as MAX_DECODE_ROWS  # query rows a batch of the harness may have
 
 # vLLM's copy of DeepGEMM's SM90 native set (`vllm.utils.deep_gemm.native_next_n_supported` hard-codes it):
 # what vLLM runs declares the set, and tests/test_conformance_vllm.py holds vLLM's function to it.

@@ -17,11 +17,11 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 import torch
 from torch.profiler import record_function
 
+from dsa_lab.batch.plan import LaunchPlan
+from dsa_lab.batch.workload import DecodeInputs
 from dsa_lab.decode import DecodeResult, check_launches, launch_logits, pack_launch, scatter_logits
 from dsa_lab.kernels import LogitsBackend
-from dsa_lab.plan import LaunchPlan
 from dsa_lab.topk import DEFAULT_TOPK, topk_per_row
-from dsa_lab.workload import DecodeInputs
 
 PHASES = ("metadata", "pack", "logits", "scatter", "topk")
 

@@ -24,12 +24,12 @@ from typing import Any
 import pandas as pd
 import torch
 
+from dsa_lab.batch.plan import LaunchPlan
 from dsa_lab.bench.check import check_point
 from dsa_lab.bench.point import SweepSpec
 from dsa_lab.bench.walk import Visit, prepare, walk
 from dsa_lab.env_info import device_name
 from dsa_lab.errors import check_range
-from dsa_lab.plan import LaunchPlan
 from dsa_lab.profiling.ncu import (
     CHIPS,
     NcuStatus,

@@ -23,12 +23,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from dsa_lab import axes
+from dsa_lab.batch.plan import LaunchPlan
+from dsa_lab.batch.workload import DecodeInputs
 from dsa_lab.errors import check_range
 from dsa_lab.kernels import LogitsBackend
-from dsa_lab.plan import LaunchPlan
 from dsa_lab.profiling.step import PHASES, phased_decode
 from dsa_lab.topk import DEFAULT_TOPK
-from dsa_lab.workload import DecodeInputs
 
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")

@@ -30,10 +30,10 @@ from nbconvert import HTMLExporter
 
 from dsa_lab.analysis.headline import runs_named
 from dsa_lab.analysis.labels import pieces_title
+from dsa_lab.batch.workload import ContextSpec
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.markup import html_text, md_code, md_text, render_markdown
 from dsa_lab.store.writes import write_atomic
-from dsa_lab.workload import ContextSpec
 
 if TYPE_CHECKING:
     from dsa_lab.notebook.answers import Answer

@@ -32,6 +32,7 @@ from dsa_lab.analysis.frames import POINT, best_option, by_point, context_order,
 from dsa_lab.analysis.labels import context_title
 from dsa_lab.analysis.modeled import modeled_native_rows
 from dsa_lab.analysis.profiles import TENSOR_METRICS
+from dsa_lab.batch.workload import ContextSpec, format_tokens
 from dsa_lab.kernels import family_of
 from dsa_lab.markup import html_text
 from dsa_lab.model.roofline import gpu_for_device
@@ -50,7 +51,6 @@ from dsa_lab.plots.tables import FoldedTable, folded
 from dsa_lab.profiling.ncu_tables import METRICS
 from dsa_lab.profiling.runs import load_profile_run
 from dsa_lab.store import folders as store
-from dsa_lab.workload import ContextSpec, format_tokens
 
 SMALL_BATCH_STRATEGIES = ("flatten", "atom")  # goal 4's rivals: the strategies any DeepGEMM runs at any next_n
 GOAL_COLUMNS = ("goal1", "goal2", "goal3", "goal4")

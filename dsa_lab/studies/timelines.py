@@ -19,10 +19,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
+from dsa_lab.batch.workload import format_tokens
 from dsa_lab.paths import resolve_data_path, shown_path
 from dsa_lab.plots.style import PART_PALETTE, add_footer, chart_text, legend_outside
 from dsa_lab.store.folders import PROVENANCE_FILE
-from dsa_lab.workload import format_tokens
 
 # (phase, the step column that ends it); each phase starts where the previous one ended, the first at 0.
 PHASES = (

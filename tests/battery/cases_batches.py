@@ -14,7 +14,7 @@ AREA = "batches"
 
 
 def small_cache():
-    from dsa_lab.workload import random_inputs, uniform_batch
+    from dsa_lab.batch.workload import random_inputs, uniform_batch
 
     return random_inputs(uniform_batch(2, 100, 1, num_heads=32, head_dim=64)).cache
 
@@ -22,7 +22,7 @@ def small_cache():
 for _ids, _label in (([-1], "[-1]"), ([-5, 0], "[-5, 0]"), ([10**6], "[10**6]"), (None, "the block count")):
 
     def _blocks(tmp: Path, ids=_ids) -> Result:
-        from dsa_lab.cache import dequantize_blocks
+        from dsa_lab.batch.cache import dequantize_blocks
 
         cache = small_cache()
         values = [cache.num_blocks] if ids is None else ids
@@ -33,7 +33,7 @@ for _ids, _label in (([-1], "[-1]"), ([-5, 0], "[-5, 0]"), ([10**6], "[10**6]"),
 for _ids, _label in ((torch.tensor([0.0]), "float ids"), ([0], "a list"), (torch.tensor([[0]]), "2-D ids")):
     case(AREA, f"dequantize_blocks with {_label}")(
         lambda tmp, ids=_ids: refused(
-            lambda: __import__("dsa_lab.cache").cache.dequantize_blocks(small_cache(), ids), "block_ids"
+            lambda: __import__("dsa_lab.batch.cache").cache.dequantize_blocks(small_cache(), ids), "block_ids"
         )
     )
 
@@ -42,7 +42,7 @@ SEEDS = (2**70, 2**64, -1, 1.5, True, "7", 2**63)
 
 
 def _seeded(kind: str, seed):
-    from dsa_lab import cache, workload
+    from dsa_lab.batch import cache, workload
 
     calls = {
         "random_inputs": lambda: workload.random_inputs(workload.uniform_batch(1, 64, 1), seed=seed),
@@ -69,7 +69,7 @@ for _kind in (
 
 @case(AREA, "a seed of 2**63 - 1 (the top of the range) is accepted")
 def _(tmp: Path) -> Result:
-    from dsa_lab import workload
+    from dsa_lab.batch import workload
 
     workload.mixed_length_batch(2, 64, 256, 1, 2**63 - 1)
     return Result(CLEAR, "accepted")
@@ -97,7 +97,7 @@ CONTEXTS = (
 for _text in CONTEXTS:
 
     def _context(tmp: Path, text: str = _text) -> Result:
-        from dsa_lab.workload import ContextSpec
+        from dsa_lab.batch.workload import ContextSpec
 
         try:
             spec = ContextSpec.parse(text)
@@ -114,7 +114,7 @@ for _text in CONTEXTS:
 
 
 def _decode_batch(**kwargs):
-    from dsa_lab.workload import DecodeBatch
+    from dsa_lab.batch.workload import DecodeBatch
 
     args = {"seq_lens": (64, 64), "decode_lens": (1, 1), "next_n": 1}
     return DecodeBatch(**{**args, **kwargs})
@@ -148,9 +148,9 @@ RAGGED = {
 for _label, _kwargs in RAGGED.items():
 
     def _ragged(tmp: Path, kwargs=_kwargs) -> Result:
+        from dsa_lab.batch.workload import DecodeBatch, random_inputs
         from dsa_lab.decode import run_decode
         from dsa_lab.invariance import StrategiesDisagree, check_agreement, compare_strategies
-        from dsa_lab.workload import DecodeBatch, random_inputs
 
         batch = DecodeBatch(**kwargs, num_heads=32, head_dim=64)
         inputs = random_inputs(batch, seed=3)
@@ -187,7 +187,7 @@ for _flags, _label in (
 
 
 def _inputs():
-    from dsa_lab.workload import random_inputs, uniform_batch
+    from dsa_lab.batch.workload import random_inputs, uniform_batch
 
     return random_inputs(uniform_batch(2, 100, 2, num_heads=32, head_dim=64))
 
@@ -226,23 +226,27 @@ for _label, _call, _name in (
         ),
         "context_lens",
     ),
-    ("plan_atoms(3, [])", lambda: __import__("dsa_lab.metadata").metadata.plan_atoms(3, []), "native_sizes"),
-    ("plan_atoms(17, [1])", lambda: __import__("dsa_lab.metadata").metadata.plan_atoms(17, [1]), "next_n"),
+    ("plan_atoms(3, [])", lambda: __import__("dsa_lab.batch.metadata").metadata.plan_atoms(3, []), "native_sizes"),
+    ("plan_atoms(17, [1])", lambda: __import__("dsa_lab.batch.metadata").metadata.plan_atoms(17, [1]), "next_n"),
     (
         "gather_request_keys(cache, -1, 10)",
-        lambda: __import__("dsa_lab.cache").cache.gather_request_keys(small_cache(), -1, 10),
+        lambda: __import__("dsa_lab.batch.cache").cache.gather_request_keys(small_cache(), -1, 10),
         "request",
     ),
     (
         "gather_request_keys(cache, 0, 10**9)",
-        lambda: __import__("dsa_lab.cache").cache.gather_request_keys(small_cache(), 0, 10**9),
+        lambda: __import__("dsa_lab.batch.cache").cache.gather_request_keys(small_cache(), 0, 10**9),
         "length",
     ),
-    ("uniform_batch(2, 8, 16)", lambda: __import__("dsa_lab.workload").workload.uniform_batch(2, 8, 16), "seq_len"),
+    (
+        "uniform_batch(2, 8, 16)",
+        lambda: __import__("dsa_lab.batch.workload").workload.uniform_batch(2, 8, 16),
+        "seq_len",
+    ),
     (
         "with_padding(batch, -1)",
-        lambda: __import__("dsa_lab.workload").workload.with_padding(
-            __import__("dsa_lab.workload").workload.uniform_batch(2, 64, 1), -1
+        lambda: __import__("dsa_lab.batch.workload").workload.with_padding(
+            __import__("dsa_lab.batch.workload").workload.uniform_batch(2, 64, 1), -1
         ),
         "padding_requests",
     ),
@@ -252,6 +256,6 @@ for _label, _call, _name in (
 
 @case(AREA, "random_inputs on a device that does not exist")
 def _(tmp: Path) -> Result:
-    from dsa_lab.workload import random_inputs, uniform_batch
+    from dsa_lab.batch.workload import random_inputs, uniform_batch
 
     return refused(lambda: random_inputs(uniform_batch(1, 64, 1), device="cuda:7"), "cuda")

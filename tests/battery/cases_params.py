@@ -253,13 +253,13 @@ SEEDS = {
 
 
 def _context(label: str) -> Any:
-    from dsa_lab.workload import ContextSpec
+    from dsa_lab.batch.workload import ContextSpec
 
     return ContextSpec.parse(label)
 
 
 def _acceptance(label: str) -> Any:
-    from dsa_lab.acceptance import AcceptanceSpec
+    from dsa_lab.batch.acceptance import AcceptanceSpec
 
     return AcceptanceSpec.parse(label)
 
@@ -314,15 +314,15 @@ HELPERS: dict[str, tuple[Callable[[], object], tuple[str, ...]]] = {
 
 
 def _cache() -> Any:
-    from dsa_lab import cache
+    from dsa_lab.batch import cache
 
     return cache
 
 
 def _reading(release: str) -> object:
     from dsa_lab.analysis.readings import decision_reading
+    from dsa_lab.batch.workload import uniform_batch
     from dsa_lab.policy.query import Platform
-    from dsa_lab.workload import uniform_batch
 
     return decision_reading(release, Platform("sm90", True), uniform_batch(1, 64, 1))
 

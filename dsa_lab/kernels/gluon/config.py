@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsa_lab.cache import BLOCK_SIZE  # KV tokens a page holds, and the M of every MMA
+from dsa_lab.batch.cache import BLOCK_SIZE  # KV tokens a page holds, and the M of every MMA
 from dsa_lab.errors import check_choice, check_range
 from dsa_lab.kernels.chunks import binary_chunks
 from dsa_lab.kernels.chunks import constexpr_function as _constexpr_function  # the kernel calls these at compile time

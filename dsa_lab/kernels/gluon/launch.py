@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from dsa_lab.cache import BLOCK_SIZE
+from dsa_lab.batch.cache import BLOCK_SIZE
 from dsa_lab.errors import UnsupportedShape, check_choice
 from dsa_lab.kernels.convention import LogitsCall, check_native_call, num_sms, ready_native_call
 from dsa_lab.kernels.descriptor import RULE, Availability, ConfigSpace, KernelFit, LogitsBackend, ModelTraits

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from dsa_lab.cache import BLOCK_SIZE
+from dsa_lab.batch.cache import BLOCK_SIZE
 from dsa_lab.errors import check_choice, check_range, check_tensor
 from dsa_lab.kernels.jit import compile_ahead, jitted
 

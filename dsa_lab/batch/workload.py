@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dsa_lab.cache import BLOCK_SIZE, CACHE_DTYPES, PagedCache, build_paged_cache
+from dsa_lab.batch.cache import BLOCK_SIZE, CACHE_DTYPES, PagedCache, build_paged_cache
 from dsa_lab.errors import (
     MAX_SEED,
     as_device,

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dsa_lab.batch.workload import MAX_NEXT_N, MAX_REQUESTS, DecodeBatch
 from dsa_lab.errors import check_range, check_seed
-from dsa_lab.workload import MAX_NEXT_N, MAX_REQUESTS, DecodeBatch
 
 ACCEPTANCE_STREAM = 0xACCE97  # added to the point's seed: the draw never reuses the context lengths' stream
 

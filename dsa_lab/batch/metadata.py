@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dsa_lab.batch.workload import MAX_NEXT_N, DecodeBatch
 from dsa_lab.errors import check_choice, check_int_sequence, check_range, check_tensor
-from dsa_lab.workload import MAX_NEXT_N, DecodeBatch
 
 STRATEGIES = ("native", "flatten", "atom")
 

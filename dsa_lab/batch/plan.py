@@ -34,9 +34,8 @@ from typing import Any
 
 import torch
 
-from dsa_lab.cache import bytes_per_token, check_head_dim
-from dsa_lab.errors import check_choice, check_int_sequence, check_range
-from dsa_lab.metadata import (
+from dsa_lab.batch.cache import bytes_per_token, check_head_dim
+from dsa_lab.batch.metadata import (
     STRATEGIES,
     AtomPiece,
     DecodeMetadata,
@@ -45,7 +44,8 @@ from dsa_lab.metadata import (
     build_native_metadata,
     strategy_pieces,
 )
-from dsa_lab.workload import MAX_NEXT_N, DecodeBatch
+from dsa_lab.batch.workload import MAX_NEXT_N, DecodeBatch
+from dsa_lab.errors import check_choice, check_int_sequence, check_range
 
 LOGIT_BYTES = 4  # float32 logits
 WEIGHT_BYTES = 4  # float32 head weights
