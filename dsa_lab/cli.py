@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {  # command -> (module with register_cli
     "compare": ("dsa_lab.analysis.compare", "compare two runs point by point; exit 1 on a regression"),
     "runs": ("dsa_lab.store.listing", "list the runs stored under a data folder"),
     "model": ("dsa_lab.model.cli", "modeled time of indexer decode steps on a GPU (calibrated on the H200)"),
-    "report": ("dsa_lab.report.execute", "execute the notebooks (papermill) into an HTML report"),
+    "report": ("dsa_lab.report.cli", "execute the notebooks (papermill) into an HTML report"),
 }
 INTERRUPTED = 130  # the shell's code for a process ended by Ctrl-C
 

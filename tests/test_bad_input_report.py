@@ -171,7 +171,7 @@ def test_styled_tables_escape_names_from_a_run() -> None:
     """Backend names from results.parquet used to be live through a pandas Styler."""
     from dsa_lab.plots import latency, tour
     from dsa_lab.plots.answers import AnswerGrid
-    from dsa_lab.studies import goals
+    from dsa_lab.studies import goal_display
 
     decision = pd.DataFrame(
         {
@@ -231,8 +231,8 @@ def test_styled_tables_escape_names_from_a_run() -> None:
     for styled in (
         latency.style_decisions(decision),
         tour.style_headline(best, HOSTILE),
-        goals.style_ncu_comparison(ncu),
-        goals.style_goal_summary(pd.DataFrame({"n": [HOSTILE], "speedup_min": [1.0], "speedup_max": [1.0]})),
+        goal_display.style_ncu_comparison(ncu),
+        goal_display.style_goal_summary(pd.DataFrame({"n": [HOSTILE], "speedup_min": [1.0], "speedup_max": [1.0]})),
         AnswerGrid(grid, HOSTILE),
         AnswerGrid(grid, HOSTILE, by_batch=True),
         latency.style_verdicts(pd.DataFrame({"backend": [HOSTILE, "x"], "verdict": [HOSTILE, "same"]})),

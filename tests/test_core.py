@@ -184,6 +184,7 @@ def test_cli_keeps_working_when_a_command_module_lacks_a_dependency(monkeypatch,
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_papermill)
+    monkeypatch.delitem(__import__("sys").modules, "dsa_lab.report.cli", raising=False)
     monkeypatch.delitem(__import__("sys").modules, "dsa_lab.report.execute", raising=False)
     monkeypatch.delitem(__import__("sys").modules, "papermill", raising=False)
     assert cli.main(["policy", "--policy", "vllm_0_33_0"]) == 0

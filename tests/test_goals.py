@@ -18,7 +18,7 @@ from dsa_lab.model.roofline import GpuSpec, floor_ms  # noqa: E402
 from dsa_lab.notebook.runs import timed_backends  # noqa: E402
 from dsa_lab.paths import DATA_ENV, resolve_data_path  # noqa: E402
 from dsa_lab.plots import style  # noqa: E402
-from dsa_lab.studies import goals, lab_notes  # noqa: E402
+from dsa_lab.studies import goal_display, goal_runs, goals, lab_notes  # noqa: E402
 
 CEILINGS = {"read_tbps": 4.0, "fp8_tflops": 1300.0}
 PROVENANCE = {"device_name": "NVIDIA H200", "seed": 0, "ceilings": CEILINGS, "run_id": "hand-built"}
@@ -175,7 +175,9 @@ def test_a_missing_candidate_is_an_error(results: pd.DataFrame) -> None:
 def test_heatmap_speedup_cells_and_footer(points: pd.DataFrame) -> None:
     """The heatmap shows speedups (the best option's time / the candidate's: > 1 faster), the one ratio
     direction of every chart, in the one speedup palette centred at 1 and as far either way in ratio."""
-    fig = goals.plot_goal_ratio_heatmap(points.reset_index(), "NVIDIA H200", "measured on NVIDIA H200 | run x", "gluon")
+    fig = goal_display.plot_goal_ratio_heatmap(
+        points.reset_index(), "NVIDIA H200", "measured on NVIDIA H200 | run x", "gluon"
+    )
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert "0.900\nnative\ndeepgemm-pr340" in texts  # two DeepGEMM backends win somewhere: the cell names it
     assert "1.316\natom\ndeepgemm" in texts  # time ratio 0.76: gluon 1.316x faster
@@ -184,19 +186,19 @@ def test_heatmap_speedup_cells_and_footer(points: pd.DataFrame) -> None:
     assert norm.vcenter == 1.0 and np.isclose(1.0 / norm.vmin, norm.vmax)
     assert fig.axes[0].collections[0].cmap.name == style.SPEEDUP_CMAP
     with pytest.raises(ValueError, match="no point has both"):
-        goals.plot_goal_ratio_heatmap(points.reset_index().assign(speedup=np.nan), "H200", None, "gluon")
-    html = goals.style_goal_points(points.reset_index()).to_html()
+        goal_display.plot_goal_ratio_heatmap(points.reset_index().assign(speedup=np.nan), "H200", None, "gluon")
+    html = goal_display.style_goal_points(points.reset_index()).to_html()
     assert "missed" in html and "met" in html
 
 
 def test_no_run_says_what_is_missing(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(DATA_ENV, str(tmp_path))
-    chosen, missing = goals.goal_run("h200/h200-gluon-20261130", "h200", "gluon")
+    chosen, missing = goal_runs.goal_run("h200/h200-gluon-20261130", "h200", "gluon")
     assert chosen is None
     assert "No measured H200 run with the 'gluon' backend" in missing and "is not there" in missing
     assert "scripts/h200_sweep.sh --backend deepgemm,deepgemm-pr340,gluon,triton" in missing
     with pytest.raises(FileNotFoundError, match="No Nsight Compute run at .*dsa-lab profile"):
-        goals.ncu_comparison("h200/experiments/gluon-ncu-20261130", "gluon")
+        goal_runs.ncu_comparison("h200/experiments/gluon-ncu-20261130", "gluon")
 
 
 SHIPPED = "h200/h200-gluon-20261130"
@@ -205,7 +207,7 @@ SHIPPED_NCU = "h200/experiments/gluon-ncu-20261130"
 
 @pytest.mark.skipif(not resolve_data_path(SHIPPED).is_dir(), reason=f"data/{SHIPPED} is not in this checkout")
 def test_the_shipped_gluon_run() -> None:
-    chosen, missing = goals.goal_run(SHIPPED, "h200", "gluon")
+    chosen, missing = goal_runs.goal_run(SHIPPED, "h200", "gluon")
     assert chosen is not None and not missing and chosen.run.provenance["run_id"] == "h200-gluon-20261130"
     table = goals.goal_points(chosen.run.results, chosen.run.provenance, candidate="gluon").set_index(POINT)
     row = table.loc[(128, "65536", 3)]
@@ -223,7 +225,7 @@ def test_the_shipped_gluon_run() -> None:
 
 @pytest.mark.skipif(not resolve_data_path(SHIPPED_NCU).is_dir(), reason=f"data/{SHIPPED_NCU} is not in this checkout")
 def test_the_shipped_nsight_compute_comparison() -> None:
-    table = goals.ncu_comparison(SHIPPED_NCU, "gluon").set_index(["next_n", "backend"])
+    table = goal_runs.ncu_comparison(SHIPPED_NCU, "gluon").set_index(["next_n", "backend"])
     assert table.loc[(3, "gluon"), "us"] == pytest.approx(451.3, abs=0.1)
     assert table.loc[(3, "deepgemm"), "strategy"] == "atom" and table.loc[(4, "deepgemm"), "strategy"] == "native"
     assert table.loc[(3, "gluon"), "dram_read_per_unique"] == pytest.approx(1.007, abs=0.001)
@@ -234,10 +236,10 @@ def test_the_shipped_nsight_compute_comparison() -> None:
 
 @pytest.mark.skipif(not resolve_data_path(SHIPPED).is_dir(), reason=f"data/{SHIPPED} is not in this checkout")
 def test_an_absent_run_path_falls_back_to_the_newest_gluon_run_and_says_so() -> None:
-    chosen, note = goals.goal_run("h200/no-such-run", "h200", "gluon")  # asked for, absent: a banner says so
+    chosen, note = goal_runs.goal_run("h200/no-such-run", "h200", "gluon")  # asked for, absent: a banner says so
     assert chosen is not None and "gluon" in timed_backends(chosen.run)
     assert note.startswith("run_path 'h200/no-such-run' is not there: showing h200/") and chosen.missing == note
-    chosen, note = goals.goal_run("h200/h200-full-20261129", "h200", "gluon")  # there, but without gluon
+    chosen, note = goal_runs.goal_run("h200/h200-full-20261129", "h200", "gluon")  # there, but without gluon
     assert "run_path 'h200/h200-full-20261129' has no 'gluon' timed on a GPU: showing h200/" in note
     assert chosen is not None and chosen.missing == note and "gluon" in timed_backends(chosen.run)  # a banner
 
@@ -248,7 +250,7 @@ ISSUE13_NCU = "h200/experiments/gluon-ncu-pr340-20261130"
 
 @pytest.mark.skipif(not resolve_data_path(ISSUE13).is_dir(), reason=f"data/{ISSUE13} is not in this checkout")
 def test_the_run_with_both_deepgemm_builds_holds_gluon_to_pr340_at_next_n_3() -> None:
-    chosen, _ = goals.goal_run(ISSUE13, "h200", "gluon")
+    chosen, _ = goal_runs.goal_run(ISSUE13, "h200", "gluon")
     assert chosen is not None and {"deepgemm", "deepgemm-pr340", "gluon"} <= timed_backends(chosen.run)
     assert "57b90e06933a7c66a6e3b2135becc54e01ec4f87" in chosen.run.provenance["environment"]["deepgemm_pr340_origin"]
     table = goals.goal_points(chosen.run.results, chosen.run.provenance, candidate="gluon").set_index(POINT)
@@ -265,7 +267,7 @@ def test_the_run_with_both_deepgemm_builds_holds_gluon_to_pr340_at_next_n_3() ->
 
 @pytest.mark.skipif(not resolve_data_path(ISSUE13_NCU).is_dir(), reason=f"data/{ISSUE13_NCU} is not in this checkout")
 def test_the_nsight_compute_run_with_pr340() -> None:
-    table = goals.ncu_comparison(ISSUE13_NCU, "gluon").set_index(["next_n", "backend"])
+    table = goal_runs.ncu_comparison(ISSUE13_NCU, "gluon").set_index(["next_n", "backend"])
     assert table.loc[(3, "deepgemm-pr340"), "strategy"] == "native"
     assert table.loc[(3, "gluon"), "us"] < table.loc[(3, "deepgemm-pr340"), "us"] < table.loc[(3, "deepgemm"), "us"]
     assert table.loc[(4, "deepgemm-pr340"), "dram_read_per_unique"] == pytest.approx(2.0, abs=0.01)  # atom 3+1

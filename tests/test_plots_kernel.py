@@ -18,7 +18,7 @@ from dsa_lab.batch.plan import LaunchPlan  # noqa: E402
 from dsa_lab.batch.workload import ContextSpec  # noqa: E402
 from dsa_lab.bench.point import Point  # noqa: E402
 from dsa_lab.model.roofline import get_gpu, modeled_time, roofline_columns  # noqa: E402
-from dsa_lab.plots import kernel, style  # noqa: E402
+from dsa_lab.plots import kernel, kernel_tables, style  # noqa: E402
 from dsa_lab.policy.query import Platform  # noqa: E402
 
 H200 = get_gpu("H200-measured")
@@ -211,12 +211,12 @@ def test_plot_backend_latency_panels_draws_each_context_beside_the_others(result
 
 
 def test_the_modeled_and_measured_times_fold_under_the_chart(with_modeled: pd.DataFrame) -> None:
-    folded = kernel.style_modeled_vs_measured(with_modeled, 2, "1024", TRITON, "deepgemm")
+    folded = kernel_tables.style_modeled_vs_measured(with_modeled, 2, "1024", TRITON, "deepgemm")
     html = folded.to_html()
     assert html.startswith("<details><summary><b>The modeled and measured times the chart draws (µs)</b>")
     assert "30.0" in html and "native (triton), measured" in html  # triton native at next_n = 5, to 0.1 µs
     hostile = with_modeled.assign(backend=with_modeled["backend"].replace({"triton": "<b>x</b>"}))
-    html = kernel.style_modeled_vs_measured(hostile, 2, "1024", ("<b>x</b>", "native"), "deepgemm").to_html()
+    html = kernel_tables.style_modeled_vs_measured(hostile, 2, "1024", ("<b>x</b>", "native"), "deepgemm").to_html()
     assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html  # a backend name from a run is text
 
 

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from dsa_lab.report.execute import build_report, find_notebooks, parse_parameter, register_cli
+from dsa_lab.report.cli import parse_parameter, register_cli
+from dsa_lab.report.execute import build_report, find_notebooks
 from dsa_lab.store import folders as store
 
 REPO = Path(__file__).resolve().parents[1]

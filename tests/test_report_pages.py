@@ -152,10 +152,10 @@ def test_the_index_without_data_says_so_and_nothing_else(tmp_path, monkeypatch: 
 
 
 def test_the_ragged_kernel_table_is_folded_and_escaped() -> None:
-    from dsa_lab.plots import kernel
+    from dsa_lab.plots import kernel_tables
 
     table = pd.DataFrame({"backend": ["<b>x</b>", "deepgemm"], "ratio": [1.234, float("nan")]})
-    html = kernel.style_ragged(table).to_html()
+    html = kernel_tables.style_ragged(table).to_html()
     assert html.startswith("<details><summary>") and "(2 rows)" in html  # one line, the rows under it
     assert "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html and "1.23" in html and "—" in html
 

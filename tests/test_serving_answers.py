@@ -19,8 +19,9 @@ from dsa_lab.notebook.display import PROVENANCE_MIME
 from dsa_lab.notebook.sections import SERVING, Section
 from dsa_lab.paths import DATA_ENV, resolve_data_path
 from dsa_lab.plots.answers import AnswerGrid
-from dsa_lab.report import execute as report
-from dsa_lab.report.execute import OTHER_RUN_PARAMETERS, RUN_PARAMETERS, NotebookOutcome, build_report, register_cli
+from dsa_lab.report import cli as report_cli
+from dsa_lab.report.cli import OTHER_RUN_PARAMETERS, RUN_PARAMETERS, register_cli
+from dsa_lab.report.execute import NotebookOutcome, build_report
 from dsa_lab.store import folders as store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -235,13 +236,13 @@ def test_report_run_sets_every_run_parameter(tmp_path: Path, monkeypatch: pytest
         captured.update(params)
         raise SystemExit(0)
 
-    monkeypatch.setattr(report, "build_report", fake_build)
+    monkeypatch.setattr(report_cli, "build_report", fake_build)
     with pytest.raises(SystemExit):
         args.func(args)
     cleared = dict.fromkeys(OTHER_RUN_PARAMETERS, "")  # no default that names another run survives
     assert captured == {"seed": 3, **{name: str(run.resolve()) for name in RUN_PARAMETERS}, **cleared}
     assert resolve_data_path(captured["run_path"]) == run.resolve()
-    assert report.run_parameter(Path(SHIPPED_PATH)) == SHIPPED_PATH  # relative to data/: kept, no machine path
+    assert report_cli.run_parameter(Path(SHIPPED_PATH)) == SHIPPED_PATH  # relative to data/: kept, no machine path
     for bad, says in ((tmp_path / "empty", "no run there"), (run / "results.parquet", "is not a run folder")):
         with pytest.raises(ValueError, match=f"--run=.*{says}"):
             args.func(parser.parse_args(["report", "--run", str(bad)]))

@@ -1,4 +1,4 @@
-"""A candidate kernel against a baseline backend, drawn: the charts and the comparison table of notebook 03.
+"""A candidate kernel against a baseline backend, drawn: the charts of notebook 03 (its tables: `plots.kernel_tables`).
 
 The frames come from `dsa_lab.analysis.versus` (`kernel_comparison`, `modeled_vs_measured`) and
 `analysis.frames`; here they are drawn, one shape (heads, head_dim, cache dtype) at a time. Modeled rows
@@ -18,7 +18,6 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from pandas.io.formats.style import Styler
 
 from dsa_lab.analysis.frames import (
     SM90_DEEPGEMM,
@@ -48,17 +47,14 @@ from dsa_lab.plots.style import (
     backend_marker,
     chart_text,
     legend_outside,
-    point_columns,
     provenance_line,
     series_label,
     series_style,
-    shade_speedups,
     sources_label,
     speedup_norm,
     strategy_color,
     style_handles,
 )
-from dsa_lab.plots.tables import FoldedTable, folded, top_rows
 from dsa_lab.policy.vllm import Platform
 
 LATENCY_LABEL = "kernel time per decode step (µs, median)"  # the time axis of the latency charts
@@ -414,82 +410,3 @@ def plot_modeled_sm100(
     kind = "measured vs SM100 " if measured else ""
     title = f"{chart_text(device)} {kind}{MODELED_LABEL if modeled else 'measured'}: batch={batch}, context={context_title(context)}"
     return _finish(fig, title, provenance_line)
-
-
-def style_comparison(table: pd.DataFrame) -> FoldedTable:
-    """The comparison for display: times in µs, speedups (the other side's time over the candidate's, as in the
-    heatmaps) shaded (blue: the candidate wins); the points where the candidate gains most over vLLM's path on
-    top, every point folded below (`plots.tables`)."""
-    names = {
-        "candidate_ms": "candidate µs",
-        "floor_pct": "floor share",
-        "vllm_strategy": "vLLM 0.33 takes",
-        "vllm_ms": "vLLM µs",
-        "speedup_vs_vllm": "vLLM / candidate",
-        "best_strategy": "best option",
-        "best_backend": "its kernel",
-        "best_ms": "best µs",
-        "speedup_vs_best": "best / candidate",
-    }
-    shown = table[[*point_columns(table), *names]].rename(columns=names)
-    shown = shown.assign(
-        context=shown["context"].map(context_title),
-        **{c: shown[c] * 1e3 for c in ("candidate µs", "vLLM µs", "best µs")},
-    )
-    speedups = ["vLLM / candidate", "best / candidate"]
-
-    def style(rows: pd.DataFrame) -> Styler:
-        styled = rows.style.format(
-            {
-                **dict.fromkeys(["candidate µs", "vLLM µs", "best µs"], "{:.1f}"),
-                "floor share": "{:.0f}%",
-                **dict.fromkeys(speedups, "{:.2f}×"),
-            },
-            na_rep="—",
-            escape="html",
-        )
-        return shade_speedups(styled, speedups).hide(axis="index")
-
-    return top_rows(shown, style, ["vLLM / candidate"], "points where the candidate gains most over vLLM's path")
-
-
-def style_outcomes(results: pd.DataFrame) -> FoldedTable:
-    """What became of a run's points: per backend how many were timed and skipped, and per backend, strategy
-    and outcome with its message (why a point was not timed), folded."""
-    counts = results.groupby(["backend", "status"]).size().unstack("status", fill_value=0).reset_index()
-    message = results["message"].fillna("") if "message" in results else pd.Series("", index=results.index)
-    full = (
-        results.assign(message=message)
-        .groupby(["backend", "strategy", "status", "message"], sort=False)
-        .size()
-        .rename("points")
-        .reset_index()
-    )
-
-    def style(rows: pd.DataFrame) -> Styler:
-        return rows.style.format(escape="html").hide(axis="index")
-
-    return FoldedTable(counts, full, style, "Points per backend and outcome")
-
-
-def style_modeled_vs_measured(
-    frame: pd.DataFrame, batch: int, context: str, candidate: tuple[str, str], baseline: str | Sequence[str] | None
-) -> FoldedTable:
-    """`analysis.versus.modeled_vs_measured` at (batch, context) for display, folded under one line: the
-    chart draws the same times; values to 0.1 µs, headers (backend names from the run) escaped."""
-
-    def style(rows: pd.DataFrame) -> Styler:
-        return rows.style.format("{:.1f}", na_rep="—").format_index(escape="html", axis=1)
-
-    table = modeled_vs_measured(frame, batch, context, candidate, baseline)
-    return folded(table, style, "The modeled and measured times the chart draws (µs)")
-
-
-def style_ragged(table: pd.DataFrame) -> FoldedTable:
-    """`analysis.workloads.ragged_kernels` for display, folded under one line: the reading above says what it
-    holds; every value formatted and escaped."""
-
-    def style(rows: pd.DataFrame) -> Styler:
-        return rows.style.format(precision=2, na_rep="—", escape="html").hide(axis="index")
-
-    return folded(table, style, "The candidate against each kernel's fastest option, every ragged point")

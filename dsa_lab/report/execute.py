@@ -6,7 +6,7 @@ error and the rest still run, so one broken chart never hides the others. Notebo
 announce the data they used (`dsa_lab.notebook.display.show_provenance`); the index lists it beside each one.
 Per notebook the report keeps a reader's page without code (`NN_x.html`), the page with
 code (`NN_x.code.html`), the executed notebook, and every chart as PNG and SVG
-(`figures/`); `dsa_lab.report.page` builds the landing page.
+(`figures/`); `dsa_lab.report.page` builds the landing page, and `dsa_lab.report.cli` is `dsa-lab report`.
 
 The report never destroys its inputs: an `out_dir` that is, or lies inside, the notebooks
 folder is refused by name. It always writes an index: a notebook whose output cannot be
@@ -16,8 +16,6 @@ page, the index and `report.json` are written to a temp file, then moved into pl
 
 from __future__ import annotations
 
-import argparse
-import ast
 import contextlib
 import json
 import os
@@ -39,19 +37,13 @@ from papermill.exceptions import PapermillExecutionError
 from tqdm import tqdm
 
 from dsa_lab.notebook.display import FALLBACK_MIME, PROVENANCE_MIME
-from dsa_lab.paths import check_output_path, resolve_data_path
+from dsa_lab.paths import check_output_path
 from dsa_lab.plots.style import BETTER_BACKGROUND
 from dsa_lab.report import page as report_page
-from dsa_lab.store.folders import RunFormatError, load_run
 from dsa_lab.store.provenance import git_state
 from dsa_lab.store.writes import check_replaceable, write_text_atomic
 
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_.+\.ipynb$")
-DEFAULT_NOTEBOOKS = Path("notebooks")
-DEFAULT_OUT = Path("reports")
-RUN_PARAMETERS = ("run_path", "serving_run_path", "gluon_run_path")  # what `--run PATH` sets: every run a page reads
-# What `--run` clears: defaults that name another run or another run's measurements ('' : the page says it shows none)
-OTHER_RUN_PARAMETERS = ("repeat_path", "gluon_ncu_path", "timeline_path", "profile_path")
 
 
 @dataclass
@@ -367,97 +359,3 @@ def _write_index(
     write_text_atomic(result.out_dir / "headline.md", findings.markdown + (f"\n{answers.markdown}" if answers else ""))
     summary = {"parameters": result.parameters, "code": result.code, "notebooks": [asdict(o) for o in result.outcomes]}
     write_text_atomic(result.out_dir / "report.json", json.dumps(summary, indent=2, default=str))
-
-
-def run_parameter(path: Path) -> str:
-    """What `--run PATH` hands the notebooks: PATH relative to data/ or as `scratch/...` when it lies there (the
-    pages then name it so, never by a machine path), else the folder's absolute path (the notebooks run in the
-    repository root); a path that is not a folder is read relative to data/."""
-    from dsa_lab.paths import data_dir, resolve_data_path, scratch_dir
-
-    if not path.is_absolute() and resolve_data_path(path).is_dir():
-        return str(path)
-    if not path.is_dir():
-        return str(path)
-    folder = path.resolve()
-    for root, prefix in ((data_dir(), ""), (scratch_dir(), "scratch/")):
-        if folder.is_relative_to(root.resolve()):
-            return prefix + folder.relative_to(root.resolve()).as_posix()
-    return str(folder)
-
-
-def parse_parameter(text: str) -> tuple[str, Any]:
-    """`key=value` with value read as a Python literal when it is one (3, True, 'x'), else a string."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip().isidentifier():
-        raise ValueError(f"parameter {text!r}: expected key=value with key a Python identifier")
-    try:
-        value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        value = raw
-    except (RecursionError, MemoryError):  # '1+1+...' 300,000 terms deep: no parameter a notebook declares
-        raise ValueError(
-            f"parameter {key.strip()!r}: a value of {len(raw)} characters nested too deep to read"
-        ) from None
-    return key.strip(), value
-
-
-def run_flag(run: Path) -> str:
-    """`--run`'s run as the notebooks take it (a folder as given, resolved; else a path relative to data/), once it
-    is known to be a run `load_run` reads: a loop of links, a file, an absent or a damaged run is refused by name
-    before any notebook runs (each would fail, or fall back, one by one)."""
-    folder = run if run.is_dir() else resolve_data_path(run)
-    try:
-        resolved = folder.resolve(strict=True)
-    except (OSError, RuntimeError) as err:  # absent, or a loop of symbolic links
-        raise ValueError(f"--run={str(run)!r}: no run there ({err}); give a run folder or one under data/") from None
-    if not folder.is_dir():
-        raise ValueError(f"--run={str(run)!r}: {folder} is not a run folder")
-    try:
-        load_run(folder)  # as given: a run folder that is a link is refused, as the store refuses it everywhere
-    except RunFormatError as err:
-        raise ValueError(f"--run={str(run)!r}: {err}") from None
-    return str(resolved) if run.is_dir() else str(run)
-
-
-def _cli(args: argparse.Namespace) -> int:
-    params = dict(parse_parameter(p) for p in args.parameter)
-    if args.run is not None:  # one run everywhere: every notebook's sections and the index; no other run's default
-        run = run_parameter(Path(run_flag(args.run)))  # refused by name before any notebook runs unless it loads
-        params.update({name: run for name in RUN_PARAMETERS})
-        params.update({name: "" for name in OTHER_RUN_PARAMETERS})
-    device = params.pop("device", None)
-    result = build_report(args.notebooks, args.out, params, device=device, only=args.only)
-    for o in result.outcomes:
-        print(f"{o.status:>6}  {o.name}  {o.seconds:.1f}s" + (f"  {o.error}" if o.error else ""))
-    if result.headline_failed:
-        print(f"failed  headline: {result.headline_failed} (its card in the index says so too)")
-    print(f"index: {result.out_dir / 'index.html'}")
-    return result.exit_code
-
-
-def register_cli(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "report",
-        help="execute the notebooks (papermill) into an HTML report",
-        description=__doc__.splitlines()[0],
-    )
-    parser.add_argument("--notebooks", type=Path, default=DEFAULT_NOTEBOOKS, help="folder of NN_*.ipynb")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report folder (default: reports/)")
-    parser.add_argument(
-        "--run",
-        type=Path,
-        metavar="PATH",
-        help="the run every notebook and the index read (relative to data/, or a folder): sets -p "
-        + " -p ".join(f"{name}=PATH" for name in RUN_PARAMETERS),
-    )
-    parser.add_argument("--only", action="append", default=[], metavar="NN", help="run only notebook NN (repeatable)")
-    parser.add_argument(
-        "-p",
-        "--parameter",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="papermill parameter for every notebook (repeatable), e.g. -p run_fresh=True",
-    )
-    parser.set_defaults(func=_cli)

@@ -309,7 +309,7 @@ def _(tmp: Path) -> Result:
 
 def _styled(kind: str) -> str:
     from dsa_lab.plots import latency, tour
-    from dsa_lab.studies import goals
+    from dsa_lab.studies import goal_display
 
     bad = HOSTILE
     if kind == "decision table":
@@ -344,7 +344,7 @@ def _styled(kind: str) -> str:
         )
         return tour.style_headline(table, bad).to_html()
     if kind == "goal summary":
-        return goals.style_goal_summary(
+        return goal_display.style_goal_summary(
             pd.DataFrame({"next_n": [bad], "speedup_min": [1.0], "speedup_max": [1.1]})
         ).to_html()
     table = pd.DataFrame(
@@ -359,7 +359,7 @@ def _styled(kind: str) -> str:
         }
     )
     table.attrs["tensor_counter"] = bad
-    return goals.style_ncu_comparison(table).to_html()
+    return goal_display.style_ncu_comparison(table).to_html()
 
 
 for _kind in ("decision table", "headline table", "goal summary", "ncu comparison"):
