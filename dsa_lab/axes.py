@@ -263,6 +263,8 @@ BY_NAME: Mapping[str, Axis] = {axis.name: axis for axis in AXES}
 NAMES = tuple(BY_NAME)
 POINT_KEYS = tuple(a.name for a in AXES if a.role in ("point", "shape"))  # what an answer is computed per
 SHAPE_KEYS = tuple(a.name for a in AXES if a.role == "shape")
+STEP_KEYS = tuple(a.name for a in AXES if a.role == "point" and a.stored_always)  # batch, context, next_n
+OPTION_KEYS = tuple(a.name for a in AXES if a.role == "series" and a.stored_always)  # backend, strategy: an option
 SERIES_KEYS = tuple(a.name for a in AXES if a.role == "series")  # what competes at a point
 # The point axes added for serving workloads (acceptance, logits width, timed unit, timer): a run that measured
 # several values of them holds several workloads at each (batch, context, next_n).

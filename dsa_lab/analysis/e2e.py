@@ -164,9 +164,9 @@ def best_next_n(throughput: pd.DataFrame) -> pd.DataFrame:
     best = best.assign(
         gain_over_no_mtp=best["tokens_per_s"].to_numpy() / base.loc[list(zip(best.strategy, best.context))].to_numpy()
     )
-    return best[
-        ["gpu", "preset", "strategy", "context", "next_n", "tokens_per_s", "gain_over_no_mtp", "indexer_source"]
-    ].reset_index(drop=True)
+    steps = [k for k in axes.STEP_KEYS if k in best and k != "batch"]  # one batch: the simulation's
+    columns = ["gpu", "preset", "strategy", *steps, "tokens_per_s", "gain_over_no_mtp", "indexer_source"]
+    return best[columns].reset_index(drop=True)
 
 
 def describe_best(times: IndexerTimes, gpus: Sequence[str], batch: int, preset: str) -> str:

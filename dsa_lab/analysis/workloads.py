@@ -78,7 +78,7 @@ def workload_order(table: pd.DataFrame) -> list[str]:
     """Workload labels: contexts in `frames.context_order`, then the other axes as drawn."""
     order = {c: i for i, c in enumerate(context_order(table["context"]))}
     firsts = table.drop_duplicates("workload").assign(rank=lambda t: t["context"].map(order))
-    return list(firsts.sort_values(["rank", "acceptance", "logits_width", "timed", "timer"])["workload"])
+    return list(firsts.sort_values(["rank", *(k for k in axes.SETTING_KEYS if k in firsts)])["workload"])
 
 
 def answer_grid(table: pd.DataFrame, workload: str, value: str = "choice") -> pd.DataFrame:
@@ -228,6 +228,7 @@ def step_options(
         raise ValueError(f"batch={batch}, next_n={next_n}, context={context!r}, timed={unit!r}: no timed rows")
     route = vllm_path(data)[[*POINT, "vllm_strategy", "vllm_backend"]]
     data = data.merge(route, on=POINT, how="left")
+    setting = [k for k in axes.SETTING_KEYS if k not in ("acceptance", "timed")]  # fixed above: the rest vary
     return (
         data.assign(
             vllm=(data["strategy"] == data["vllm_strategy"]) & (data["backend"] == data["vllm_backend"]),
@@ -235,7 +236,7 @@ def step_options(
             median_us=data["median_ms"] * 1e3,
             p25_us=data["p25_ms"] * 1e3,
             p75_us=data["p75_ms"] * 1e3,
-        )[["timer", "logits_width", "backend", "strategy", "pieces", "median_us", "p25_us", "p75_us", "vllm"]]
+        )[[*setting, *axes.OPTION_KEYS, "pieces", "median_us", "p25_us", "p75_us", "vllm"]]
         .sort_values(["timer", "logits_width", "median_us"])
         .reset_index(drop=True)
     )
@@ -253,7 +254,7 @@ def ragged_kernels(frame: pd.DataFrame, contexts: Sequence[str], candidate: str)
     others = [b for b in wide.columns if b != candidate]
     table = wide.assign(**{f"{b} / {candidate}": wide[b] / (mine * 1e3) for b in others})
     table = by_point(table.reset_index())
-    return table[["batch", "context", "next_n", *wide.columns, *(f"{b} / {candidate}" for b in others)]]
+    return table[[*axes.STEP_KEYS, *wide.columns, *(f"{b} / {candidate}" for b in others)]]
 
 
 def ragged_contexts(frame: pd.DataFrame, batch: int) -> list[str]:

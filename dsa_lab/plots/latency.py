@@ -21,6 +21,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator, NullLocator
 from pandas.io.formats.style import Styler
 
+from dsa_lab import axes
 from dsa_lab.analysis.frames import SM90_DEEPGEMM, context_order, speedup_over_strategy, speedup_over_vllm, vllm_path
 from dsa_lab.analysis.labels import context_title
 from dsa_lab.analysis.readings import DECISIONS_NAMED
@@ -197,7 +198,7 @@ def plot_modeled_speedup(frame: pd.DataFrame, device: str, baseline: str = "flat
     table = table[table["source"] == MODELED]
     if table.empty:
         raise ValueError(f"frame: no modeled point has both '{baseline}' and another strategy")
-    keys = ["backend", "strategy", "next_n"]
+    keys = [*axes.OPTION_KEYS, "next_n"]
     spread = float(table.groupby(keys)["speedup"].agg(lambda s: s.max() - s.min()).max())
     grid = table.pivot_table(index=["backend", "strategy"], columns="next_n", values="speedup", aggfunc="median")
     grid = grid.reindex(sorted(grid.index, key=lambda k: (k[0], STRATEGY_ORDER.index(k[1]))))

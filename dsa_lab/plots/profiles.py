@@ -17,6 +17,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from dsa_lab import axes
 from dsa_lab.analysis.labels import context_title
 from dsa_lab.analysis.profiles import PHASE_ORDER, tensor_column, tensor_pipe_label
 from dsa_lab.plots.style import (
@@ -89,7 +90,7 @@ def plot_phase_time(kernels: pd.DataFrame, caption: str, batch: int | None = Non
     chosen = kernels[kernels["batch"] == batch]
     if chosen.empty:
         raise ValueError(f"kernels: no rows for batch={batch}")
-    per_phase = chosen.groupby(["backend", "next_n", "strategy", "phase"], as_index=False)["total_us"].sum()
+    per_phase = chosen.groupby([*axes.OPTION_KEYS, "next_n", "phase"], as_index=False)["total_us"].sum()
     strategies = _strategies(per_phase)
     grid = sns.catplot(
         data=per_phase,

@@ -74,7 +74,7 @@ UNKNOWN_MARKER = "v"  # a backend name no registered backend has (a modeled row'
 def point_columns(table: pd.DataFrame) -> list[str]:
     """The point's columns a table for people shows: batch, context, next_n, and a shape axis only when
     it varies (a table shows one shape at a time, `analysis.frames.one_shape`)."""
-    step = [k for k in ("batch", "context", "next_n") if k in table]
+    step = [k for k in axes.STEP_KEYS if k in table]
     return [*step, *(k for k in axes.SHAPE_KEYS if k in table and table[k].nunique() > 1)]
 
 

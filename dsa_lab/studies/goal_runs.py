@@ -88,14 +88,12 @@ def ncu_comparison(path: str, candidate: str) -> pd.DataFrame:
     names = run.ncu.groupby(keys, dropna=False)["kernel"].agg(_kernel_name)
     table = summary.merge(names.rename("kernel").reset_index(), on=keys)
     table = table.assign(us=table["duration_ns"] / 1e3, tensor_pipe_pct=table[tensor] if tensor else float("nan"))
-    table = table.sort_values(["next_n", "backend", "strategy"]).reset_index(drop=True)
+    table = table.sort_values(["next_n", *axes.OPTION_KEYS]).reset_index(drop=True)
     table = table[
         [
             "next_n",
-            "batch",
-            "context",
-            "backend",
-            "strategy",
+            *(k for k in axes.STEP_KEYS if k != "next_n"),
+            *axes.OPTION_KEYS,
             "kernel",
             "us",
             "dram_read_per_unique",
