@@ -1,6 +1,6 @@
 """The house's rules, measured on its sources: the import graph (function-local imports included) has
 no circle and no arrow from a lower layer to a higher one; a backend's name is spelled by its own module
-only; no package module outgrows 500 lines; data/ holds data
+only; no package module and no file under tests/ outgrows 500 lines; data/ holds data
 and provenance only; experiments/ imports nothing of the package and scripts/ none of its private names;
 no run id is pinned in the package; the rooms that meet it spell no list of axis names (the axis table does)."""
 
@@ -19,6 +19,7 @@ from dsa_lab.kernels import backend_names, get_backend
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "dsa_lab"
+TESTS = REPO / "tests"
 # The layer order, lowest first: a module may import its own layer and those below, never one above.
 LAYERS = (
     ("foundation", ("dsa_lab.errors", "dsa_lab.paths", "dsa_lab.markup")),
@@ -203,6 +204,19 @@ def test_no_package_module_is_over_500_lines() -> None:
         str(path.relative_to(PACKAGE)): n
         for path in PACKAGE.rglob("*.py")
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, long
+
+
+def test_no_file_under_tests_is_over_500_lines() -> None:
+    """Issue 30 item 7: a test file that grows is split by what it tests (its shared helpers in a conftest or a
+    *_support module), as a package module is."""
+    long = {
+        str(path.relative_to(TESTS)): n
+        for path in TESTS.rglob("*")
+        if path.is_file()
+        and "__pycache__" not in path.parts
+        and (n := len(path.read_text(encoding="utf-8", errors="replace").splitlines())) > MAX_LINES
     }
     assert not long, long
 
