@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from bench_support import (
+    _BrokenBackend,
+    _HoleBackend,
+    _InterruptedBackend,
+    _NarrowBackend,
+    _SleepyBackend,
+    _WrongBackend,
+)
 
+from dsa_lab.kernels import registry
 from dsa_lab.paths import resolve_data_path
 from dsa_lab.store import folders as store
 
@@ -17,3 +26,10 @@ def shipped_full_run() -> store.Run:
     if not path.is_dir():
         pytest.skip(f"the shipped run {SHIPPED_FULL} is not in this checkout's data folder")
     return store.load_run(path)
+
+
+@pytest.fixture
+def injected(monkeypatch):
+    """Register the test backends for one test only, so no other test module ever sees them."""
+    for cls in (_WrongBackend, _HoleBackend, _BrokenBackend, _NarrowBackend, _SleepyBackend, _InterruptedBackend):
+        monkeypatch.setitem(registry._BACKENDS, cls.name, cls())

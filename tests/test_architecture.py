@@ -1,6 +1,6 @@
 """The house's rules, measured on its sources: the import graph (function-local imports included) has
 no circle and no arrow from a lower layer to a higher one; a backend's name is spelled by its own module
-only; no package module outgrows 500 lines; data/ holds data
+only; no package module and no file under tests/ outgrows 500 lines; data/ holds data
 and provenance only; experiments/ imports nothing of the package and scripts/ none of its private names;
 no run id is pinned in the package; the rooms that meet it spell no list of axis names (the axis table does)."""
 
@@ -19,6 +19,7 @@ from dsa_lab.kernels import backend_names, get_backend
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "dsa_lab"
+TESTS = REPO / "tests"
 # The layer order, lowest first: a module may import its own layer and those below, never one above.
 LAYERS = (
     ("foundation", ("dsa_lab.errors", "dsa_lab.paths", "dsa_lab.markup")),
@@ -223,9 +224,22 @@ def test_no_package_module_is_over_500_lines() -> None:
     assert not long, long
 
 
-def _held_modules(rooms: tuple[str, ...] = ROOMS_HELD) -> list[Path]:
-    """The modules of `rooms` (default: every room of `ROOMS_HELD`)."""
-    return [path for room in rooms for path in ((PACKAGE / room).rglob("*.py") if room else PACKAGE.glob("*.py"))]
+def test_no_file_under_tests_is_over_500_lines() -> None:
+    """Issue 30 item 7: a test file that grows is split by what it tests (its shared helpers in a conftest or a
+    *_support module), as a package module is."""
+    long = {
+        str(path.relative_to(TESTS)): n
+        for path in TESTS.rglob("*")
+        if path.is_file()
+        and "__pycache__" not in path.parts
+        and (n := len(path.read_text(encoding="utf-8", errors="replace").splitlines())) > MAX_LINES
+    }
+    assert not long, long
+
+
+def _held_modules() -> list[Path]:
+    """The modules of `ROOMS_HELD`."""
+    return [path for room in ROOMS_HELD for path in ((PACKAGE / room).rglob("*.py") if room else PACKAGE.glob("*.py"))]
 
 
 def test_no_module_of_the_rooms_that_meet_it_is_over_450_lines() -> None:
@@ -318,7 +332,7 @@ def _axis_lists(path: Path) -> list[str]:
 def test_no_module_of_the_rooms_that_meet_it_spells_a_list_of_axis_names() -> None:
     """Group keys, column selections and CLI orders derive from `axes.AXES` (its roles, `POINT_KEYS`,
     `SERIES_KEYS`...), so an axis added later is in every one of them; a hand-written list would miss it."""
-    paths = [path for path in _held_modules(ROOMS_HELD) if path != PACKAGE / "axes.py"]
+    paths = [path for path in _held_modules() if path != PACKAGE / "axes.py"]
     assert len(paths) > 40
     spelled = {str(path.relative_to(REPO)): hits for path in paths if (hits := _axis_lists(path))}
     assert not spelled, spelled

@@ -27,11 +27,11 @@ from browser_support import (
     SELECTS,
     TRACEBACK_MARK,
     LabServer,
-    NotebookPage,
     browser_missing,
     find_chromium,
     image_problem,
 )
+from notebook_page_support import NotebookPage
 
 pytestmark = pytest.mark.browser
 

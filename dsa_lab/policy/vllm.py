@@ -17,7 +17,7 @@ except DeepSeek-V4 / V4.1 with the MXFP4 cache on ROCm, which get aiter's
 `RocmMxfp4IndexerMetadataBuilder`: it always flattens, then launches full uniform steps
 as next_n-row sequences (native for every next_n >= 2, unless adaptive verification).
 
-The policies read like the code they model; `tests/test_conformance_vllm.py` checks
+The policies read like the code they model; `tests/test_conformance_vllm_policy.py` checks
 `vllm_0_33_0` against vLLM 0.33.0's own functions and builders on the whole grid.
 """
 
@@ -44,7 +44,7 @@ from dsa_lab.policy.query import (
 )
 
 # vLLM's copy of DeepGEMM's SM90 native set (`vllm.utils.deep_gemm.native_next_n_supported` hard-codes it):
-# what vLLM runs declares the set, and tests/test_conformance_vllm.py holds vLLM's function to it.
+# what vLLM runs declares the set, and tests/test_conformance_vllm_policy.py holds vLLM's function to it.
 VLLM_SM90_NATIVE = vllm_backend().native_sizes_on(next(m for m, f in CAPABILITY_FAMILIES.items() if f == "sm90"))
 # The indexer backend each model's builder comes with (named in reasons).
 INDEXER_BACKENDS = {

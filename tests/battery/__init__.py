@@ -1,6 +1,6 @@
 """An adversarial battery over the surfaces issues 20 and 29 name: each case is one bad or hostile input.
 
-Issue 29 added the correctness gate (`cases_gate`: backends that write into their inputs or are right
+Issue 29 added the correctness gate (`cases_gate_*`: backends that write into their inputs or are right
 only once, how a sweep ends, names checked before the first point), outputs, load integrity and profile
 discovery (`cases_outputs`), and the cases it found unclear (`cases_params`: papermill parameters,
 plug-in imports, seeds, helpers that name what they refuse).
@@ -245,14 +245,23 @@ def load_cases() -> list[Case]:
         cases_batches,
         cases_cli,
         cases_compare,
-        cases_gate,
+        cases_gate_ends,
+        cases_gate_inputs,
+        cases_gate_names,
+        cases_gate_sweep,
         cases_model,
         cases_newest,
         cases_outputs,
         cases_params,
         cases_pr340,
         cases_report,
-        cases_store,
+        cases_store_deadlines,
+        cases_store_discovery,
+        cases_store_disks,
+        cases_store_links,
+        cases_store_loads,
+        cases_store_resume,
+        cases_store_run_ids,
     )
 
     return list(CASES)
