@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tests.battery import CLEAR, WRONG, Result, case, refused
+from tests.battery import Result, case, refused
 from tests.battery.store_support import AREA, _set_provenance, _set_results, partial_run
 
 # ---------------------------------------------------------------- loads validate types and schemas
@@ -85,13 +85,13 @@ for _label, (_change, _name) in PROVENANCES.items():
     )
 
 
-@case(AREA, "a results file with an extra column of any type still loads")
+@case(AREA, "a results file with a column no group declares is refused, naming it")
 def _(tmp: Path) -> Result:
     from dsa_lab.store import folders as store
 
     out = partial_run(tmp)
     _set_results(out, lambda f: f.assign(my_notes=[{"a": 1}] * len(f)))
-    return Result(CLEAR, "loaded") if len(store.load_run(out).results) == 1 else Result(WRONG, "rows lost")
+    return refused(lambda: store.load_run(out), "results.parquet", "my_notes", types=(store.RunFormatError,))
 
 
 @case(AREA, "read provenance: a NaN seed")
