@@ -169,3 +169,20 @@ def test_the_readme_table_is_the_reports_headline() -> None:
         line for line in report_page.headline_findings("", 128, "65536").markdown.splitlines() if line.startswith("|")
     ]
     assert [line for line in quoted.splitlines() if line.startswith("|")] == table
+
+
+def test_a_run_given_as_a_folder_outside_data_is_never_shown_by_its_machine_path(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`report --run /some/folder` hands the notebooks a whole path; the index names the run, not the machine."""
+    from dsa_lab.report import execute as report
+
+    monkeypatch.setenv(DATA_ENV, str(tmp_path / "empty"))
+    (tmp_path / "empty").mkdir()
+    folder = str(tmp_path / "elsewhere" / "cpu" / "my-run")
+    findings = report_page.headline_findings(folder, 128, "65536")
+    result = report.ReportResult(tmp_path, {"device": "cpu", "run_path": folder, "batch": 128}, [], {"sha": "abc"})
+    report._write_index(result, findings)
+    index = (tmp_path / "index.html").read_text()
+    assert str(tmp_path) not in index
+    assert "<code>run_path=…/cpu/my-run</code>" in index and "<code>batch=128</code>" in index

@@ -126,7 +126,9 @@ def absent(run_path: str) -> list[tuple[str, str]]:
     """The run asked for by name, when it is not there, as a passed-over entry."""
     if not run_path:
         return []
-    return [(run_path, f"not in the data folder {shown_path(resolve_data_path('.'))}/ (asked for by run_path)")]
+    return [
+        (shown_path(run_path), f"not in the data folder {shown_path(resolve_data_path('.'))}/ (asked for by run_path)")
+    ]
 
 
 def cpu_stand_in(

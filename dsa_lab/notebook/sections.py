@@ -88,7 +88,7 @@ class Section:
             notes.append(f"The run asked for, {relative_to_data(asked.path)}, lacks the {self.name} ({gaps})")
         elif run_path:
             notes.append(
-                f"The run asked for, {run_path}, {absent(run_path)[0][1].removesuffix(' (asked for by run_path)')}"
+                f"The run asked for, {shown_path(run_path)}, {absent(run_path)[0][1].removesuffix(' (asked for by run_path)')}"
             )
         found = search(device, self)
         ignored = passed(found)

@@ -37,7 +37,7 @@ from papermill.exceptions import PapermillExecutionError
 from tqdm import tqdm
 
 from dsa_lab.notebook.display import FALLBACK_MIME, PROVENANCE_MIME
-from dsa_lab.paths import check_output_path
+from dsa_lab.paths import check_output_path, shown_path
 from dsa_lab.plots.style import BETTER_BACKGROUND
 from dsa_lab.report import page as report_page
 from dsa_lab.store.provenance import git_state
@@ -342,6 +342,11 @@ The table as Markdown: <a href="headline.md">headline.md</a>. {% endif %}Every c
 """
 
 
+def _shown(value: Any) -> Any:
+    """A parameter as the index shows it: a folder given whole is shown as `paths.shown_path` shows it."""
+    return shown_path(value) if isinstance(value, str) and Path(value).is_absolute() else value
+
+
 def _write_index(
     result: ReportResult, findings: report_page.Findings, answers: report_page.Answers | None = None
 ) -> None:
@@ -349,7 +354,7 @@ def _write_index(
     page = env.from_string(_INDEX_TEMPLATE).render(
         better_background=BETTER_BACKGROUND,  # the speedup palette's 'faster than vLLM's choice' (plots.style)
         generated=datetime.now(UTC).isoformat(timespec="seconds"),
-        parameters=result.parameters,
+        parameters={k: _shown(v) for k, v in result.parameters.items()},
         outcomes=result.outcomes,
         failed=len(result.failed),
         code=result.code,

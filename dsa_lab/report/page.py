@@ -33,6 +33,7 @@ from dsa_lab.analysis.labels import pieces_title
 from dsa_lab.batch.workload import ContextSpec
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.markup import html_text, md_code, md_text, render_markdown
+from dsa_lab.paths import shown_path
 from dsa_lab.store.writes import write_atomic
 
 if TYPE_CHECKING:
@@ -105,9 +106,9 @@ def _what_is_missing(found: Answer, run_path: str, device: str) -> str:
     """Why an answer has no point: the run asked for is not there, or times no step vLLM takes, or no run does."""
     step = f"the step vLLM 0.33 takes (its backend, {md_text(vllm_backend().name)}, on a GPU)"
     if run_path and not found.asked:
-        return f"The measured run {md_code(run_path)} is not in this checkout's data folder"
+        return f"The measured run {md_code(shown_path(run_path))} is not in this checkout's data folder"
     if run_path:
-        return f"The run {md_code(run_path)} times no point of {step}"
+        return f"The run {md_code(shown_path(run_path))} times no point of {step}"
     return f"No measured {device.upper()} run in this checkout's data folder times {step}"
 
 

@@ -42,7 +42,7 @@ def goal_run(run_path: str, device: str, candidate: str) -> tuple[ChosenRun | No
     why = []
     if run_path:
         held = "is not there" if asked is None else f"has no {candidate!r} timed on a GPU"
-        why.append(f"run_path {run_path!r} {held}")
+        why.append(f"run_path {shown_path(run_path)!r} {held}")
     if found.run is None:
         return None, (
             f"No measured {device.upper()} run with the {candidate!r} backend under "
