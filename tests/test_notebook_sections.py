@@ -4,6 +4,7 @@ tests/test_notebooks.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pandas as pd
@@ -161,6 +162,10 @@ def test_announce_section_says_why_as_text_then_announces(shown: list[str]) -> N
     shown.clear()
     notebook.announce_section(latency_run(SHIPPED), "", "serving run")
     assert any(text.startswith("data used (serving run): run_id=h200-harness-20261130") for text in shown)
+    shown.clear()
+    instead = dataclasses.replace(latency_run(SHIPPED), missing="the run asked for lacks the section")
+    notebook.announce_section(instead, "the run asked for lacks the section", "serving run")
+    assert sum("lacks the section" in text for text in shown) == 1  # the banner says it, once
 
 
 def test_repeat_run_and_its_provenance(shown: list[str]) -> None:

@@ -43,9 +43,10 @@ def decisions_reading(table: pd.DataFrame, device: str, backend: str) -> str:
     known = table.dropna(subset=["vllm_ms"])
     beaten = known[known["beyond_spread"]].sort_values("speedup", ascending=False)
     tied = known[~known["beyond_spread"] & (known["best_strategy"] != known["vllm_strategy"])]
-    sources = " + ".join(sorted(table["source"].unique()))
+    sources = f"({' + '.join(sorted(table['source'].unique()))})"
+    named = device if device.endswith(sources) else f"{device} {sources}"  # a modeled device's label says it already
     lines = [
-        f"**{md_text(backend)} on {md_text(device)} ({sources})**: {_points(len(table))} (next_n x batch x context). "
+        f"**{md_text(backend)} on {md_text(named)}**: {_points(len(table))} (next_n x batch x context). "
         f"vLLM 0.33's choice was timed in {len(known)}; it is kept in {len(known) - len(beaten)} of them "
         f"({len(tied)} where another strategy is faster only within the measured spread, a tie that keeps "
         f"vLLM's choice) and beaten beyond the spread in {len(beaten)}."

@@ -145,8 +145,8 @@ def announce(chosen: ChosenRun, label: str) -> None:
 
 def announce_section(chosen: ChosenRun | None, why: str | None, label: str) -> None:
     """A section's run as `notebook.sections.Section.run` gives it: why it is not the run asked for (as text),
-    then `announce` when there is a run."""
-    if why:
+    then `announce` when there is a run (whose banner says it instead, when the why is the run's own)."""
+    if why and (chosen is None or why != chosen.missing):
         display(Markdown(f"*{md_text(why)}*"))
     if chosen is not None:
         announce(chosen, label)
