@@ -284,8 +284,15 @@ def point_key(values: Mapping[str, Any]) -> str:
     """A point's name in every run file: 'backend=...|strategy=...|...', axes at their old-run value left out
     (an axis added later that `values` lacks is at that value, as `complete` reads an older run)."""
     given = {a.name: values[a.name] if a.name in values or a.old_value is ALWAYS_STORED else a.old_value for a in AXES}
-    named = [a for a in AXES if a.in_key(given[a.name]) and a.implied_by(given) is None]
-    return "|".join(f"{a.name}={given[a.name]}" for a in named)
+    return "|".join(f"{a.name}={given[a.name]}" for a in AXES if _named(a, given))
+
+
+def _named(a: Axis, given: Mapping[str, Any]) -> bool:
+    """Whether axis `a` is part of the point key of `given`: always stored, or off its old-run value where the other
+    axes leave it a choice (`Axis.in_key` and `Axis.implied_by`, in the order that asks least: a dry run names 70k)."""
+    if a.stored_always:
+        return True
+    return given[a.name] != a.old_value and (a.implied_when is None or not a.implied_when(given))
 
 
 def recorded(values: Mapping[str, Sequence[Any]]) -> dict[str, list[Any]]:

@@ -8,6 +8,7 @@ query row i of that request sees `seq_lens[b] - decode_lens[b] + 1 + i` tokens.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -295,6 +296,11 @@ class ContextSpec:
 
     @classmethod
     def parse(cls, value: str | int) -> ContextSpec:
+        """The spec `value` names (a frozen value, so one parse per distinct text: a dry run asks 70k times)."""
+        return _parse_context(value) if isinstance(value, (str, int)) else cls._parse(value)
+
+    @classmethod
+    def _parse(cls, value: str | int) -> ContextSpec:
         text = str(value).strip().lower()
         order = "shuffled"
         for name in REQUEST_ORDERS:
@@ -334,6 +340,11 @@ class ContextSpec:
         else:
             lens = lognormal_length_batch(batch, self.median, self.sigma, 1, seed).seq_lens
         return order_lengths(lens, self.order)
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _parse_context(value: str | int) -> ContextSpec:
+    return ContextSpec._parse(value)
 
 
 def order_lengths(seq_lens: Sequence[int], order: str) -> tuple[int, ...]:

@@ -62,11 +62,16 @@ GRAPH_S = 0.05
 ESTIMATE_REQUESTS = 64
 
 
-def sample_point(point: Point) -> Point:
-    """The point with at most `ESTIMATE_REQUESTS` requests: the plan a dry run draws and scales to the batch
-    (one request where every request is alike: one fixed length, no acceptance draw)."""
+def sample_batch(point: Point) -> int:
+    """At most `ESTIMATE_REQUESTS` requests: the batch a dry run draws and scales to the point's (one request
+    where every request is alike: one fixed length, no acceptance draw)."""
     alike = ContextSpec.parse(point.context).distribution == "fixed" and point.acceptance == "none"
-    return dataclasses.replace(point, batch=min(point.batch, 1 if alike else ESTIMATE_REQUESTS))
+    return min(point.batch, 1 if alike else ESTIMATE_REQUESTS)
+
+
+def sample_point(point: Point) -> Point:
+    """The point at its `sample_batch`: the plan a dry run draws."""
+    return dataclasses.replace(point, batch=sample_batch(point))
 
 
 class SamplePlans:
@@ -79,12 +84,13 @@ class SamplePlans:
 
     def get(self, point: Point, native: tuple[int, ...]) -> tuple[tuple[int, ...], LaunchPlan, float]:
         """(cached lengths, plan) of `sample_point(point)`, and the factor that scales it to the point's batch."""
-        sample = sample_point(point)
-        key = (*(v for name, v in sample.axes().items() if name not in ("backend", "config")), native)
-        if key not in self._plans:
+        batch = sample_batch(point)
+        key = (*(v for name, v in point.axes().items() if name not in ("backend", "config") and name != "batch"), batch)
+        if (*key, native) not in self._plans:
+            sample = dataclasses.replace(point, batch=batch)  # made only for a shape not drawn yet
             seq_lens = sample.seq_lens(self.seed)
-            self._plans[key] = seq_lens, sample.plan(seq_lens, native, self.seed)
-        return (*self._plans[key], point.batch / sample.batch)
+            self._plans[(*key, native)] = seq_lens, sample.plan(seq_lens, native, self.seed)
+        return (*self._plans[(*key, native)], point.batch / batch)
 
 
 def skipped_on(spec: SweepSpec, device: torch.device) -> int:
@@ -92,7 +98,8 @@ def skipped_on(spec: SweepSpec, device: torch.device) -> int:
     its context left out: whether a point runs depends on its launches' widths, not on its cached lengths."""
     plans, reasons, count = SamplePlans(spec.seed), {}, 0
     for point in spec.points():
-        key = tuple(v for name, v in sample_point(point).axes().items() if name != "context")
+        batch = sample_batch(point)
+        key = (*(v for name, v in point.axes().items() if name not in ("context", "batch")), batch)
         if key not in reasons:
             try:
                 backend = point_backend(point)

@@ -27,6 +27,7 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from dsa_lab import axes
@@ -49,6 +50,9 @@ def _old_value(name: str) -> Any:
 def _grid_default(name: str) -> Any:
     """The default of a spec's axis: the values of a grid that names none (`Axis.defaults`)."""
     return field(default_factory=axes.axis(name).defaults)
+
+
+_IMPLIED = tuple(a for a in axes.AXES if a.implied_when is not None)  # the axes a point's others may imply
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ class Point:
     def __post_init__(self) -> None:
         """An axis the others leave no choice (`Axis.implied`: a logits-only point's top-k) takes that value."""
         values = self.axes()
-        for axis in axes.AXES:
+        for axis in _IMPLIED:
             implied = axis.implied_by(values)
             if implied is not None:
                 object.__setattr__(self, axis.name, implied)
@@ -84,9 +88,10 @@ class Point:
                     f"{list(axis.allowed() or ())}"
                 )
 
-    @property
+    @cached_property
     def key(self) -> str:
-        """The point's name in every run file: 'backend=...|strategy=...|...' (`axes.point_key`)."""
+        """The point's name in every run file: 'backend=...|strategy=...|...' (`axes.point_key`); a frozen point's
+        name is made once (a dry run of 70k points asks it several times each)."""
         return axes.point_key(self.axes())
 
     @property
@@ -285,6 +290,14 @@ class SweepSpec:
     def grid_points(self) -> list[tuple[str, list[Point]]]:
         """Each grid's name and points, in order: for a union, a point its grid leaves out, or that an earlier
         grid holds, is not among them (so a point runs once, where it first appears)."""
+        return [(name, list(points)) for name, points in self._grid_points]
+
+    @cached_property
+    def _grid_points(self) -> tuple[tuple[str, tuple[Point, ...]], ...]:
+        """`grid_points`, made once: a frozen spec's points do not change, and a dry run of 70k asks thrice."""
+        return tuple((name, tuple(points)) for name, points in self._make_grid_points())
+
+    def _make_grid_points(self) -> list[tuple[str, list[Point]]]:
         if not self.grids:
             values = [getattr(self, name) for name in axes.NESTING]
             points = (Point(**dict(zip(axes.NESTING, v))) for v in itertools.product(*values))

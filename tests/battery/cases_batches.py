@@ -33,7 +33,7 @@ for _ids, _label in (([-1], "[-1]"), ([-5, 0], "[-5, 0]"), ([10**6], "[10**6]"),
 for _ids, _label in ((torch.tensor([0.0]), "float ids"), ([0], "a list"), (torch.tensor([[0]]), "2-D ids")):
     case(AREA, f"dequantize_blocks with {_label}")(
         lambda tmp, ids=_ids: refused(
-            lambda: __import__("dsa_lab.batch.cache").cache.dequantize_blocks(small_cache(), ids), "block_ids"
+            lambda: __import__("dsa_lab.batch.cache").batch.cache.dequantize_blocks(small_cache(), ids), "block_ids"
         )
     )
 
@@ -226,27 +226,31 @@ for _label, _call, _name in (
         ),
         "context_lens",
     ),
-    ("plan_atoms(3, [])", lambda: __import__("dsa_lab.batch.metadata").metadata.plan_atoms(3, []), "native_sizes"),
-    ("plan_atoms(17, [1])", lambda: __import__("dsa_lab.batch.metadata").metadata.plan_atoms(17, [1]), "next_n"),
+    (
+        "plan_atoms(3, [])",
+        lambda: __import__("dsa_lab.batch.metadata").batch.metadata.plan_atoms(3, []),
+        "native_sizes",
+    ),
+    ("plan_atoms(17, [1])", lambda: __import__("dsa_lab.batch.metadata").batch.metadata.plan_atoms(17, [1]), "next_n"),
     (
         "gather_request_keys(cache, -1, 10)",
-        lambda: __import__("dsa_lab.batch.cache").cache.gather_request_keys(small_cache(), -1, 10),
+        lambda: __import__("dsa_lab.batch.cache").batch.cache.gather_request_keys(small_cache(), -1, 10),
         "request",
     ),
     (
         "gather_request_keys(cache, 0, 10**9)",
-        lambda: __import__("dsa_lab.batch.cache").cache.gather_request_keys(small_cache(), 0, 10**9),
+        lambda: __import__("dsa_lab.batch.cache").batch.cache.gather_request_keys(small_cache(), 0, 10**9),
         "length",
     ),
     (
         "uniform_batch(2, 8, 16)",
-        lambda: __import__("dsa_lab.batch.workload").workload.uniform_batch(2, 8, 16),
+        lambda: __import__("dsa_lab.batch.workload").batch.workload.uniform_batch(2, 8, 16),
         "seq_len",
     ),
     (
         "with_padding(batch, -1)",
-        lambda: __import__("dsa_lab.batch.workload").workload.with_padding(
-            __import__("dsa_lab.batch.workload").workload.uniform_batch(2, 64, 1), -1
+        lambda: __import__("dsa_lab.batch.workload").batch.workload.with_padding(
+            __import__("dsa_lab.batch.workload").batch.workload.uniform_batch(2, 64, 1), -1
         ),
         "padding_requests",
     ),
