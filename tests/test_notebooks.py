@@ -66,6 +66,8 @@ def test_notebooks_are_committed_without_outputs_and_take_parameters() -> None:
         assert "interactive" in code[0].source, f"{path.name}: parameters cell has no 'interactive'"
         assert all(not c.outputs and c.execution_count is None for c in code), f"{path.name}: committed with outputs"
         assert "../data" not in "".join(c.source for c in code), f"{path.name}: reads data by a relative path"
+        written = nbformat.writes(nb)  # what JupyterLab and nbstripout write back: saving leaves git clean
+        assert path.read_text(encoding="utf-8").rstrip("\n") == written.rstrip("\n"), f"{path.name}: not as saved"
 
 
 @pytest.mark.parametrize("workdir", list(WORKDIRS))
