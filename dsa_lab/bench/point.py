@@ -77,7 +77,7 @@ class Point:
 
     def __post_init__(self) -> None:
         """An axis the others leave no choice (`Axis.implied`: a logits-only point's top-k) takes that value."""
-        values = self.axes()
+        values = {name: getattr(self, name) for name in axes.NAMES}
         for axis in _IMPLIED:
             implied = axis.implied_by(values)
             if implied is not None:
@@ -100,6 +100,12 @@ class Point:
         return tuple(getattr(self, name) for name in axes.WORKLOAD_KEYS)
 
     def axes(self) -> dict[str, Any]:
+        """A value per axis, in the table's order (a copy: the caller may change it)."""
+        return dict(self._axes)
+
+    @cached_property
+    def _axes(self) -> dict[str, Any]:
+        """The point's values, read once it is made (implied axes set): a dry run asks each point several times."""
         return {name: getattr(self, name) for name in axes.NAMES}
 
     def seq_lens(self, seed: int) -> tuple[int, ...]:
