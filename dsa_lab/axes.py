@@ -306,11 +306,22 @@ def at_old_values(frame: pd.DataFrame, names: Sequence[str] = SETTING_KEYS) -> p
     keep = pd.Series(True, index=frame.index)
     for name in names:
         a = axis(name)
-        at = frame[name] == a.old_value
-        if a.implied_when is not None and len(frame):
-            at |= frame.apply(lambda row, a=a: a.implied_by(row) is not None, axis=1) & (frame[name] == a.implied_value)
-        keep &= at
+        if a.implied_when is None or not len(frame):
+            keep &= frame[name] == a.old_value
+        else:
+            keep &= frame.apply(lambda row, a=a: _at_old_value(a, row), axis=1).astype(bool)
     return keep
+
+
+def at_old_setting(values: Mapping[str, Any], names: Sequence[str] = SETTING_KEYS) -> bool:
+    """`at_old_values` of one point's values."""
+    return all(_at_old_value(axis(name), values) for name in names)
+
+
+def _at_old_value(a: Axis, values: Mapping[str, Any]) -> bool:
+    """Axis `a` of `values` at its old-run value, or at the value the other axes imply."""
+    value = values[a.name]
+    return value == a.old_value or (a.implied_by(values) is not None and value == a.implied_value)
 
 
 def complete(frame: pd.DataFrame) -> pd.DataFrame:

@@ -15,6 +15,7 @@ from dsa_lab.store import folders as store
 from dsa_lab.store import opening
 from dsa_lab.store.format import LOCK_FILE
 from dsa_lab.store.listing import list_runs
+from tests.battery import FAST_BENCH
 
 # ---------------------------------------------------------------- links: nothing is written through one
 
@@ -28,26 +29,6 @@ def _resumable(tmp_path: Path) -> Path:
     out = tmp_path / "root" / "cpu" / "run"
     assert main([*FAST_BENCH, "--next-n", "1,2", "--out", str(out), "--max-points", "1"]) == 0
     return out
-
-
-FAST_BENCH = [
-    "bench",
-    "--preset",
-    "ci",
-    "--backend",
-    "reference",
-    "--batch",
-    "1",
-    "--context",
-    "64",
-    "--strategy",
-    "native",
-    "--no-progress",
-    "--device",
-    "cpu",
-    "--max-seconds-per-point",
-    "0.01",
-]
 
 
 @pytest.mark.parametrize("name", [LOCK_FILE, POINTS])

@@ -167,7 +167,7 @@ def calibrated_rows(
     rows, not_modeled = [], set()
     for k in _points(points).itertuples():
         serving = {a.name: getattr(k, a.name, a.old_value) for a in SERVING_AXES}
-        if not axes.at_old_values(pd.DataFrame([serving]), [a.name for a in SERVING_AXES]).all():
+        if not axes.at_old_setting(serving, [a.name for a in SERVING_AXES]):
             continue  # outside the calibrated model's domain
         seq_lens = ContextSpec.parse(k.context).seq_lens(int(k.batch), seed)
         for strategy in strategies:

@@ -34,6 +34,40 @@ from pathlib import Path
 WRONG, UNCLEAR, CLEAR = "wrong", "unclear", "clear"
 OUTCOMES = (WRONG, UNCLEAR, CLEAR)
 CASE_TIMEOUT_S = 30.0
+# A CPU bench of one reference shape, each point cut at 0.01 s (add --next-n and --out), and a CPU profile of one
+# point without a trace (add --out): the fast runs the cases and the store's bad-input tests make.
+FAST_BENCH = [
+    "bench",
+    "--preset",
+    "ci",
+    "--backend",
+    "reference",
+    "--batch",
+    "1",
+    "--context",
+    "64",
+    "--strategy",
+    "native",
+    "--no-progress",
+    "--device",
+    "cpu",
+    "--max-seconds-per-point",
+    "0.01",
+]
+FAST_PROFILE = [
+    "profile",
+    "--tool",
+    "torch",
+    "--device",
+    "cpu",
+    "--batch",
+    "1",
+    "--context",
+    "64",
+    "--next-n",
+    "1",
+    "--no-trace",
+]
 
 
 class Hung(BaseException):

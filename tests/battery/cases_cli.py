@@ -6,43 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.battery import CLEAR, UNCLEAR, WRONG, Result, case, cli_refused, run_cli
+from tests.battery import CLEAR, FAST_BENCH, FAST_PROFILE, UNCLEAR, WRONG, Result, case, cli_refused, run_cli
 
 AREA = "cli"
-FAST = [
-    "bench",
-    "--preset",
-    "ci",
-    "--backend",
-    "reference",
-    "--batch",
-    "1",
-    "--context",
-    "64",
-    "--next-n",
-    "1",
-    "--strategy",
-    "native",
-    "--no-progress",
-    "--device",
-    "cpu",
-    "--max-seconds-per-point",
-    "0.01",
-]
-PROFILE = [
-    "profile",
-    "--tool",
-    "torch",
-    "--device",
-    "cpu",
-    "--batch",
-    "1",
-    "--context",
-    "64",
-    "--next-n",
-    "1",
-    "--no-trace",
-]
+FAST = [*FAST_BENCH, "--next-n", "1"]
+PROFILE = FAST_PROFILE
 COMMANDS = ("env", "policy", "bench", "profile", "compare", "runs", "model", "report")
 
 for _command in COMMANDS:

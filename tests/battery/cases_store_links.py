@@ -6,7 +6,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.battery import CLEAR, UNCLEAR, WRONG, Result, case, cli_refused, refused, run_cli, safe, unchanged
+from tests.battery import (
+    CLEAR,
+    FAST_PROFILE,
+    UNCLEAR,
+    WRONG,
+    Result,
+    case,
+    cli_refused,
+    refused,
+    run_cli,
+    safe,
+    unchanged,
+)
 from tests.battery.store_support import AREA, FAST, VICTIM, bench, partial_run, relink, victim
 
 # ---------------------------------------------------------------- links in a run folder
@@ -59,24 +71,7 @@ for _cmd in ("bench", "profile"):
         out.mkdir(parents=True)
         target = victim(tmp)
         (out / ".lock").symlink_to(target)
-        argv = (
-            [*FAST, "--next-n", "1"]
-            if cmd == "bench"
-            else [
-                "profile",
-                "--tool",
-                "torch",
-                "--device",
-                "cpu",
-                "--batch",
-                "1",
-                "--context",
-                "64",
-                "--next-n",
-                "1",
-                "--no-trace",
-            ]
-        )
+        argv = [*FAST, "--next-n", "1"] if cmd == "bench" else FAST_PROFILE
         return cli_refused([*argv, "--out", str(out)], ".lock", harm=unchanged(target, VICTIM))
 
     case(AREA, f"{_cmd} into a fresh folder whose .lock is a link to a file outside")(_fresh_lock)

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.battery import CLEAR, UNCLEAR, WRONG, Result, case, cli_refused, run_cli, unchanged
+from tests.battery import CLEAR, FAST_PROFILE, UNCLEAR, WRONG, Result, case, cli_refused, run_cli, unchanged
 from tests.battery.store_support import AREA, FAST, bench, partial_run
 
 # ---------------------------------------------------------------- kill and resume (real processes)
@@ -236,24 +236,7 @@ def _(tmp: Path) -> Result:
 @case(AREA, "resume a profile run as a timing run")
 def _(tmp: Path) -> Result:
     out = tmp / "root" / "cpu" / "profiles" / "p"
-    done = run_cli(
-        [
-            "profile",
-            "--tool",
-            "torch",
-            "--device",
-            "cpu",
-            "--batch",
-            "1",
-            "--context",
-            "64",
-            "--next-n",
-            "1",
-            "--no-trace",
-            "--out",
-            str(out),
-        ]
-    )
+    done = run_cli([*FAST_PROFILE, "--out", str(out)])
     if done.code != 0:
         return Result(UNCLEAR, f"profile exit {done.code}: {done.err[-200:]}")
     before = sorted(p.name for p in out.iterdir())

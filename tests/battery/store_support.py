@@ -11,27 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from tests.battery import run_cli
+from tests.battery import FAST_BENCH, run_cli
 
 AREA = "store"
-FAST = [
-    "bench",
-    "--preset",
-    "ci",
-    "--backend",
-    "reference",
-    "--batch",
-    "1",
-    "--context",
-    "64",
-    "--strategy",
-    "native",
-    "--no-progress",
-    "--device",
-    "cpu",
-    "--max-seconds-per-point",
-    "0.01",
-]
+FAST = FAST_BENCH
 VICTIM = b"precious bytes outside the run folder\n"
 
 
