@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHIPPED_PATH = "h200/h200-serving-20261201"  # the shipped serving run, relative to data/
 SHIPPED = REPO / "data" / SHIPPED_PATH
 NEWER = "h200-serving-user-20261202"
+STEP_PATH = "h100/h100-step-20261207"  # the shipped step run (logits, then vLLM's top-k), relative to data/
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 
 
@@ -206,11 +207,16 @@ def test_the_index_reads_the_newer_run_and_every_card_names_its_run(newer_data: 
         ),
     ]
     nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": KERNELSPEC}), notebooks / "01_a.ipynb")
+    shutil.copytree(REPO / "data" / STEP_PATH, newer_data / STEP_PATH)  # the step with vLLM's top-k: an H100's
     build_report(notebooks, tmp_path / "reports", device="cpu")
     index = (tmp_path / "reports" / "index.html").read_text()
     findings = index[index.index("<h2>Findings</h2>") : index.index("<h2>Notebooks</h2>")]
     assert f"run <code>{NEWER}</code>" in findings and "gluon native" in findings and "mixed 2K-128K" in findings
-    assert findings.index("The whole step") < findings.index("The logits kernel")  # the whole step opens it
+    # The whole step opens it, from the run notebook 02 answers it on (no H200 run has it: the H100's, named so)
+    assert findings.index("The whole step") < findings.index("The logits kernel")
+    whole = findings[findings.index("The whole step") : findings.index("The logits kernel")]
+    assert "on NVIDIA H100" in whole and f"run <code>{Path(STEP_PATH).name}</code>" in whole
+    assert "No H200 run holds the whole-step answers" in whole and "torch" not in whole
     assert "Runs used: <code>tiny run: h200/r1</code>" in index
     assert f"run `{NEWER}`" in (tmp_path / "reports" / "headline.md").read_text()
     build_report(notebooks, tmp_path / "again", device="cpu", parameters={"run_path": SHIPPED_PATH})

@@ -3,6 +3,8 @@ timer, and sets each workload's best step against the step vLLM runs there, per 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -10,6 +12,7 @@ from dsa_lab import axes
 from dsa_lab.analysis.step_split import route_ratio, step_split
 from dsa_lab.kernels import baseline_backend, vllm_backend
 from dsa_lab.kernels.reference import ReferenceBackend
+from dsa_lab.store import load_run
 
 
 def _row(backend: str, strategy: str, timed: str, topk_impl: str, ms: float, route: str = "flatten", **axis) -> dict:
@@ -223,3 +226,28 @@ def test_replayed_keeps_the_timed_ragged_steps_wrong_ones_included() -> None:
         ]  # fmt: skip
     )
     assert replayed(rows)["status"].tolist() == ["ok", "failed"]
+
+
+def test_the_shipped_step_run_holds_issue_26s_answer() -> None:
+    """The shipped step run (an H100's): vLLM's own top-k, its build named, beside the logits alone on the same grid;
+    the goals of issue 26 on it; and ragged verification's replays all right on both routes that ran."""
+    run = load_run(Path(__file__).resolve().parents[1] / "data" / "h100" / "h100-step-20261207")
+    build = run.provenance["environment"]["topk"]["vllm"]["vllm_topk_build"]
+    assert build["vllm_sdist"] == "vllm-0.33.0.tar.gz" and len(build["vllm_sdist_sha256"]) == 64
+    split = step_split(run.results)
+    graphs = split[(split["timer"] == "graph") & (split["context"] == "mixed:2048-131072") & (split["batch"] == 128)]
+    assert set(graphs["topk_impl"]) == {"vllm"}
+    gluon = graphs[(graphs["backend"] == "gluon") & (graphs["next_n"] == 3)].iloc[0]
+    assert gluon["step_us"] <= 1.35 * gluon["logits_us"]
+    table = route_ratio(split)
+    for next_n in (3, 6):
+        row = table[
+            (table["timer"] == "graph")
+            & (table["context"] == "mixed:2048-131072")
+            & (table["batch"] == 128)
+            & (table["next_n"] == next_n)
+        ].iloc[0]
+        assert row["best"] == "native (gluon)" and row["route_over_best"] >= 1.5
+    replays = run.results[(run.results["timer"] == "replay") & (run.results["status"] == "ok")]
+    assert set(replays["strategy"]) == {"native", "flatten"} and (replays["replays"] >= 20).all()
+    assert (replays["replays_wrong"] == 0).all()

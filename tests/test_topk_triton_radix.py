@@ -9,7 +9,10 @@ import torch
 
 from dsa_lab.topk import compare_selections, get_topk, topk_per_row
 
+HERE = get_topk("triton-radix").availability(torch.device("cpu"))
 
+
+@pytest.mark.skipif(not HERE.ok, reason=HERE.reason)
 @pytest.mark.parametrize(
     ("lengths", "k"),
     [([0, 1, 511, 512, 513, 6000], 512), ([2049, 2048, 0, 5000], 2048), ([1500, 3, 1501], 1024)],

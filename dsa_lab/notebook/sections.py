@@ -44,6 +44,10 @@ class Section:
     needs: Mapping[str, tuple[object, ...]]
     grid: bool = False
     how: str = "Make one on an H200 with `dsa-lab bench --preset h200-serving --root data`."
+    # Other GPUs' folders (data/<gpu>/) read, in order, when the page's own holds no covering run: a study that
+    # runs on any of them (the step's, on any SM90 card). Its run is named with its card; nothing in it is set
+    # against another card's numbers.
+    cards: tuple[str, ...] = ()
 
     def lacks(self, run: store.Run) -> dict[str, list[str]]:
         """Per axis, the needed values no ok row of `run` holds, and for a `grid` section the combinations none
@@ -76,9 +80,10 @@ class Section:
 
     def run(self, run_path: str = "", device: str = "h200") -> tuple[ChosenRun | None, str]:
         """The run this section shows, and a note ('' when none is due): `run_path` (relative to data/, or a
-        folder) when it covers the section; else the newest measured run of `device` that does, the note saying
-        why not the one asked for (`missing` set: the index flags it); else None, the note saying what is missing
-        and how to measure it. Runs passed over are named, never skipped in silence."""
+        folder) when it covers the section; else the newest measured run of `device` that does, or of the first of
+        `cards` with one (the note naming its card), the note saying why not the one asked for (`missing` set: the
+        index flags it); else None, the note saying what is missing and how to measure it. Runs passed over are
+        named, never skipped in silence."""
         notes = []
         asked = named_run(run_path)
         if asked is not None:
@@ -93,6 +98,15 @@ class Section:
         found = search(device, self)
         ignored = passed(found)
         if found.run is None:
+            other = self._on_another_card(device)
+            if other is not None:
+                card, run = other
+                notes.append(
+                    f"No {device.upper()} run holds the {self.name}: showing {relative_to_data(run.path)}, measured "
+                    f"on the {card.upper()}, whose numbers are set against each other only"
+                )
+                note = ". ".join(notes) + "."
+                return chosen(run, ignored, missing=note if len(notes) > 1 else None), note
             notes.append(
                 f"No {self.describe()} under {shown_path(resolve_data_path(device))}: the {self.name} are not "
                 f"shown. {self.how}"
@@ -102,6 +116,13 @@ class Section:
             return chosen(found.run, ignored), ""
         note = f"{'. '.join(notes)}: showing {relative_to_data(found.run.path)} instead."
         return chosen(found.run, ignored, missing=note), note
+
+    def _on_another_card(self, device: str) -> tuple[str, store.Run] | None:
+        """The first of `cards` (not `device`) with a run covering the section, and that run."""
+        for card in self.cards:
+            if card != device and (run := search(card, self).run) is not None:
+                return card, run
+        return None
 
     def view(self, run_path: str = "", device: str = "h200") -> View:
         """What the section draws (`View`), from `run`."""
@@ -148,20 +169,28 @@ SERVING = Section(
     "serving answers",  # notebook 02's uniform beside ragged, notebook 03's ragged kernels, the index's answers
     {"backend": (vllm_backend().name,), "context": ("65536", "mixed:2048-131072"), "timed": ("logits",)},
 )
+STEP_HOW = (
+    "Make one on an H100 or H200 with `scripts/step_study.sh` (the `step` preset; vLLM's top-k built by "
+    "`scripts/build_vllm_topk.py`)."
+)
+SM90_CARDS = ("h200", "h100")  # where the step study runs (`bench.presets.step_grids`: any SM90 GPU)
 WHOLE_STEP = Section(
-    "whole-step answers",  # the step a user pays for: the logits and the top-k after them
-    {"backend": (vllm_backend().name,), "timed": ("logits+topk",)},
+    "whole-step answers",  # the step a user pays for: the logits, then vLLM's own top-k (a torch stand-in's is history)
+    {"backend": (vllm_backend().name,), "timed": ("logits+topk",), "topk_impl": ("vllm",)},
+    how=STEP_HOW,
+    cards=SM90_CARDS,
 )
 VLLM_STEP = Section(
-    "the step with vLLM's top-k",  # notebook 02's split of each option's step into its logits and its top-k
+    "step split with vLLM's top-k",  # notebook 02's split of each option's step into its logits and its top-k
     {"backend": (vllm_backend().name,), "timed": ("logits", "logits+topk"), "topk_impl": ("vllm",)},
-    how="Make one on an H100 or H200 with `scripts/step_study.sh` (the `step` preset; vLLM's top-k built by "
-    "`scripts/build_vllm_topk.py`).",
+    how=STEP_HOW,
+    cards=SM90_CARDS,
 )
 RAGGED_VERIFICATION = Section(
     "ragged verification",  # one graph replayed over steps of per-request draft counts (`bench.replay`)
     {"backend": (vllm_backend().name,), "timer": ("replay",)},
-    how=VLLM_STEP.how,
+    how=STEP_HOW,
+    cards=SM90_CARDS,
 )
 
 

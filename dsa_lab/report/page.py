@@ -133,26 +133,32 @@ class Answers:
 
 
 def serving_answers(run_path: str = "", batch: int = 128, device: str = "h200") -> Answers:
-    """The option to use per workload and next_n (`notebook.answers.grids`: the one answer over every measured
-    run of `device`, or over the run `run_path` names), the whole step's workloads (logits and top-k) first, each
-    cell's speedup over vLLM 0.33's choice; the runs passed over named."""
-    from dsa_lab.notebook.answers import answer, grids
+    """The option to use per workload and next_n, each cell's speedup over vLLM 0.33's choice: first the whole
+    step's (logits, then vLLM's top-k), from the run notebook 02 answers it on (`notebook.sections.WHOLE_STEP`),
+    then the kernel's (`notebook.answers.grids`: the one answer over every measured run of `device`, or over the
+    run `run_path` names); the runs passed over named."""
+    from dsa_lab.notebook.answers import answer, grids, whole_step_grids
+    from dsa_lab.notebook.sections import WHOLE_STEP
 
     try:
+        step, step_note = WHOLE_STEP.run(run_path, device)
+        whole = whole_step_grids(step.run if step is not None else None, batch)
         found = answer(run_path, device)
-        shown = grids(found, batch)
+        kernel = grids(found, batch, whole_step=False)
     except (ValueError, OSError) as err:  # a damaged run: said on the page, the index still written
         problem = f"{type(err).__name__}: {err}"
         return Answers(f"<div class='failed'>Answers per workload failed: {html_text(problem)}</div>", problem + "\n")
+    step_note = f"*{md_text(step_note)}*" if step_note else ""
+    whole_html = "".join(grid.to_html() for grid in whole) + (render_markdown(step_note) if step_note else "")
     passed = _passed_over(found.ignored)
-    if not shown:
+    if not kernel:
         note = f"{_what_is_missing(found, run_path, device)}, so there is no answer per workload." + passed
-        return Answers(f"<div class='fallback'>{render_markdown(note)}</div>", note + "\n")
-    whole = "".join(grid.to_html() for grid in shown if grid.rows["whole_step"].all())
-    kernel = "".join(grid.to_html() for grid in shown if not grid.rows["whole_step"].all())
-    html = kernel + (render_markdown(passed.strip()) if passed else "")
-    markdown = "\n\n".join(_grid_markdown(grid) for grid in shown) + passed
-    return Answers(html, markdown + "\n", tuple(found.run_ids(found.table)), whole)
+        return Answers(f"<div class='fallback'>{render_markdown(note)}</div>", note + "\n", whole_html=whole_html)
+    html = "".join(grid.to_html() for grid in kernel) + (render_markdown(passed.strip()) if passed else "")
+    markdown = "\n\n".join([*(_grid_markdown(grid) for grid in [*whole, *kernel]), *([step_note] if step_note else [])])
+    step_runs = [step.run.provenance["run_id"]] if step is not None and whole else []
+    run_ids = tuple(dict.fromkeys([*step_runs, *found.run_ids(found.table)]))
+    return Answers(html, markdown + passed + "\n", run_ids, whole_html)
 
 
 def _grid_markdown(grid: AnswerGrid) -> str:

@@ -121,7 +121,7 @@ class TritonRadixTopk(TopkImpl):
         return TopkAvailability(True, "")
 
     def environment(self) -> dict[str, Any]:
-        return {"triton": getattr(triton, "__version__", None), "block": BLOCK, "num_warps": NUM_WARPS}
+        return {"triton_version": getattr(triton, "__version__", None), "block": BLOCK, "num_warps": NUM_WARPS}
 
     def prepare(self, rows: int, width: int, k: int, device: torch.device) -> TopkCall:
         return _RadixCall(rows, k, torch.device(device))
