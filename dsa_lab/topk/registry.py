@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from dsa_lab.errors import BackendUnavailable, check_choice, check_range
+from dsa_lab.errors import BackendUnavailable, check_choice, check_range, check_tensor
 
 PLAIN_NAME = re.compile(r"[a-z][a-z0-9_.-]{0,39}")  # a top-k's name: one token in every file and label
 
@@ -43,6 +43,15 @@ class TopkCall:
 
     def __call__(self, logits: torch.Tensor, lengths: torch.Tensor, max_seq_len: int) -> torch.Tensor:
         raise NotImplementedError
+
+
+def check_call(logits: torch.Tensor, lengths: torch.Tensor, rows: int) -> None:
+    """What every `TopkCall` takes, checked on the host only (no values read: the call runs inside timed loops and
+    graph capture): float32 logits of `rows` rows with contiguous columns, int32 lengths beside them."""
+    check_tensor("logits", logits, dtype=torch.float32, shape=(rows, None))
+    if logits.stride(1) != 1:
+        raise ValueError(f"logits: columns must be contiguous (stride(1) == 1), got strides {logits.stride()}")
+    check_tensor("lengths", lengths, dtype=torch.int32, shape=(rows,), device=logits.device, contiguous=True)
 
 
 class TopkImpl:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from dsa_lab.kernels.jit import interpreter_enabled, interpreter_state, jitted
-from dsa_lab.topk.registry import TopkAvailability, TopkCall, TopkImpl, register_topk
+from dsa_lab.topk.registry import TopkAvailability, TopkCall, TopkImpl, check_call, register_topk
 
 try:
     import triton
@@ -91,12 +91,8 @@ class _RadixCall(TopkCall):
         self.out = torch.empty(rows, k, dtype=torch.int32, device=device)
 
     def __call__(self, logits: torch.Tensor, lengths: torch.Tensor, max_seq_len: int) -> torch.Tensor:
+        check_call(logits, lengths, self.out.shape[0])
         rows, width = logits.shape
-        if rows != self.out.shape[0] or logits.stride(1) != 1:
-            raise ValueError(
-                f"logits: expected {self.out.shape[0]} rows with unit column stride, got shape "
-                f"{tuple(logits.shape)} and strides {logits.stride()}"
-            )
         jitted(_radix_topk_kernel)[(rows,)](
             logits, logits.stride(0), lengths, self.out, width, K=self.k, BLOCK=BLOCK, num_warps=NUM_WARPS
         )

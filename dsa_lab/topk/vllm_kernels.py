@@ -30,9 +30,8 @@ from typing import Any
 
 import torch
 
-from dsa_lab.errors import check_tensor
 from dsa_lab.paths import repository_root
-from dsa_lab.topk.registry import TopkAvailability, TopkCall, TopkImpl, register_topk
+from dsa_lab.topk.registry import TopkAvailability, TopkCall, TopkImpl, check_call, register_topk
 
 BUILD_ENV = "DSA_LAB_VLLM_TOPK"
 LIBRARY = "libdsa_vllm_topk.so"
@@ -126,7 +125,7 @@ class _BuildCall(TopkCall):
         self.message = ctypes.create_string_buffer(512)
 
     def __call__(self, logits: torch.Tensor, lengths: torch.Tensor, max_seq_len: int) -> torch.Tensor:
-        _check_call(logits, lengths, self.rows)
+        check_call(logits, lengths, self.rows)
         stream = torch.cuda.current_stream(logits.device).cuda_stream
         status = self.library.dsa_vllm_topk_run(
             logits.data_ptr(),
@@ -160,21 +159,13 @@ class _OpsCall(TopkCall):
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
     def __call__(self, logits: torch.Tensor, lengths: torch.Tensor, max_seq_len: int) -> torch.Tensor:
-        _check_call(logits, lengths, self.rows)
+        check_call(logits, lengths, self.rows)
         op = self.dispatcher.resolve_backend(logits, self.k, self.rows)
         if op not in ("cooperative", "persistent"):
             raise RuntimeError(f"vLLM top-k: vLLM resolved {op!r} here, not one of its decode top-k kernels")
         getattr(torch.ops._C, f"{op}_topk")(logits, lengths, self.out, self.workspace, self.k, max_seq_len)
         self.kernel = f"vllm._custom_ops.{op}_topk"
         return self.out
-
-
-def _check_call(logits: torch.Tensor, lengths: torch.Tensor, rows: int) -> None:
-    """Host checks only (no values read: the call runs inside timed loops and graph capture)."""
-    check_tensor("logits", logits, dtype=torch.float32, shape=(rows, None))
-    if logits.stride(1) != 1:
-        raise ValueError(f"logits: columns must be contiguous (stride(1) == 1), got strides {logits.stride()}")
-    check_tensor("lengths", lengths, dtype=torch.int32, shape=(rows,), device=logits.device, contiguous=True)
 
 
 @register_topk
