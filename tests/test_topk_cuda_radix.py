@@ -72,10 +72,11 @@ def test_it_picks_what_topk_per_row_picks(rows: int, longest: int, k: int) -> No
 def test_it_replays_in_a_cuda_graph_over_new_logits() -> None:
     logits, _, lens = _ragged(16, 131072, 7)
     call = get_topk("cuda-radix").prepare(16, WIDTH, 2048, torch.device("cuda"))
-    call(logits, lens, int(lens.max()))
+    longest = int(lens.max())  # a host int, read before capture as vLLM reads it
+    call(logits, lens, longest)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = call(logits, lens, int(lens.max()))
+        out = call(logits, lens, longest)
     fresh = torch.randn(16, WIDTH, generator=torch.Generator(device="cuda").manual_seed(8), device="cuda")
     logits.copy_(torch.where(torch.arange(WIDTH, device="cuda")[None, :] < lens[:, None], fresh, float("nan")))
     graph.replay()

@@ -1,7 +1,8 @@
 // dsa_lab's own top-k of a decode step's logits (issue 27): the selection a fused step would run after its
 // logits, timed alone against vLLM's before anything is fused. One CTA of 1024 threads a row: three passes fix
 // the k-th score's 32-bit order-preserving key by digits of 11, 11 and 10 bits (a shared-memory histogram a
-// pass, one atomic per distinct bin of a warp), then one pass writes the positions above that key and the first
+// pass, kept in kCopies copies that warps share round-robin, one atomic per distinct bin of a warp: the scores
+// of a row crowd into a few bins of the first digit), then one pass writes the positions above that key and the first
 // of those equal to it. A row of at most k tokens writes its positions and -1 after. Picks are in no order.
 //
 // Stream-ordered, no host synchronisation: a CUDA graph captures it. Errors come back as a non-zero status and
@@ -18,6 +19,7 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kBins = 2048;  // the first two digits' 11 bits (the last digit uses 1024 of them)
 constexpr int kUnroll = 4;   // float4 loads in flight a thread
+constexpr int kCopies = 4;   // histograms a pass: warp w counts into copy w % kCopies
 constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ uint32_t order_key(float x) {
@@ -53,12 +55,13 @@ __device__ __forceinline__ void for_each_score(const float *__restrict__ row, in
     }
 }
 
-// Adds one to hist[bin] for each lane that keeps its score: one shared atomic per distinct bin of the warp.
-__device__ __forceinline__ void count(int *hist, bool keep, uint32_t bin) {
+// Adds one to hist[bin] for each lane that keeps its score: one shared atomic per distinct bin of the warp,
+// into the warp's copy.
+__device__ __forceinline__ void count(int (*hist)[kBins], bool keep, uint32_t bin) {
     const unsigned keeping = __ballot_sync(kFull, keep);
     if (!keep) return;
     const unsigned peers = __match_any_sync(keeping, bin);
-    if ((threadIdx.x & 31) == static_cast<unsigned>(__ffs(peers) - 1)) atomicAdd(&hist[bin], __popc(peers));
+    if ((threadIdx.x & 31) == static_cast<unsigned>(__ffs(peers) - 1)) atomicAdd(&hist[(threadIdx.x >> 5) % kCopies][bin], __popc(peers));
 }
 
 // Writes position i at dst[*slots + its rank among the warp's writers] for each lane with `write`.
@@ -77,7 +80,7 @@ __global__ __launch_bounds__(kThreads) void row_select_kernel(const float *__res
                                                               const int *__restrict__ lengths, int width, int k,
                                                               int *__restrict__ out) {
     using Scan = cub::BlockScan<int, kThreads>;
-    __shared__ int hist[kBins];
+    __shared__ int hist[kCopies][kBins];
     __shared__ typename Scan::TempStorage scan;
     __shared__ uint32_t chosen_prefix;
     __shared__ int chosen_remaining, taken_over, taken_equal;
@@ -95,7 +98,7 @@ __global__ __launch_bounds__(kThreads) void row_select_kernel(const float *__res
         const int shift = digit == 0 ? 21 : (digit == 1 ? 10 : 0);
         const uint32_t low = digit == 2 ? 1023u : 2047u;
         const uint32_t high = digit == 0 ? 0u : (0xffffffffu << (32 - 11 * digit));  // the bits fixed so far
-        for (int b = threadIdx.x; b < kBins; b += kThreads) hist[b] = 0;
+        for (int b = threadIdx.x; b < kCopies * kBins; b += kThreads) hist[b / kBins][b % kBins] = 0;
         __syncthreads();
         for_each_score(row, n, [&](float value, bool inside, int) {
             const uint32_t key = order_key(value);
@@ -103,7 +106,9 @@ __global__ __launch_bounds__(kThreads) void row_select_kernel(const float *__res
         });
         __syncthreads();
         const int top = kBins - 1 - 2 * static_cast<int>(threadIdx.x);  // this thread's two bins, from the top
-        const int upper = hist[top], lower = hist[top - 1];
+        int upper = 0, lower = 0;
+#pragma unroll
+        for (int c = 0; c < kCopies; ++c) upper += hist[c][top], lower += hist[c][top - 1];
         int above = 0;
         Scan(scan).ExclusiveSum(upper + lower, above);
         if (above < remaining && above + upper >= remaining) {
