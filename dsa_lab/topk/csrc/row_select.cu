@@ -1,8 +1,8 @@
 // dsa_lab's own top-k of a decode step's logits (issue 27): the selection a fused step would run after its
 // logits, timed alone against vLLM's before anything is fused. One CTA of 1024 threads a row: three passes fix
 // the k-th score's 32-bit order-preserving key by digits of 11, 11 and 10 bits (a shared-memory histogram a
-// pass, kept in kCopies copies that warps share round-robin, one atomic per distinct bin of a warp: the scores
-// of a row crowd into a few bins of the first digit), then one pass writes the positions above that key and the first
+// pass, kept in kCopies copies that warps share round-robin: the scores of a row crowd into a few bins of
+// the first digit), then one pass writes the positions above that key and the first
 // of those equal to it. A row of at most k tokens writes its positions and -1 after. Picks are in no order.
 //
 // Stream-ordered, no host synchronisation: a CUDA graph captures it. Errors come back as a non-zero status and
@@ -55,13 +55,10 @@ __device__ __forceinline__ void for_each_score(const float *__restrict__ row, in
     }
 }
 
-// Adds one to hist[bin] for each lane that keeps its score: one shared atomic per distinct bin of the warp,
-// into the warp's copy.
+// Adds one to hist[bin] when the lane keeps its score, into the warp's copy: a plain shared atomic, the fewest
+// instructions a score (a row on one SM is bound by issue, not by its loads).
 __device__ __forceinline__ void count(int (*hist)[kBins], bool keep, uint32_t bin) {
-    const unsigned keeping = __ballot_sync(kFull, keep);
-    if (!keep) return;
-    const unsigned peers = __match_any_sync(keeping, bin);
-    if ((threadIdx.x & 31) == static_cast<unsigned>(__ffs(peers) - 1)) atomicAdd(&hist[(threadIdx.x >> 5) % kCopies][bin], __popc(peers));
+    if (keep) atomicAdd(&hist[(threadIdx.x >> 5) % kCopies][bin], 1);
 }
 
 // Writes position i at dst[*slots + its rank among the warp's writers] for each lane with `write`.
