@@ -113,8 +113,13 @@ def test_ragged_verification_draws_each_curves_replays_and_names_the_wrong_ones(
     )
     fig = plot_ragged_verification(rows)
     labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
-    assert labels[0].startswith("v3-sglang3582") and "1 of 64 wrong" in labels[0]
-    assert len(fig.axes[0].patches) == 4
+    assert labels[0].startswith("v3-sglang3582") and "next_n 2" in labels[0]
+    bars = fig.axes[0].patches
+    assert len(bars) == 4
+    wrong = [bar for bar in bars if bar.get_hatch()]  # the option wrong on a replay: hollow and cross-hatched
+    assert len(wrong) == 2 and all(bar.get_facecolor()[:3] == (1.0, 1.0, 1.0) for bar in wrong)
+    assert [t.get_text() for t in fig.axes[0].texts] == ["wrong on\n1 of 32"] * 2
+    assert len({bar.get_edgecolor() for bar in bars}) == 2  # each option its own colour
 
 
 # ---------------------------------------------------------------- a fused backend's unit is the step (issue 27)

@@ -43,7 +43,7 @@ from pandas.io.formats.style import Styler
 
 from dsa_lab import axes
 from dsa_lab.env_info import version_line
-from dsa_lab.kernels import backend_names, get_backend
+from dsa_lab.kernels import backend_names, family_of, get_backend, vllm_backend
 from dsa_lab.policy.vllm import RELEASES
 
 MAX_WIDTH = 12.0  # inches: a report page shows a figure this wide unscaled (1,200 px), so 9 pt text stays >= 9 px
@@ -85,6 +85,12 @@ def sources_label(frame: pd.DataFrame) -> str:
 
 def strategy_color(strategy: str) -> str:
     return STRATEGY_COLORS.get(strategy, OTHER_COLOR)
+
+
+def option_color(strategy: str, backend: str) -> str:
+    """A bar's colour where a chart has no markers to tell backends apart: the strategy's colour for vLLM's own
+    library (whose options differ by strategy), the backend's declared colour for any other kernel."""
+    return strategy_color(strategy) if backend in family_of(vllm_backend().name) else backend_color(backend)
 
 
 def backend_marker(backend: str) -> str:
