@@ -151,9 +151,9 @@ def headline_view(
 
 def grids(found: Answer, batch: int, whole_step: bool | None = None) -> list[AnswerGrid]:
     """The answer as grids of workloads by next_n (`plots.answers.AnswerGrid`): the whole step's (logits and
-    top-k) at `batch` (else the batch answered most), the kernel's at that batch, and the kernel's at every batch
-    for the workloads timed at several; `whole_step` keeps the whole step's (True) or the kernel's (False) only;
-    empty ones left out."""
+    top-k) at `batch` (else the batch answered most), the kernel's at that batch, then the whole step's and the
+    kernel's at every batch for the workloads timed at several; `whole_step` keeps the whole step's (True) or the
+    kernel's (False) only; empty ones left out."""
     shown = answers.grid_batch(found.table, batch)
     if shown is None:
         return []
@@ -170,6 +170,10 @@ def grids(found: Answer, batch: int, whole_step: bool | None = None) -> list[Ans
             ),
         ),
         (False, AnswerGrid(rows[~rows["whole_step"]], f"The logits kernel on {device}: what to use at B = {shown}")),
+        (
+            True,
+            AnswerGrid(several[several["whole_step"]], f"The whole step on {device} at every batch measured", True),
+        ),
         (
             False,
             AnswerGrid(several[~several["whole_step"]], f"The logits kernel on {device} at every batch measured", True),
