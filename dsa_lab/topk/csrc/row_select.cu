@@ -1,9 +1,10 @@
 // dsa_lab's own top-k of a decode step's logits (issue 27): the selection a fused step would run after its
 // logits, timed alone against vLLM's before anything is fused. One CTA of 1024 threads a row: three passes fix
 // the k-th score's 32-bit order-preserving key by digits of 11, 11 and 10 bits (a shared-memory histogram a
-// pass, kept in kCopies copies that warps share round-robin: the scores of a row crowd into a few bins of
-// the first digit), then one pass writes the positions above that key and the first
-// of those equal to it. A row of at most k tokens writes its positions and -1 after. Picks are in no order.
+// pass, in kCopies copies that warps share round-robin, a plain atomic a score: a row on one SM is bound by
+// issue, so the fewest instructions a score win; lab notes round 14), then one pass writes the positions above
+// that key and the first of those equal to it. A row of at most k tokens writes its positions and -1 after.
+// Picks are in no order.
 //
 // Stream-ordered, no host synchronisation: a CUDA graph captures it. Errors come back as a non-zero status and
 // a message.
