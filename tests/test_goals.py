@@ -240,8 +240,12 @@ def test_an_absent_run_path_falls_back_to_the_newest_gluon_run_and_says_so() -> 
     assert chosen is not None and "gluon" in timed_backends(chosen.run)
     assert note.startswith("run_path 'h200/no-such-run' is not there: showing h200/") and chosen.missing == note
     chosen, note = goal_runs.goal_run("h200/h200-full-20261129", "h200", "gluon")  # there, but without gluon
-    assert "run_path 'h200/h200-full-20261129' has no 'gluon' timed on a GPU: showing h200/" in note
+    assert "run_path 'h200/h200-full-20261129' holds no goal point ('gluon' not timed on a GPU): showing h200/" in note
     assert chosen is not None and chosen.missing == note and "gluon" in timed_backends(chosen.run)  # a banner
+    # gluon timed, but only whole steps and logits at vLLM's width (the step run): no uniform goal point there
+    chosen, note = goal_runs.goal_run("h100/h100-step-20261207", "h200", "gluon")
+    assert "holds no goal point (no uniform point with 'gluon' beside a DeepGEMM option): showing h200/" in note
+    assert chosen is not None and goal_runs.goal_gap(chosen.run, "gluon") is None
 
 
 ISSUE13 = "h200/h200-issue13-20261130"

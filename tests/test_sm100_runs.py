@@ -134,3 +134,18 @@ def test_a_measured_sm100_run_is_what_notebook_03_draws(data: Path, cpu_run: Pat
     modeled_rows = with_model[with_model["source"] == "modeled"]
     assert set(modeled_rows["backend"]) == {"model (B200, deepgemm)", "model (B200, triton)"}
     assert len(with_model) == len(view.frame) + len(modeled_rows)
+
+
+def test_a_run_timed_only_outside_the_models_domain_is_named_and_nothing_drawn(monkeypatch) -> None:
+    """The step run times logits at vLLM's width under graphs and whole steps: no point of it is one the
+    calibrated model predicts, so the SM100 section says so and draws nothing (it once crashed notebook 02)."""
+    from dsa_lab.analysis.modeled import calibrated_rows
+    from dsa_lab.notebook.sm100 import sm100_frame
+    from dsa_lab.store import load_run
+
+    run = load_run(Path(__file__).resolve().parents[1] / "data" / "h100" / "h100-step-20261207")
+    rows = calibrated_rows(run.results, ("B200",), run.provenance["seed"])
+    assert rows.empty and any("outside the calibrated model's domain" in line for line in rows.attrs["not_modeled"])
+    shown = sm100_frame(run.results, run.provenance["seed"], gpus=("B200",))
+    assert not shown.measured and not shown.drawn and "nothing to model" in shown.note
+    assert "outside the calibrated model" in shown.note

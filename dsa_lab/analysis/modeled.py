@@ -164,11 +164,12 @@ def calibrated_rows(
     from dsa_lab.model.indexer import NotModeled, calibration_note, predict
 
     backends = modeled_backends() if backends is None else backends
-    rows, not_modeled = [], set()
+    rows, not_modeled, outside = [], set(), 0
     for k in _points(points).itertuples():
         serving = {a.name: getattr(k, a.name, a.old_value) for a in SERVING_AXES}
         if not axes.at_old_setting(serving, [a.name for a in SERVING_AXES]):
-            continue  # outside the calibrated model's domain
+            outside += 1  # outside the calibrated model's domain: named below
+            continue
         seq_lens = ContextSpec.parse(k.context).seq_lens(int(k.batch), seed)
         for strategy in strategies:
             cost = LaunchPlan(
@@ -217,6 +218,11 @@ def calibrated_rows(
                             "flops": cost.flops,
                         }
                     )
+    if outside:
+        not_modeled.add(
+            f"{outside} of the run's points lie outside the calibrated model's domain (a uniform step's logits at the "
+            "batch's width, timed with CUDA events, no acceptance curve)"
+        )
     frame = pd.DataFrame(rows)
     frame.attrs["not_modeled"] = sorted(not_modeled)
     return frame

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from dsa_lab import axes
 from dsa_lab.analysis.frames import one_view
 from dsa_lab.kernels import vllm_backend
 from dsa_lab.markup import md_code
@@ -167,7 +168,13 @@ class View:
 
 SERVING = Section(
     "serving answers",  # notebook 02's uniform beside ragged, notebook 03's ragged kernels, the index's answers
-    {"backend": (vllm_backend().name,), "context": ("65536", "mixed:2048-131072"), "timed": ("logits",)},
+    {
+        "backend": (vllm_backend().name,),
+        "context": ("65536", "mixed:2048-131072"),
+        "timed": ("logits",),
+        # what they read is the default setting (`workloads.default_axes`): a run timed only otherwise lacks it
+        **{name: (axes.axis(name).old_value,) for name in ("logits_width", "timer", "acceptance")},
+    },
 )
 STEP_HOW = (
     "Make one on an H100 or H200 with `scripts/step_study.sh` (the `step` preset; vLLM's top-k built by "

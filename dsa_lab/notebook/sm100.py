@@ -40,6 +40,11 @@ class Sm100Frame:
     ignored: list[tuple[str, str]] = field(default_factory=list)
     platform: Platform = SM100_PLATFORM
 
+    @property
+    def drawn(self) -> bool:
+        """Whether there is a row to draw (none: every point lay outside the model's domain, which `note` says)."""
+        return not self.frame.empty
+
 
 def _model_gpu(device_name: str) -> str | None:
     """The model's row for a device name ('NVIDIA GB200' -> 'GB200'), None for a GPU it has no row for."""
@@ -76,10 +81,14 @@ def sm100_frame(
     passed = f" ({len(ignored)} run(s) passed over, listed below)" if ignored else ""
     rows = calibrated_rows(points, gpus, seed)
     missing = f" Not modeled: {md_text('; '.join(rows.attrs['not_modeled']))}." if rows.attrs["not_modeled"] else ""
+    what = (
+        "and nothing to model"
+        if rows.empty
+        else "these times are **modeled, not measured** (dsa_lab.model: efficiencies fitted on the H200 sweep, at "
+        f"{', '.join(gpus)} ceilings)"
+    )
     note = (
-        f"No measured SM100 run under {shown_path(resolve_data_path('.'))}/{passed}: these times are "
-        f"**modeled, not measured** (dsa_lab.model: efficiencies fitted on the H200 sweep, at "
-        f"{', '.join(gpus)} ceilings).{missing} {SM100_SWEEP_HOW}"
+        f"No measured SM100 run under {shown_path(resolve_data_path('.'))}/{passed}: {what}.{missing} {SM100_SWEEP_HOW}"
     )
     return Sm100Frame(rows, False, f"{', '.join(gpus)} (modeled)", note, None, ignored)
 

@@ -103,10 +103,16 @@ def headline_findings(run_path: str, batch: int, context: str, device: str = "h2
 
 
 def _what_is_missing(found: Answer, run_path: str, device: str) -> str:
-    """Why an answer has no point: the run asked for is not there, or times no step vLLM takes, or no run does."""
+    """Why an answer has no point: the run asked for is not there, or times vLLM's step only away from the default
+    setting the headline reads, or times no step vLLM takes, or no run does."""
     step = f"the step vLLM 0.33 takes (its backend, {md_text(vllm_backend().name)}, on a GPU)"
     if run_path and not found.asked:
         return f"The measured run {md_code(shown_path(run_path))} is not in this checkout's data folder"
+    if run_path and not found.table.empty:
+        return (
+            f"The run {md_code(shown_path(run_path))} times {step} only away from the study's default setting "
+            "(logits alone at the batch's width, CUDA events, no acceptance curve), where the headline is read"
+        )
     if run_path:
         return f"The run {md_code(shown_path(run_path))} times no point of {step}"
     return f"No measured {device.upper()} run in this checkout's data folder times {step}"

@@ -11,12 +11,14 @@ import pandas as pd
 from dsa_lab import axes
 from dsa_lab.analysis.frames import vllm_family
 from dsa_lab.analysis.profiles import TENSOR_METRICS
+from dsa_lab.batch.workload import ContextSpec
 from dsa_lab.kernels import family_of
 from dsa_lab.notebook.runs import ChosenRun, chosen, named_run, passed, relative_to_data, search, timed_backends
 from dsa_lab.paths import resolve_data_path, shown_path
 from dsa_lab.profiling.ncu_tables import METRICS
 from dsa_lab.profiling.runs import load_profile_run
 from dsa_lab.store import folders as store
+from dsa_lab.studies.goals import goal_points
 
 
 def sweep_how(candidate: str) -> str:
@@ -29,19 +31,30 @@ def sweep_how(candidate: str) -> str:
     )
 
 
+def goal_gap(run: store.Run, candidate: str) -> str | None:
+    """Why the goals cannot be judged on `run` (None: they can): it must be a GPU run whose view of uniform
+    logits steps (`goals.goal_points`) holds the candidate's native time beside a DeepGEMM option's somewhere."""
+    if run.provenance.get("device") != "cuda" or candidate not in timed_backends(run):
+        return f"{candidate!r} not timed on a GPU"
+    points = goal_points(run.results, run.provenance, candidate)
+    uniform = points.dropna(subset=["speedup"])["context"].map(lambda c: not ContextSpec.parse(c).mixed)
+    return None if uniform.any() else f"no uniform point with {candidate!r} beside a DeepGEMM option"
+
+
 def goal_run(run_path: str, device: str, candidate: str) -> tuple[ChosenRun | None, str]:
-    """The run the goals are judged on: `run_path` (relative to data/, or a folder) when it timed `candidate`, else
-    the newest measured run of `device` that did (the current kernel's newest measurement, so the goals say
-    whether the kernel as last measured meets them); else None and one line saying what is missing and the
-    command that makes it (no stand-in: a CPU sweep says nothing about these goals). The line also names a run
-    asked for that lacks the candidate, and the newer runs passed over."""
+    """The run the goals are judged on: `run_path` (relative to data/, or a folder) when they can be judged on it
+    (`goal_gap`), else the newest measured run of `device` they can (the current kernel's newest measurement, so
+    the goals say whether the kernel as last measured meets them); else None and one line saying what is missing
+    and the command that makes it (no stand-in: a CPU sweep says nothing about these goals). The line also names
+    a run asked for that they cannot be judged on, and the newer runs passed over."""
     asked = named_run(run_path)
-    if asked is not None and candidate in timed_backends(asked) and asked.provenance.get("device") == "cuda":
+    gap = goal_gap(asked, candidate) if asked is not None else None
+    if asked is not None and gap is None:
         return chosen(asked), ""
-    found = search(device, accept=lambda run: None if candidate in timed_backends(run) else f"{candidate!r} not timed")
+    found = search(device, accept=lambda run: goal_gap(run, candidate))
     why = []
     if run_path:
-        held = "is not there" if asked is None else f"has no {candidate!r} timed on a GPU"
+        held = "is not there" if asked is None else f"holds no goal point ({gap})"
         why.append(f"run_path {shown_path(run_path)!r} {held}")
     if found.run is None:
         return None, (
