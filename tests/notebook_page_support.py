@@ -226,9 +226,16 @@ class NotebookPage:
         return [data_url_png(src or "") for src in explorer.locator("img").evaluate_all("els => els.map(e => e.src)")]
 
     def move_select(
-        self, explorer: Any, select: Any, timeout: float = 120.0, quiet: float = 1.5, images: int | None = None
+        self,
+        explorer: Any,
+        select: Any,
+        timeout: float = 120.0,
+        quiet: float = 1.5,
+        images: int | None = None,
+        to: int | None = None,
     ) -> tuple[str, str]:
-        """Select another option of one of the explorer's Dropdowns; wait until its output changed and settled.
+        """Select another option of one of the explorer's Dropdowns (the next, or the one at index `to`); wait until
+        its output changed and settled.
 
         Settled: the kernel is idle, every image in the output is decoded, and the output's DOM
         has not changed for `quiet` seconds of the page's own clock (an ipywidgets Output receives
@@ -242,7 +249,7 @@ class NotebookPage:
         if len(options) < 2:
             raise AssertionError(f"{self.name}: the explorer's control offers {options!r}; it needs two options")
         old_index = select.evaluate("s => s.selectedIndex")
-        new_index = (old_index + 1) % len(options)
+        new_index = (old_index + 1) % len(options) if to is None else to
         moved = f"moving a control from {options[old_index]!r} to {options[new_index]!r}"
         before = output.inner_html()
         output.evaluate(_WATCH_JS)

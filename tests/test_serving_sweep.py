@@ -71,7 +71,11 @@ def test_the_serving_axes_are_rows_with_old_run_values_canonical_labels_and_name
         ("logits_width", "wide", r"logits_width='wide': allowed values are 'batch' .* or 'model:N'"),
         ("timed", "topk", r"timed='topk': allowed values are \('logits', 'logits\+topk'\)"),
         ("timer", "replays", r"timer='replays': allowed values are \('events', 'graph', 'replay'\)"),
-        ("topk_impl", "radix", r"topk_impl='radix': allowed values are \('torch', 'vllm'\)"),
+        (
+            "topk_impl",
+            "radix",
+            r"topk_impl='radix': allowed values are \('cuda-radix', 'torch', 'triton-radix', 'vllm'\)",
+        ),
     ):
         with pytest.raises(ValueError, match=says):
             axes.axis(name).check(bad)
