@@ -36,7 +36,10 @@ def goal_gap(run: store.Run, candidate: str) -> str | None:
     logits steps (`goals.goal_points`) holds the candidate's native time beside a DeepGEMM option's somewhere."""
     if run.provenance.get("device") != "cuda" or candidate not in timed_backends(run):
         return f"{candidate!r} not timed on a GPU"
-    points = goal_points(run.results, run.provenance, candidate)
+    try:
+        points = goal_points(run.results, run.provenance, candidate)
+    except ValueError as err:  # the candidate timed, but not natively in the view the goals read
+        return str(err)
     uniform = points.dropna(subset=["speedup"])["context"].map(lambda c: not ContextSpec.parse(c).mixed)
     return None if uniform.any() else f"no uniform point with {candidate!r} beside a DeepGEMM option"
 
