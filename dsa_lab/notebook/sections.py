@@ -173,7 +173,7 @@ SERVING = Section(
         "context": ("65536", "mixed:2048-131072"),
         "timed": ("logits",),
         # what they read is the default setting (`workloads.default_axes`): a run timed only otherwise lacks it
-        **{name: (axes.axis(name).old_value,) for name in ("logits_width", "timer", "acceptance")},
+        **{a.name: (a.old_value,) for a in axes.AXES if a.name in axes.SETTING_KEYS and a.implied_value is None},
     },
 )
 STEP_HOW = (
