@@ -30,6 +30,16 @@ def repository_root() -> Path | None:
     return next((folder for folder in (here, *here.parents) if _is_repository(folder)), None)
 
 
+def build_dir(name: str, env: str) -> Path:
+    """Where a build of ours lives: the folder `$<env>` names, else the checkout's (or the cwd's) `build/<name>/`,
+    which git ignores."""
+    override = os.environ.get(env)
+    if override:
+        return Path(override).expanduser()
+    root = repository_root()
+    return (root if root is not None else Path.cwd()) / "build" / name
+
+
 def data_dir() -> Path:
     """The data folder: `$DSA_LAB_DATA` when set, else the repository's `data/`.
 

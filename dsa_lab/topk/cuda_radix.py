@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from dsa_lab.paths import repository_root
+from dsa_lab.paths import build_dir
 from dsa_lab.topk.registry import TopkAvailability, TopkCall, TopkImpl, check_call, register_topk
 
 SOURCE = Path(__file__).parent / "csrc" / "row_select.cu"
@@ -35,11 +35,7 @@ COMPILE_TIMEOUT_S = 300.0
 
 def build_folder() -> Path:
     """Where builds live: `$DSA_LAB_ROW_SELECT`, else the checkout's `build/row_select/`."""
-    override = os.environ.get(BUILD_ENV)
-    if override:
-        return Path(override).expanduser()
-    root = repository_root()
-    return (root if root is not None else Path.cwd()) / "build" / "row_select"
+    return build_dir("row_select", BUILD_ENV)
 
 
 def source_sha256() -> str:

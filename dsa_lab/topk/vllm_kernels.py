@@ -24,13 +24,12 @@ import ctypes
 import functools
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dsa_lab.paths import repository_root
+from dsa_lab.paths import build_dir
 from dsa_lab.topk.registry import TopkAvailability, TopkCall, TopkImpl, check_call, register_topk
 
 BUILD_ENV = "DSA_LAB_VLLM_TOPK"
@@ -70,11 +69,7 @@ def plan_name(plan: _Plan) -> str:
 
 def build_folder() -> Path:
     """Where the build lives: `$DSA_LAB_VLLM_TOPK`, else the checkout's `build/vllm_topk/`."""
-    override = os.environ.get(BUILD_ENV)
-    if override:
-        return Path(override).expanduser()
-    root = repository_root()
-    return (root if root is not None else Path.cwd()) / "build" / "vllm_topk"
+    return build_dir("vllm_topk", BUILD_ENV)
 
 
 @functools.cache
