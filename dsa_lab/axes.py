@@ -243,8 +243,8 @@ AXES: tuple[Axis, ...] = (
         str,
         "point",
         ("vllm",),
-        "the top-k a logits+topk point runs: vllm (vLLM 0.33's own), torch (a stand-in), triton-radix or "
-        "cuda-radix (ours); only vllm is vLLM's",
+        "the top-k a logits+topk point runs: vllm (vLLM 0.33's own), torch (a stand-in), triton-radix, "
+        "cuda-radix or cuda-split (ours); only vllm is vLLM's",
         choices=topk_names,
         old_value="torch",  # what 'logits+topk' ran before the axis; a logits-only point's is implied: 'none'
         stored_any_name=True,

@@ -74,7 +74,7 @@ def test_the_serving_axes_are_rows_with_old_run_values_canonical_labels_and_name
         (
             "topk_impl",
             "radix",
-            r"topk_impl='radix': allowed values are \('cuda-radix', 'torch', 'triton-radix', 'vllm'\)",
+            r"topk_impl='radix': allowed values are \('cuda-radix', 'cuda-split', 'torch', 'triton-radix', 'vllm'\)",
         ),
     ):
         with pytest.raises(ValueError, match=says):
