@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
+import shutil
 import sys
 
 import pytest
@@ -47,6 +49,7 @@ from dsa_lab.kernels.gluon import schedule as sc
 HEADS, HEAD_DIM = 64, 128
 NEXT_N = (1, 2, 3, 4, 5, 6, 7, 8)
 SCHEDULE_NEXT_N = (1, 3, 8, 16)
+FUSED_NEXT_N = (1, 3)
 SPILL_FREE_UP_TO = 4  # next_n <= this: no local memory at all
 MAX_STACK_BYTES = 128
 MAX_MMA_SPAN_LOCAL_ACCESSES = 32  # next_n > SPILL_FREE_UP_TO only
@@ -74,6 +77,12 @@ def compile_case(kind: str, next_n: int) -> dict:
 
     from dsa_lab.kernels.cubin import cuobjdump, resource_counts
 
+    if kind == "fused":  # issue 27's step: Gluon's kernel and the split select's library, built into a temp dir
+        import tempfile
+
+        os.environ["DSA_LAB_SPLIT_SELECT"] = tempfile.mkdtemp(prefix="split_select_")
+        described, kernel = get_backend("gluon-fused").compile_ahead(90, next_n, HEADS, HEAD_DIM)
+        return {"kind": kind, "next_n": next_n, "config": described, **resource_counts(kernel)}
     if kind != "gluon":  # the schedule or the tail fill, plain Triton
         return {
             "kind": kind,
@@ -103,6 +112,7 @@ def reports(tmp_path_factory) -> dict[tuple[str, int], dict]:
     if importlib.util.find_spec("triton") is None or gn.paged_mqa_logits_gluon_kernel is None:
         pytest.skip(f"no Gluon here: {gn.GLUON_IMPORT_ERROR or 'triton is not installed'}")
     cases = [["gluon", n] for n in NEXT_N] + [[kind, n] for kind in ("schedule", "tail") for n in SCHEDULE_NEXT_N]
+    cases += [["fused", n] for n in FUSED_NEXT_N]
     found = compile_in_child(__file__, cases, tmp_path_factory.mktemp("triton_cache"))
     return {(r["kind"], r["next_n"]): r for r in found}
 
@@ -146,6 +156,17 @@ def test_schedule_and_tail_compile_spill_free(reports, kind: str, next_n: int) -
     spills = (report["stack_bytes"], report["local_bytes"], report["sass_local_accesses"])
     assert spills == (0, 0, 0), f"{kind} n={next_n}: spills (stack bytes, local bytes, LDL/STL) = {spills}"
     assert report["registers"] <= MAX_REGISTERS and report["shared_bytes"] <= 16 * 1024, report
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="the fused step's select is compiled by nvcc")
+@pytest.mark.parametrize("next_n", FUSED_NEXT_N)
+def test_the_fused_step_compiles_both_halves_for_sm90(reports, next_n: int) -> None:
+    """`gluon-fused` ahead of time: the Gluon kernel it launches (the same cubin as `gluon`'s) and its split select's
+    library for sm_90, named in the description."""
+    report, logits = _report(reports, next_n, "fused"), _report(reports, next_n)
+    assert "libdsa_split_select-" in report["config"] and report["config"].endswith("-sm90.so"), report["config"]
+    assert report["config"].startswith(logits["config"])
+    assert (report["registers"], report["shared_bytes"]) == (logits["registers"], logits["shared_bytes"])
 
 
 # --- host-side checks (no compiler, no GPU) ---------------------------------------------------------

@@ -74,3 +74,36 @@ def test_a_graph_replayed_step_is_the_eager_step(name, unit, topk_impl) -> None:
     for method, name_prefix in (("events", "cuda_events"), ("graph", "cuda_graph_step")):
         measured = time_step(step, device, method, QUICK)
         assert measured.timing_method.startswith(name_prefix) and measured.median_ms > 0
+
+
+def test_the_fused_step_picks_from_gluons_logits_and_replays_in_a_graph() -> None:
+    """Issue 27's `gluon-fused` on a ragged step with a padding request: its picks are the top-k of Gluon's own
+    logits (the same kernel, bit for bit), eager and graph-replayed alike, and its select leaves its state zero."""
+    device = torch.device("cuda")
+    fused, gluon = get_backend("gluon-fused"), get_backend("gluon")
+    if not fused.availability(device).ok:
+        pytest.skip(f"gluon-fused: {fused.availability(device).reason}")
+    seq_lens = (*ContextSpec.parse("mixed:2048-131072").seq_lens(15, 0), 0)
+    for next_n in (1, 3, 4):
+        batch = accepted_batch(seq_lens, AcceptanceSpec.parse("v4flash-vllm41044"), next_n, seed=next_n)
+        inputs = random_inputs(batch, seed=2, device=device)
+        plan = LaunchPlan(batch.seq_lens, batch.max_decode_len, "native", decode_lens=batch.decode_lens,
+                          logits_width=DEEPSEEK_V32_MAX_MODEL_LEN)  # fmt: skip
+        metadata = plan.build_metadata(batch, inputs.cache.block_table)
+        calls = [
+            scheduled(fused, launch_call(pack_launch(la, inputs), inputs.cache, plan.max_context_len))
+            for la in metadata.launches
+        ]
+        step = timed_step("logits+topk", fused, calls, batch.max_seq_len)
+        eager = [picks.clone() for picks in step()]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step()
+        for _ in range(2):
+            graph.replay()
+            torch.cuda.synchronize()
+            for got, want in zip(captured, eager, strict=True):
+                assert torch.equal(got.sort(dim=1).values, want.sort(dim=1).values)
+        outputs = timed_step("logits", gluon, calls, batch.max_seq_len)()
+        assert check_topk(metadata, outputs, eager, 2048).equal, f"next_n={next_n}"
+        assert not any(bool(select.state.any()) for select in fused._selects.values())

@@ -12,7 +12,7 @@ from dsa_lab import axes
 from dsa_lab.analysis.frames import vllm_family
 from dsa_lab.analysis.profiles import TENSOR_METRICS
 from dsa_lab.batch.workload import ContextSpec
-from dsa_lab.kernels import family_of
+from dsa_lab.kernels import family_of, get_backend
 from dsa_lab.notebook.runs import ChosenRun, chosen, named_run, passed, relative_to_data, search, timed_backends
 from dsa_lab.paths import resolve_data_path, shown_path
 from dsa_lab.profiling.ncu_tables import METRICS
@@ -23,8 +23,9 @@ from dsa_lab.studies.goals import goal_points
 
 def sweep_how(candidate: str) -> str:
     """The command that makes a run these goals can be judged on (every DeepGEMM backend beside the
-    candidate and its family)."""
-    backends = ",".join(dict.fromkeys([*vllm_family(), *family_of(candidate), candidate]))
+    candidate and its family's logits kernels: a fused one times no logits)."""
+    family = [name for name in family_of(candidate) if not get_backend(name).fuses_topk]
+    backends = ",".join(dict.fromkeys([*vllm_family(), *family, candidate]))
     return (
         f"`RUN_NAME=h200-{candidate}-<date> scripts/h200_sweep.sh --backend {backends} --batch 1,16,64,128 "
         "--context 32K,64K --next-n 1,2,3,4,5,6,7,8` on an H200 (carry `.dg`)"

@@ -1,9 +1,9 @@
 """The step's top-k: the reference selection and its tie-aware comparison (`select`), and the implementations
 a timed step runs, each declared once (`registry`): `vllm` (vLLM 0.33's own decode top-k, `vllm_kernels`),
-`torch` (a masked copy and `torch.topk`, not vLLM's: `torch_masked`), and our per-row radix selects, the
-selection a fused step would run, not vLLM's: `triton-radix` (`triton_radix`) and `cuda-radix` (`cuda_radix`), a
-row a CTA, and `cuda-split` (`cuda_split`), a row over many CTAs, what `gluon-fused` selects with. Importing the
-package registers all five."""
+`torch` (a masked copy and `torch.topk`, not vLLM's: `torch_masked`), and our own selections, not vLLM's:
+`triton-radix` (`triton_radix`) and `cuda-radix` (`cuda_radix`), a row a CTA, and `cuda-split` (`cuda_split`:
+`kernels.split_select`, a row over many CTAs, what `gluon-fused` selects with). Importing the package registers
+all five."""
 
 from dsa_lab.topk import cuda_radix, cuda_split, torch_masked, triton_radix, vllm_kernels  # noqa: F401  (register)
 from dsa_lab.topk.registry import TopkAvailability, TopkCall, TopkImpl, get_topk, register_topk, topk_names, vllm_topk

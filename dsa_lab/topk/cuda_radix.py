@@ -4,20 +4,21 @@ Issue 27's two-phase design selects from logits that stay in L2; before anything
 timed alone against vLLM's decode top-k on the same logits. Lab-notes round 14 ruled out Triton for it
 (`triton-radix`: `tl.histogram` costs each score the bin count); this one counts in shared memory, a plain
 atomic a score, one CTA of 1024 threads a row: 1.3-3.1 times vLLM's on the H100 (round 14), so a measured
-baseline for a fused step, not an option. Built on first use (`nvcc_build`) into `build/row_select/`.
+baseline for a fused step, not an option. Built on first use (`kernels.nvcc`) into `build/row_select/`.
 """
 
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from dsa_lab.topk.nvcc_build import CudaSource
+from dsa_lab.kernels.nvcc import CudaSource
 from dsa_lab.topk.registry import TopkAvailability, TopkCall, TopkImpl, check_call, register_topk
 
-ROW_SELECT = CudaSource("row_select", "DSA_LAB_ROW_SELECT")
+ROW_SELECT = CudaSource(Path(__file__).parent / "csrc" / "row_select.cu", "DSA_LAB_ROW_SELECT")
 
 
 def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
@@ -55,7 +56,8 @@ class CudaRadixTopk(TopkImpl):
     runs_on = "a CUDA GPU of compute capability 7.0 or more, with nvcc on PATH for its first use"
 
     def availability(self, device: torch.device) -> TopkAvailability:
-        return ROW_SELECT.availability(device, (7, 0), "written for Volta and later")
+        state = ROW_SELECT.availability(device, (7, 0), "written for Volta and later")
+        return TopkAvailability(state.ok, state.reason)
 
     def environment(self) -> dict[str, Any]:
         return ROW_SELECT.environment()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lab-notes round 15's first device call, carry [".dg", "build/vllm_topk"]: the GPU tests of our two CUDA selections,
+# Lab-notes round 15's first device call (the count-then-collect split select of 9dbdd6a), carry [".dg", "build/vllm_topk"]: the GPU tests of our two CUDA selections,
 # then `cuda-split` (dsa_lab/topk/csrc/split_select.cu) against vLLM's top-k and `cuda-radix` after gluon's logits,
 # at the model's shape, in one process (data/h100/experiments/topk-cuda-split-20261207/).
 export PYTHONUNBUFFERED=1

@@ -1,6 +1,7 @@
-"""Our CUDA top-k sources (`csrc/`), compiled on first use by the nvcc on PATH for the GPU in use.
+"""Our CUDA sources (`csrc/*.cu` of the kernels and the top-k), compiled on first use by the nvcc on PATH for the
+GPU in use.
 
-Each source builds into its own folder (`build/<folder>/`, git-ignored, or the folder an environment variable
+Each source builds into its own folder (`build/<stem>/`, git-ignored, or the folder an environment variable
 names), one library per source hash and architecture, so an edited kernel is never run from a stale build.
 Provenance records the source's sha256, nvcc's version and the flags.
 """
@@ -19,12 +20,11 @@ from typing import Any
 
 import torch
 
+from dsa_lab.kernels.descriptor import Availability
 from dsa_lab.paths import build_dir
-from dsa_lab.topk.registry import TopkAvailability
 
 FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC")
 COMPILE_TIMEOUT_S = 300.0
-CSRC = Path(__file__).parent / "csrc"
 
 
 @functools.cache
@@ -39,18 +39,13 @@ def nvcc_version() -> str:
 
 @dataclass(frozen=True)
 class CudaSource:
-    """One of our `.cu` files: `csrc/<stem>.cu`, built as `lib<library>-<sha>-sm<arch>.so` under `build/<stem>/`
-    (or `$<build_env>`)."""
+    """One of our `.cu` files, built as `libdsa_<stem>-<sha>-sm<arch>.so` under `build/<stem>/` (or `$<build_env>`)."""
 
-    stem: str  # e.g. 'row_select'
+    path: Path
     build_env: str  # the environment variable that names another build folder
 
-    @property
-    def path(self) -> Path:
-        return CSRC / f"{self.stem}.cu"
-
     def folder(self) -> Path:
-        return build_dir(self.stem, self.build_env)
+        return build_dir(self.path.stem, self.build_env)
 
     def sha256(self) -> str:
         return hashlib.sha256(self.path.read_bytes()).hexdigest()
@@ -58,7 +53,7 @@ class CudaSource:
     def compile(self, arch: str, folder: Path | None = None) -> Path:
         """The library for `sm_<arch>` (e.g. '90'), compiled now unless this source's build is there."""
         folder = self.folder() if folder is None else folder
-        path = folder / f"libdsa_{self.stem}-{self.sha256()[:16]}-sm{arch}.so"
+        path = folder / f"libdsa_{self.path.stem}-{self.sha256()[:16]}-sm{arch}.so"
         if path.is_file():
             return path
         nvcc = shutil.which("nvcc")
@@ -81,16 +76,16 @@ class CudaSource:
         major, minor = torch.cuda.get_device_capability(device)
         return _load(str(self.compile(f"{major}{minor}")))
 
-    def availability(self, device: torch.device, capability: tuple[int, int], needs: str) -> TopkAvailability:
+    def availability(self, device: torch.device, capability: tuple[int, int], needs: str) -> Availability:
         """Whether it runs on `device`: a CUDA GPU of at least `capability` (`needs` says why), with nvcc or a build."""
         device = torch.device(device)
         if device.type != "cuda" or not torch.cuda.is_available():
-            return TopkAvailability(False, f"a CUDA kernel: needs a CUDA device, got {device}")
+            return Availability(False, f"a CUDA kernel: needs a CUDA device, got {device}")
         if torch.cuda.get_device_capability(device) < capability:
-            return TopkAvailability(False, f"needs compute capability >= {capability[0]}.{capability[1]} ({needs})")
-        if not nvcc_version() and not any(self.folder().glob(f"libdsa_{self.stem}-{self.sha256()[:16]}-*.so")):
-            return TopkAvailability(False, f"no nvcc on PATH and no build of this source under {self.folder()}")
-        return TopkAvailability(True, "")
+            return Availability(False, f"needs compute capability >= {capability[0]}.{capability[1]} ({needs})")
+        if not nvcc_version() and not any(self.folder().glob(f"libdsa_{self.path.stem}-{self.sha256()[:16]}-*.so")):
+            return Availability(False, f"no nvcc on PATH and no build of this source under {self.folder()}")
+        return Availability(True, "")
 
     def environment(self) -> dict[str, Any]:
         return {"source_sha256": self.sha256(), "nvcc": nvcc_version(), "flags": list(FLAGS)}

@@ -1,0 +1,271 @@
+// dsa_lab's top-k of a decode step's logits with each row spread over many CTAs (issue 27, lab notes round 15):
+// the selection a fused step runs after logits that stay in L2. Round 14 measured a row on one SM bound by
+// issue, and round 15's first version (a full histogram of every score, then a collecting pass) measured the
+// histogram's shared atomics as the cost at serving batches; so here only a sample of each row is counted:
+//
+//  1. estimate: each CTA counts one score in kSampleStride of its chunk by the top 12 bits of their
+//     order-preserving key, adds its non-zero bins to the row's histogram in global memory (L2 atomics), and
+//     the CTA that arrives last for its row picks the highest bin above which the sample holds `sample_rank`
+//     scores: a floor that the row's k-th score lies above with a wide margin (the host sets the rank). A row
+//     of at most `capacity` tokens skips this: its floor is the lowest bin.
+//  2. filter: each CTA appends the positions of its chunk at or above the floor to the row's candidates (one
+//     compare a score, one global atomic a warp that has any), and the CTA that arrives last for its row
+//     selects the k best candidates exactly (three digits of the key, 12, 10 and 10 bits, in shared memory),
+//     or, when the floor was wrong (fewer than k candidates, or more than the buffer holds), the k best of the
+//     whole row the same way, counting that in `fallbacks`.
+//
+// A row of at most k tokens writes its positions and -1 after. Picks are in no order. No host synchronisation
+// and no cooperative launch: a CUDA graph captures it, and a CTA never waits for another. The state
+// (histograms, counters) must be zero before the first call; every call leaves it so.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cub/block/block_scan.cuh>
+
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kTopBits = 12;
+constexpr int kBins = 1 << kTopBits;  // the first digit's bins
+constexpr int kLowBins = 1 << 10;     // the second and third digits' bins
+constexpr int kSampleStride = 32;     // one score in this many is counted by the estimate
+constexpr int kCapacity = 8192;       // candidates a row, all staged in shared memory by the resolving CTA
+constexpr size_t kResolveShared = kCapacity * (sizeof(uint32_t) + sizeof(int));
+
+// A row's counters in `state[row * kStateInts + ...]`.
+constexpr int kArrivedEstimate = 0, kArrivedFilter = 1, kCandidates = 2, kFloor = 3;
+constexpr int kStateInts = 4;
+
+__device__ __forceinline__ uint32_t order_key(float x) {
+    const uint32_t bits = __float_as_uint(x);
+    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);  // unsigned order = float order
+}
+
+// A row's length, within the logits' width and the grid's columns (a row longer than the call's max_len is
+// cut there, so that every CTA of the row counts on the same number of arrivals).
+__device__ __forceinline__ int row_length(const int *lengths, int row, int width, int chunk) {
+    return min(min(max(lengths[row], 0), width), static_cast<int>(gridDim.x) * chunk);
+}
+
+// Calls f(key, position) for every position of [begin, end) of `row`, four scores a thread a step.
+template <class F>
+__device__ __forceinline__ void for_each_key(const float *__restrict__ row, int begin, int end, F f) {
+    const bool aligned = (reinterpret_cast<uintptr_t>(row + begin) & 15) == 0;
+    for (int i = begin + 4 * static_cast<int>(threadIdx.x); i < end; i += 4 * kThreads) {
+        if (aligned && i + 3 < end) {
+            const float4 q = *reinterpret_cast<const float4 *>(row + i);
+            f(order_key(q.x), i), f(order_key(q.y), i + 1), f(order_key(q.z), i + 2), f(order_key(q.w), i + 3);
+        } else {
+            for (int j = i; j < min(i + 4, end); ++j) f(order_key(row[j]), j);
+        }
+    }
+}
+
+// Writes `value` at dst[*slots + its rank among the writers of the lanes here] for each lane with `write` (one
+// atomic a group of lanes that has a writer); a slot at or past `limit` is dropped, the count still taken.
+__device__ __forceinline__ void append(int *dst, int *slots, bool write, int value, int limit) {
+    const unsigned together = __activemask();  // the lanes here now: each group of them appends on its own
+    const unsigned writers = __ballot_sync(together, write);
+    if (!writers) return;
+    const int lane = threadIdx.x & 31, leader = __ffs(writers) - 1;
+    int base = 0;
+    if (lane == leader) base = atomicAdd(slots, __popc(writers));
+    base = __shfl_sync(together, base, leader);
+    const int slot = base + __popc(writers & ((1u << lane) - 1));
+    if (write && slot < limit) dst[slot] = value;
+}
+
+// Whether this CTA is the last of `arrivals` to reach `counter` (after its writes are visible to the others).
+__device__ __forceinline__ bool arrives_last(int *counter, int arrivals) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1) == arrivals - 1;
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+// Over `kBinsScanned` counts (read through `load`), the bin holding the `rank`-th largest (1-based) counting from
+// the top bin down, and how many lie in bins above it; `bin_out` is left as it was when fewer than `rank` exist.
+template <int kBinsScanned, class Load>
+__device__ __forceinline__ void find_bin(Load load, int rank, int *bin_out, int *above_out) {
+    constexpr int kPer = kBinsScanned / kThreads;
+    using Scan = cub::BlockScan<int, kThreads>;
+    __shared__ typename Scan::TempStorage scan;
+    const int top = kBinsScanned - 1 - kPer * static_cast<int>(threadIdx.x);  // this thread's bins, from the top
+    int counts[kPer], sum = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) counts[j] = load(top - j), sum += counts[j];
+    int above = 0;
+    Scan(scan).ExclusiveSum(sum, above);
+    if (above < rank && above + sum >= rank) {
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+            if (above < rank && above + counts[j] >= rank) *bin_out = top - j, *above_out = above;
+            above += counts[j];
+        }
+    }
+    __syncthreads();
+}
+
+// One digit of an exact radix select in one CTA: among the keys `for_each` gives whose fixed bits equal `prefix`,
+// the bin of `shift`'s digit holding the `remaining`-th largest; narrows prefix, fixed and remaining to it.
+template <int kDigitBins, class ForEach>
+__device__ __forceinline__ void select_digit(ForEach for_each, int *hist, int shift, uint32_t &prefix,
+                                             uint32_t &fixed, int &remaining) {
+    __shared__ int chosen, chosen_above;
+    for (int b = threadIdx.x; b < kDigitBins; b += kThreads) hist[b] = 0;
+    if (threadIdx.x == 0) chosen = 0, chosen_above = 0;
+    __syncthreads();
+    for_each([&](uint32_t key, int) {
+        if ((key & fixed) == prefix) atomicAdd(&hist[(key >> shift) & (kDigitBins - 1)], 1);
+    });
+    __syncthreads();
+    find_bin<kDigitBins>([&](int b) { return hist[b]; }, remaining, &chosen, &chosen_above);
+    prefix |= static_cast<uint32_t>(chosen) << shift;
+    fixed |= static_cast<uint32_t>(kDigitBins - 1) << shift;
+    remaining -= chosen_above;
+    __syncthreads();
+}
+
+// The k best of the keys `for_each` gives (at least k of them), exactly, by one CTA, into dst[0, k).
+template <class ForEach>
+__device__ __forceinline__ void select_exactly(ForEach for_each, int *hist, int k, int *dst) {
+    __shared__ int taken_over, taken_equal;
+    uint32_t prefix = 0, fixed = 0;
+    int remaining = k;
+    select_digit<kBins>(for_each, hist, 32 - kTopBits, prefix, fixed, remaining);
+    select_digit<kLowBins>(for_each, hist, 10, prefix, fixed, remaining);
+    select_digit<kLowBins>(for_each, hist, 0, prefix, fixed, remaining);
+    if (threadIdx.x == 0) taken_over = 0, taken_equal = 0;
+    __syncthreads();
+    // `prefix` is now the k-th key: every key above it is picked, and `remaining` of those equal to it.
+    for_each([&](uint32_t key, int i) {
+        append(dst, &taken_over, key > prefix, i, k - remaining);
+        append(dst + k - remaining, &taken_equal, key == prefix, i, remaining);
+    });
+}
+
+__global__ __launch_bounds__(kThreads) void estimate_kernel(const float *__restrict__ logits, int64_t stride,
+                                                            const int *__restrict__ lengths, int width, int k,
+                                                            int chunk, int sample_rank, int *__restrict__ hist,
+                                                            int *__restrict__ state) {
+    __shared__ int local[kBins];
+    __shared__ int floor_bin, unused;
+    const int row = blockIdx.y, n = row_length(lengths, row, width, chunk), begin = blockIdx.x * chunk;
+    if (n <= max(k, kCapacity) || begin >= n) return;
+    for (int b = threadIdx.x; b < kBins; b += kThreads) local[b] = 0;
+    if (threadIdx.x == 0) floor_bin = 0;
+    __syncthreads();
+    const float *values = logits + row * stride;
+    for (int i = begin + kSampleStride * static_cast<int>(threadIdx.x); i < min(n, begin + chunk);
+         i += kSampleStride * kThreads)
+        atomicAdd(&local[order_key(values[i]) >> (32 - kTopBits)], 1);
+    __syncthreads();
+    int *row_hist = hist + static_cast<int64_t>(row) * kBins;
+    for (int b = threadIdx.x; b < kBins; b += kThreads)
+        if (local[b]) atomicAdd(&row_hist[b], local[b]);
+    int *row_state = state + row * kStateInts;
+    if (!arrives_last(&row_state[kArrivedEstimate], (n + chunk - 1) / chunk)) return;
+    find_bin<kBins>([&](int b) { return __ldcg(&row_hist[b]); }, sample_rank, &floor_bin, &unused);
+    for (int b = threadIdx.x; b < kBins; b += kThreads) row_hist[b] = 0;
+    if (threadIdx.x == 0) row_state[kFloor] = floor_bin, row_state[kArrivedEstimate] = 0;
+}
+
+__global__ __launch_bounds__(kThreads, 1) void filter_kernel(const float *__restrict__ logits, int64_t stride,
+                                                             const int *__restrict__ lengths, int width, int k,
+                                                             int chunk, int *__restrict__ out,
+                                                             int *__restrict__ state, int *__restrict__ candidates,
+                                                             int *__restrict__ fallbacks) {
+    extern __shared__ unsigned char resolve_shared[];
+    __shared__ int hist[kBins];
+    const int row = blockIdx.y, n = row_length(lengths, row, width, chunk), begin = blockIdx.x * chunk;
+    int *dst = out + static_cast<int64_t>(row) * k;
+    if (n <= k) {
+        if (blockIdx.x == 0)
+            for (int i = threadIdx.x; i < k; i += kThreads) dst[i] = i < n ? i : -1;
+        return;
+    }
+    if (begin >= n) return;
+    int *row_state = state + row * kStateInts;
+    const float *values = logits + row * stride;
+    const uint32_t floor_bin = n <= kCapacity ? 0u : static_cast<uint32_t>(__ldcg(&row_state[kFloor]));
+    int *row_candidates = candidates + static_cast<int64_t>(row) * kCapacity;
+    for_each_key(values, begin, min(n, begin + chunk), [&](uint32_t key, int i) {
+        append(row_candidates, &row_state[kCandidates], (key >> (32 - kTopBits)) >= floor_bin, i, kCapacity);
+    });
+    if (!arrives_last(&row_state[kArrivedFilter], (n + chunk - 1) / chunk)) return;
+
+    // The last CTA of the row: the k best of its candidates, or of the whole row when the floor was wrong.
+    const int count = __ldcg(&row_state[kCandidates]);
+    if (count >= k && count <= kCapacity) {
+        uint32_t *keys = reinterpret_cast<uint32_t *>(resolve_shared);
+        int *positions = reinterpret_cast<int *>(keys + kCapacity);
+        for (int j = threadIdx.x; j < count; j += kThreads) {
+            const int position = __ldcg(&row_candidates[j]);
+            positions[j] = position, keys[j] = order_key(values[position]);
+        }
+        __syncthreads();
+        select_exactly(
+            [&](auto f) {
+                for (int j = threadIdx.x; j < count; j += kThreads) f(keys[j], positions[j]);
+            },
+            hist, k, dst);
+    } else {
+        if (threadIdx.x == 0) atomicAdd(fallbacks, 1);
+        select_exactly([&](auto f) { for_each_key(values, 0, n, f); }, hist, k, dst);
+    }
+    if (threadIdx.x == 0) row_state[kArrivedFilter] = 0, row_state[kCandidates] = 0, row_state[kFloor] = 0;
+}
+
+}  // namespace
+
+extern "C" int dsa_split_select_state_ints(int rows) { return rows * (kBins + kStateInts); }
+
+extern "C" int dsa_split_select_capacity() { return kCapacity; }  // candidates a row
+
+extern "C" int dsa_split_select_sample_stride() { return kSampleStride; }
+
+// `state` holds `dsa_split_select_state_ints(rows)` int32, zero before the first call (each call leaves it zero);
+// `candidates` holds rows * capacity int32; `fallbacks` one int32 the calls add their whole-row selections to.
+// `chunk`: the scores a CTA takes, a positive multiple of 4; `sample_rank`: the sampled scores a floor keeps above.
+extern "C" int dsa_split_select(const float *logits, int64_t stride, const int *lengths, int rows, int width, int k,
+                                int max_len, int chunk, int sample_rank, int *out, int *state, int *candidates,
+                                int *fallbacks, void *stream, char *message, size_t message_len) {
+    if (rows < 0 || width < 0 || k < 1 || stride < width || chunk < 4 || chunk % 4 || sample_rank < 1 ||
+        max_len < 0) {
+        snprintf(message, message_len, "rows=%d, width=%d, k=%d, stride=%lld, chunk=%d, sample_rank=%d, max_len=%d: "
+                 "rows, width, max_len >= 0, k >= 1, stride >= width, chunk a positive multiple of 4, sample_rank >= 1",
+                 rows, width, k, static_cast<long long>(stride), chunk, sample_rank, max_len);
+        return 1;
+    }
+    if (rows == 0) return 0;
+    if (rows > 65535) {
+        snprintf(message, message_len, "rows=%d: at most 65535 (the grid's y)", rows);
+        return 1;
+    }
+    const cudaError_t opted_in =  // per device, so every call (a host call: no stream work, fine in a capture)
+        cudaFuncSetAttribute(filter_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kResolveShared);
+    if (opted_in != cudaSuccess) {
+        snprintf(message, message_len, "split_select: %zu B of shared memory refused: %s", kResolveShared,
+                 cudaGetErrorString(opted_in));
+        return 1;
+    }
+    const int span = max(min(max_len, width), k + 1);  // a short row's CTA 0 still writes its picks
+    const dim3 grid((span + chunk - 1) / chunk, rows);
+    int *hist = state + static_cast<int64_t>(rows) * kStateInts;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (span > kCapacity)
+        estimate_kernel<<<grid, kThreads, 0, s>>>(logits, stride, lengths, width, k, chunk, sample_rank, hist, state);
+    filter_kernel<<<grid, kThreads, kResolveShared, s>>>(logits, stride, lengths, width, k, chunk, out, state,
+                                                         candidates, fallbacks);
+    const cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) {
+        snprintf(message, message_len, "split_select launch: %s", cudaGetErrorString(status));
+        return 1;
+    }
+    return 0;
+}
