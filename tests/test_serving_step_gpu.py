@@ -77,13 +77,14 @@ def test_a_graph_replayed_step_is_the_eager_step(name, unit, topk_impl) -> None:
 
 
 def test_the_fused_step_picks_from_gluons_logits_and_replays_in_a_graph() -> None:
-    """Issue 27's `gluon-fused` on a ragged step with a padding request: its picks are the top-k of Gluon's own
-    logits (the same kernel, bit for bit), eager and graph-replayed alike, and its select leaves its state zero."""
+    """Issue 27's `gluon-fused` on a ragged step (front padding rows of context 0, a request shorter than k): its
+    picks are the top-k of Gluon's own logits (the same kernel, bit for bit), eager and graph-replayed alike, and
+    its select leaves its state zero."""
     device = torch.device("cuda")
     fused, gluon = get_backend("gluon-fused"), get_backend("gluon")
     if not fused.availability(device).ok:
         pytest.skip(f"gluon-fused: {fused.availability(device).reason}")
-    seq_lens = (*ContextSpec.parse("mixed:2048-131072").seq_lens(15, 0), 0)
+    seq_lens = (*ContextSpec.parse("mixed:2048-131072").seq_lens(15, 0), 1000)  # one shorter than k
     for next_n in (1, 3, 4):
         batch = accepted_batch(seq_lens, AcceptanceSpec.parse("v4flash-vllm41044"), next_n, seed=next_n)
         inputs = random_inputs(batch, seed=2, device=device)

@@ -2,16 +2,16 @@
 step (`gluon/fused.py`), and a top-k of its own (`topk.cuda_split`, `cuda-split`). Not vLLM's top-k.
 
 Round 14 found a row on one SM bound by issue (`cuda-radix`); here each CTA takes one chunk of one row, in two
-launches that never wait for each other: a sample of each row counted into a histogram merged through L2 atomics
-sets a floor below the row's k-th score, then one compare a score keeps the candidates above it, which the last
-CTA of the row selects from exactly (lab notes round 15). Built on first use (`nvcc`) into `build/split_select/`.
+launches that never wait for each other: every score counted into a histogram merged through L2 atomics finds the
+bin of the row's k-th score, then each CTA stages what lies above and inside that bin and writes it out with one
+atomic a list, and the last CTA of the row picks what the bin owes exactly (lab notes round 15). Built on first use
+(`nvcc`) into `build/split_select/`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import math
 from pathlib import Path
 
 import torch
@@ -32,23 +32,13 @@ def chunk_for(rows: int, longest: int, sms: int) -> int:
     return CHUNKS[-1]
 
 
-def sample_rank(k: int, stride: int) -> int:
-    """The sampled scores (one in `stride`) the estimate's floor keeps above: the k-th score's expected share,
-    k / stride, plus four of its standard deviations and four, so that a row's k best lie above the floor but
-    for about one row in 10^4 (which the kernel then selects from the whole row, exactly, and counts)."""
-    expected = k / stride
-    return math.ceil(expected + 4 * math.sqrt(expected) + 4)
-
-
 def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
     pointer, i32 = ctypes.c_void_p, ctypes.c_int
-    library.dsa_split_select.argtypes = [pointer, ctypes.c_int64, pointer, i32, i32, i32, i32, i32, i32, pointer]
+    library.dsa_split_select.argtypes = [pointer, ctypes.c_int64, pointer, i32, i32, i32, i32, i32, pointer]
     library.dsa_split_select.argtypes += [pointer, pointer, pointer, pointer, ctypes.c_char_p, ctypes.c_size_t]
     library.dsa_split_select.restype = i32
-    for name in ("dsa_split_select_state_ints",):
-        getattr(library, name).argtypes, getattr(library, name).restype = [i32], i32
-    for name in ("dsa_split_select_capacity", "dsa_split_select_sample_stride"):
-        getattr(library, name).argtypes, getattr(library, name).restype = [], i32
+    library.dsa_split_select_state_ints.argtypes, library.dsa_split_select_state_ints.restype = [i32], i32
+    library.dsa_split_select_capacity.argtypes, library.dsa_split_select_capacity.restype = [], i32
     return library
 
 
@@ -60,14 +50,13 @@ def _sms(index: int) -> int:
 class SplitSelect:
     """One step shape's selection, `(logits, lengths, max_seq_len) -> int32 [rows, k]` (-1 past a short row, in no
     order): its output, its state (zeroed here; each call leaves it zero), its candidates and `fallbacks` (rows
-    selected from the whole row because the sampled floor was wrong, summed over calls), made once."""
+    whose threshold bin overflowed the candidates, so selected from the whole row, summed over calls), made once."""
 
-    kernel = "cuda split select (a row over many CTAs: sampled floor, then filter)"  # recorded with every timed row
+    kernel = "cuda split select (a row over many CTAs: count, then collect)"  # recorded with every timed row
 
     def __init__(self, rows: int, k: int, device: torch.device) -> None:
         self.library, self.rows, self.k = _bind(SPLIT_SELECT.load(device)), rows, k
         self.sms = _sms(device.index if device.index is not None else torch.cuda.current_device())
-        self.sample_rank = sample_rank(k, self.library.dsa_split_select_sample_stride())
         self.out = torch.empty((rows, k), dtype=torch.int32, device=device)
         self.state = torch.zeros(self.library.dsa_split_select_state_ints(rows), dtype=torch.int32, device=device)
         capacity = self.library.dsa_split_select_capacity()
@@ -82,7 +71,7 @@ class SplitSelect:
         chunk = chunk_for(self.rows, min(max_seq_len, logits.shape[1]), self.sms)
         status = self.library.dsa_split_select(
             logits.data_ptr(), logits.stride(0), lengths.data_ptr(), self.rows, logits.shape[1], self.k,
-            max_seq_len, chunk, self.sample_rank, self.out.data_ptr(), self.state.data_ptr(),
+            max_seq_len, chunk, self.out.data_ptr(), self.state.data_ptr(),
             self.candidates.data_ptr(), self.fallbacks.data_ptr(), stream, self.message, len(self.message),
         )  # fmt: skip
         if status:

@@ -1,22 +1,22 @@
 // dsa_lab's top-k of a decode step's logits with each row spread over many CTAs (issue 27, lab notes round 15):
 // the selection a fused step runs after logits that stay in L2. Round 14 measured a row on one SM bound by
-// issue, and round 15's first version (a full histogram of every score, then a collecting pass) measured the
-// histogram's shared atomics as the cost at serving batches; so here only a sample of each row is counted:
+// issue; here every CTA takes one chunk of one row, in two launches that never wait for each other:
 //
-//  1. estimate: each CTA counts one score in kSampleStride of its chunk by the top 12 bits of their
-//     order-preserving key, adds its non-zero bins to the row's histogram in global memory (L2 atomics), and
-//     the CTA that arrives last for its row picks the highest bin above which the sample holds `sample_rank`
-//     scores: a floor that the row's k-th score lies above with a wide margin (the host sets the rank). A row
-//     of at most `capacity` tokens skips this: its floor is the lowest bin.
-//  2. filter: each CTA appends the positions of its chunk at or above the floor to the row's candidates (one
-//     compare a score, one global atomic a warp that has any), and the CTA that arrives last for its row
-//     selects the k best candidates exactly (three digits of the key, 12, 10 and 10 bits, in shared memory),
-//     or, when the floor was wrong (fewer than k candidates, or more than the buffer holds), the k best of the
-//     whole row the same way, counting that in `fallbacks`.
+//  1. count: each CTA counts its chunk's scores by the top 12 bits of their order-preserving key in shared
+//     memory and adds its non-zero bins to the row's histogram in global memory (L2 atomics); the CTA that
+//     arrives last for its row finds the bin holding the row's k-th score (the threshold bin) and how many
+//     scores lie above it.
+//  2. collect: each CTA stages its chunk's positions above the threshold bin, and those inside it, in shared
+//     memory (a shared atomic a kept score, one compare a score), then writes each list with one global atomic:
+//     the first to the row's output, the second to its candidates. The CTA that arrives last for its row picks
+//     the candidates the threshold bin owes by the key's low 20 bits (two 10-bit digits in shared memory), from
+//     the whole row instead when they overflowed the buffer (counted in `fallbacks`).
 //
-// A row of at most k tokens writes its positions and -1 after. Picks are in no order. No host synchronisation
-// and no cooperative launch: a CUDA graph captures it, and a CTA never waits for another. The state
-// (histograms, counters) must be zero before the first call; every call leaves it so.
+// Round 15 measured the three designs on the H100 (lab notes): counting every score, then collecting through
+// global atomics a warp; counting a sample for a floor, then filtering; and this one, whose collecting pass
+// touches L2 once a CTA. A row of at most k tokens writes its positions and -1 after. Picks are in no order.
+// No host synchronisation and no cooperative launch: a CUDA graph captures it, and a CTA never waits for
+// another. The state (histograms, counters) must be zero before the first call; every call leaves it so.
 
 #include <cuda_runtime.h>
 
@@ -28,15 +28,16 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kTopBits = 12;
-constexpr int kBins = 1 << kTopBits;  // the first digit's bins
-constexpr int kLowBins = 1 << 10;     // the second and third digits' bins
-constexpr int kSampleStride = 32;     // one score in this many is counted by the estimate
-constexpr int kCapacity = 8192;       // candidates a row, all staged in shared memory by the resolving CTA
+constexpr int kBins = 1 << kTopBits;  // the threshold bin's digit
+constexpr int kLowShift = 32 - kTopBits;
+constexpr int kLowBins = 1 << 10;  // the low 20 bits: two digits
+constexpr int kStaged = 2048;      // positions a CTA stages a list before writing it out
+constexpr int kCapacity = 8192;    // candidates a row, all staged in shared memory by the resolving CTA
 constexpr size_t kResolveShared = kCapacity * (sizeof(uint32_t) + sizeof(int));
 
 // A row's counters in `state[row * kStateInts + ...]`.
-constexpr int kArrivedEstimate = 0, kArrivedFilter = 1, kCandidates = 2, kFloor = 3;
-constexpr int kStateInts = 4;
+constexpr int kArrivedCount = 0, kArrivedCollect = 1, kAboveSlots = 2, kCandidates = 3, kThreshold = 4, kAbove = 5;
+constexpr int kStateInts = 8;
 
 __device__ __forceinline__ uint32_t order_key(float x) {
     const uint32_t bits = __float_as_uint(x);
@@ -62,6 +63,35 @@ __device__ __forceinline__ void for_each_key(const float *__restrict__ row, int 
         }
     }
 }
+
+// A list of positions a CTA gathers in shared memory, then writes out with one global atomic (`flush`); past
+// kStaged it writes straight to global memory, an atomic a position.
+struct StagedList {
+    int *staged;  // kStaged ints of shared memory
+    int *count;   // shared
+    int *dst;     // global
+    int *slots;   // global: the row's next free slot of dst
+    int limit;    // slots of dst
+
+    __device__ __forceinline__ void add(int value) const {
+        const int slot = atomicAdd(count, 1);
+        if (slot < kStaged) {
+            staged[slot] = value;
+        } else {
+            const int spilled = atomicAdd(slots, 1);
+            if (spilled < limit) dst[spilled] = value;
+        }
+    }
+
+    // After a __syncthreads that follows every add.
+    __device__ __forceinline__ void flush(int *base) const {
+        const int n = min(*count, kStaged);
+        if (threadIdx.x == 0) *base = n ? atomicAdd(slots, n) : 0;
+        __syncthreads();
+        for (int j = threadIdx.x; j < n; j += kThreads)
+            if (*base + j < limit) dst[*base + j] = staged[j];
+    }
+};
 
 // Writes `value` at dst[*slots + its rank among the writers of the lanes here] for each lane with `write` (one
 // atomic a group of lanes that has a writer); a slot at or past `limit` is dropped, the count still taken.
@@ -111,77 +141,75 @@ __device__ __forceinline__ void find_bin(Load load, int rank, int *bin_out, int 
     __syncthreads();
 }
 
-// One digit of an exact radix select in one CTA: among the keys `for_each` gives whose fixed bits equal `prefix`,
-// the bin of `shift`'s digit holding the `remaining`-th largest; narrows prefix, fixed and remaining to it.
-template <int kDigitBins, class ForEach>
+// One 10-bit digit of an exact radix select in one CTA: among the keys `for_each` gives whose fixed bits equal
+// `prefix`, the bin of `shift`'s digit holding the `remaining`-th largest; narrows prefix, fixed and remaining.
+template <class ForEach>
 __device__ __forceinline__ void select_digit(ForEach for_each, int *hist, int shift, uint32_t &prefix,
                                              uint32_t &fixed, int &remaining) {
     __shared__ int chosen, chosen_above;
-    for (int b = threadIdx.x; b < kDigitBins; b += kThreads) hist[b] = 0;
+    for (int b = threadIdx.x; b < kLowBins; b += kThreads) hist[b] = 0;
     if (threadIdx.x == 0) chosen = 0, chosen_above = 0;
     __syncthreads();
     for_each([&](uint32_t key, int) {
-        if ((key & fixed) == prefix) atomicAdd(&hist[(key >> shift) & (kDigitBins - 1)], 1);
+        if ((key & fixed) == prefix) atomicAdd(&hist[(key >> shift) & (kLowBins - 1)], 1);
     });
     __syncthreads();
-    find_bin<kDigitBins>([&](int b) { return hist[b]; }, remaining, &chosen, &chosen_above);
+    find_bin<kLowBins>([&](int b) { return hist[b]; }, remaining, &chosen, &chosen_above);
     prefix |= static_cast<uint32_t>(chosen) << shift;
-    fixed |= static_cast<uint32_t>(kDigitBins - 1) << shift;
+    fixed |= static_cast<uint32_t>(kLowBins - 1) << shift;
     remaining -= chosen_above;
     __syncthreads();
 }
 
-// The k best of the keys `for_each` gives (at least k of them), exactly, by one CTA, into dst[0, k).
+// The `owed` best keys of the threshold bin (`for_each` gives at least that many, all of the bin), into
+// dst[0, owed), by the key's low 20 bits.
 template <class ForEach>
-__device__ __forceinline__ void select_exactly(ForEach for_each, int *hist, int k, int *dst) {
+__device__ __forceinline__ void select_in_bin(ForEach for_each, int *hist, uint32_t threshold, int owed, int *dst) {
     __shared__ int taken_over, taken_equal;
-    uint32_t prefix = 0, fixed = 0;
-    int remaining = k;
-    select_digit<kBins>(for_each, hist, 32 - kTopBits, prefix, fixed, remaining);
-    select_digit<kLowBins>(for_each, hist, 10, prefix, fixed, remaining);
-    select_digit<kLowBins>(for_each, hist, 0, prefix, fixed, remaining);
+    uint32_t prefix = threshold << kLowShift, fixed = ~0u << kLowShift;
+    int remaining = owed;
+    select_digit(for_each, hist, 10, prefix, fixed, remaining);
+    select_digit(for_each, hist, 0, prefix, fixed, remaining);
     if (threadIdx.x == 0) taken_over = 0, taken_equal = 0;
     __syncthreads();
-    // `prefix` is now the k-th key: every key above it is picked, and `remaining` of those equal to it.
+    // `prefix` is now the k-th key: the bin's keys above it are all picked, and `remaining` of those equal to it.
     for_each([&](uint32_t key, int i) {
-        append(dst, &taken_over, key > prefix, i, k - remaining);
-        append(dst + k - remaining, &taken_equal, key == prefix, i, remaining);
+        append(dst, &taken_over, key > prefix, i, owed - remaining);
+        append(dst + owed - remaining, &taken_equal, key == prefix, i, remaining);
     });
 }
 
-__global__ __launch_bounds__(kThreads) void estimate_kernel(const float *__restrict__ logits, int64_t stride,
-                                                            const int *__restrict__ lengths, int width, int k,
-                                                            int chunk, int sample_rank, int *__restrict__ hist,
-                                                            int *__restrict__ state) {
+__global__ __launch_bounds__(kThreads) void count_kernel(const float *__restrict__ logits, int64_t stride,
+                                                         const int *__restrict__ lengths, int width, int k,
+                                                         int chunk, int *__restrict__ hist, int *__restrict__ state) {
     __shared__ int local[kBins];
-    __shared__ int floor_bin, unused;
+    __shared__ int threshold, above;
     const int row = blockIdx.y, n = row_length(lengths, row, width, chunk), begin = blockIdx.x * chunk;
-    if (n <= max(k, kCapacity) || begin >= n) return;
+    if (n <= k || begin >= n) return;
     for (int b = threadIdx.x; b < kBins; b += kThreads) local[b] = 0;
-    if (threadIdx.x == 0) floor_bin = 0;
+    if (threadIdx.x == 0) threshold = 0, above = 0;
     __syncthreads();
-    const float *values = logits + row * stride;
-    for (int i = begin + kSampleStride * static_cast<int>(threadIdx.x); i < min(n, begin + chunk);
-         i += kSampleStride * kThreads)
-        atomicAdd(&local[order_key(values[i]) >> (32 - kTopBits)], 1);
+    for_each_key(logits + row * stride, begin, min(n, begin + chunk),
+                 [&](uint32_t key, int) { atomicAdd(&local[key >> kLowShift], 1); });
     __syncthreads();
     int *row_hist = hist + static_cast<int64_t>(row) * kBins;
     for (int b = threadIdx.x; b < kBins; b += kThreads)
         if (local[b]) atomicAdd(&row_hist[b], local[b]);
     int *row_state = state + row * kStateInts;
-    if (!arrives_last(&row_state[kArrivedEstimate], (n + chunk - 1) / chunk)) return;
-    find_bin<kBins>([&](int b) { return __ldcg(&row_hist[b]); }, sample_rank, &floor_bin, &unused);
+    if (!arrives_last(&row_state[kArrivedCount], (n + chunk - 1) / chunk)) return;
+    find_bin<kBins>([&](int b) { return __ldcg(&row_hist[b]); }, k, &threshold, &above);
     for (int b = threadIdx.x; b < kBins; b += kThreads) row_hist[b] = 0;
-    if (threadIdx.x == 0) row_state[kFloor] = floor_bin, row_state[kArrivedEstimate] = 0;
+    if (threadIdx.x == 0) row_state[kThreshold] = threshold, row_state[kAbove] = above, row_state[kArrivedCount] = 0;
 }
 
-__global__ __launch_bounds__(kThreads, 1) void filter_kernel(const float *__restrict__ logits, int64_t stride,
-                                                             const int *__restrict__ lengths, int width, int k,
-                                                             int chunk, int *__restrict__ out,
-                                                             int *__restrict__ state, int *__restrict__ candidates,
-                                                             int *__restrict__ fallbacks) {
+__global__ __launch_bounds__(kThreads, 1) void collect_kernel(const float *__restrict__ logits, int64_t stride,
+                                                              const int *__restrict__ lengths, int width, int k,
+                                                              int chunk, int *__restrict__ out,
+                                                              int *__restrict__ state, int *__restrict__ candidates,
+                                                              int *__restrict__ fallbacks) {
     extern __shared__ unsigned char resolve_shared[];
-    __shared__ int hist[kBins];
+    __shared__ int staged_above[kStaged], staged_in_bin[kStaged], hist[kLowBins];
+    __shared__ int count_above, count_in_bin, base;
     const int row = blockIdx.y, n = row_length(lengths, row, width, chunk), begin = blockIdx.x * chunk;
     int *dst = out + static_cast<int64_t>(row) * k;
     if (n <= k) {
@@ -192,16 +220,27 @@ __global__ __launch_bounds__(kThreads, 1) void filter_kernel(const float *__rest
     if (begin >= n) return;
     int *row_state = state + row * kStateInts;
     const float *values = logits + row * stride;
-    const uint32_t floor_bin = n <= kCapacity ? 0u : static_cast<uint32_t>(__ldcg(&row_state[kFloor]));
+    const uint32_t threshold = static_cast<uint32_t>(__ldcg(&row_state[kThreshold]));
+    const int above = __ldcg(&row_state[kAbove]);
     int *row_candidates = candidates + static_cast<int64_t>(row) * kCapacity;
+    if (threadIdx.x == 0) count_above = 0, count_in_bin = 0;
+    __syncthreads();
+    const StagedList picks{staged_above, &count_above, dst, &row_state[kAboveSlots], above};
+    const StagedList in_bin{staged_in_bin, &count_in_bin, row_candidates, &row_state[kCandidates], kCapacity};
     for_each_key(values, begin, min(n, begin + chunk), [&](uint32_t key, int i) {
-        append(row_candidates, &row_state[kCandidates], (key >> (32 - kTopBits)) >= floor_bin, i, kCapacity);
+        const uint32_t bin = key >> kLowShift;
+        if (bin > threshold) picks.add(i);
+        else if (bin == threshold) in_bin.add(i);
     });
-    if (!arrives_last(&row_state[kArrivedFilter], (n + chunk - 1) / chunk)) return;
+    __syncthreads();
+    picks.flush(&base);
+    __syncthreads();
+    in_bin.flush(&base);
+    if (!arrives_last(&row_state[kArrivedCollect], (n + chunk - 1) / chunk)) return;
 
-    // The last CTA of the row: the k best of its candidates, or of the whole row when the floor was wrong.
+    // The last CTA of the row: the `k - above` picks the threshold bin owes, from its candidates or the whole row.
     const int count = __ldcg(&row_state[kCandidates]);
-    if (count >= k && count <= kCapacity) {
+    if (count <= kCapacity) {
         uint32_t *keys = reinterpret_cast<uint32_t *>(resolve_shared);
         int *positions = reinterpret_cast<int *>(keys + kCapacity);
         for (int j = threadIdx.x; j < count; j += kThreads) {
@@ -209,16 +248,22 @@ __global__ __launch_bounds__(kThreads, 1) void filter_kernel(const float *__rest
             positions[j] = position, keys[j] = order_key(values[position]);
         }
         __syncthreads();
-        select_exactly(
+        select_in_bin(
             [&](auto f) {
                 for (int j = threadIdx.x; j < count; j += kThreads) f(keys[j], positions[j]);
             },
-            hist, k, dst);
+            hist, threshold, k - above, dst + above);
     } else {
         if (threadIdx.x == 0) atomicAdd(fallbacks, 1);
-        select_exactly([&](auto f) { for_each_key(values, 0, n, f); }, hist, k, dst);
+        select_in_bin(
+            [&](auto f) {
+                for_each_key(values, 0, n, [&](uint32_t key, int i) {
+                    if ((key >> kLowShift) == threshold) f(key, i);
+                });
+            },
+            hist, threshold, k - above, dst + above);
     }
-    if (threadIdx.x == 0) row_state[kArrivedFilter] = 0, row_state[kCandidates] = 0, row_state[kFloor] = 0;
+    for (int i = threadIdx.x; i < kStateInts; i += kThreads) row_state[i] = 0;
 }
 
 }  // namespace
@@ -227,19 +272,16 @@ extern "C" int dsa_split_select_state_ints(int rows) { return rows * (kBins + kS
 
 extern "C" int dsa_split_select_capacity() { return kCapacity; }  // candidates a row
 
-extern "C" int dsa_split_select_sample_stride() { return kSampleStride; }
-
 // `state` holds `dsa_split_select_state_ints(rows)` int32, zero before the first call (each call leaves it zero);
 // `candidates` holds rows * capacity int32; `fallbacks` one int32 the calls add their whole-row selections to.
-// `chunk`: the scores a CTA takes, a positive multiple of 4; `sample_rank`: the sampled scores a floor keeps above.
+// `chunk`: the scores a CTA takes, a positive multiple of 4.
 extern "C" int dsa_split_select(const float *logits, int64_t stride, const int *lengths, int rows, int width, int k,
-                                int max_len, int chunk, int sample_rank, int *out, int *state, int *candidates,
-                                int *fallbacks, void *stream, char *message, size_t message_len) {
-    if (rows < 0 || width < 0 || k < 1 || stride < width || chunk < 4 || chunk % 4 || sample_rank < 1 ||
-        max_len < 0) {
-        snprintf(message, message_len, "rows=%d, width=%d, k=%d, stride=%lld, chunk=%d, sample_rank=%d, max_len=%d: "
-                 "rows, width, max_len >= 0, k >= 1, stride >= width, chunk a positive multiple of 4, sample_rank >= 1",
-                 rows, width, k, static_cast<long long>(stride), chunk, sample_rank, max_len);
+                                int max_len, int chunk, int *out, int *state, int *candidates, int *fallbacks,
+                                void *stream, char *message, size_t message_len) {
+    if (rows < 0 || width < 0 || k < 1 || stride < width || chunk < 4 || chunk % 4 || max_len < 0) {
+        snprintf(message, message_len, "rows=%d, width=%d, k=%d, stride=%lld, chunk=%d, max_len=%d: rows, width, "
+                 "max_len >= 0, k >= 1, stride >= width, chunk a positive multiple of 4",
+                 rows, width, k, static_cast<long long>(stride), chunk, max_len);
         return 1;
     }
     if (rows == 0) return 0;
@@ -248,7 +290,7 @@ extern "C" int dsa_split_select(const float *logits, int64_t stride, const int *
         return 1;
     }
     const cudaError_t opted_in =  // per device, so every call (a host call: no stream work, fine in a capture)
-        cudaFuncSetAttribute(filter_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kResolveShared);
+        cudaFuncSetAttribute(collect_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kResolveShared);
     if (opted_in != cudaSuccess) {
         snprintf(message, message_len, "split_select: %zu B of shared memory refused: %s", kResolveShared,
                  cudaGetErrorString(opted_in));
@@ -258,10 +300,9 @@ extern "C" int dsa_split_select(const float *logits, int64_t stride, const int *
     const dim3 grid((span + chunk - 1) / chunk, rows);
     int *hist = state + static_cast<int64_t>(rows) * kStateInts;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (span > kCapacity)
-        estimate_kernel<<<grid, kThreads, 0, s>>>(logits, stride, lengths, width, k, chunk, sample_rank, hist, state);
-    filter_kernel<<<grid, kThreads, kResolveShared, s>>>(logits, stride, lengths, width, k, chunk, out, state,
-                                                         candidates, fallbacks);
+    count_kernel<<<grid, kThreads, 0, s>>>(logits, stride, lengths, width, k, chunk, hist, state);
+    collect_kernel<<<grid, kThreads, kResolveShared, s>>>(logits, stride, lengths, width, k, chunk, out, state,
+                                                          candidates, fallbacks);
     const cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) {
         snprintf(message, message_len, "split_select launch: %s", cudaGetErrorString(status));
