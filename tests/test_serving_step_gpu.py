@@ -96,15 +96,14 @@ def test_the_fused_step_picks_from_gluons_logits_and_replays_in_a_graph() -> Non
             for la in metadata.launches
         ]
         step = timed_step("logits+topk", fused, calls, batch.max_seq_len)
+        outputs = timed_step("logits", gluon, calls, batch.max_seq_len)()
         eager = [picks.clone() for picks in step()]
+        assert check_topk(metadata, outputs, eager, 2048).equal, f"next_n={next_n}: eager"
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             captured = step()
-        for _ in range(2):
+        for replay in range(2):  # tie-aware: equal scores may be picked in another order, or others of them
             graph.replay()
             torch.cuda.synchronize()
-            for got, want in zip(captured, eager, strict=True):
-                assert torch.equal(got.sort(dim=1).values, want.sort(dim=1).values)
-        outputs = timed_step("logits", gluon, calls, batch.max_seq_len)()
-        assert check_topk(metadata, outputs, eager, 2048).equal, f"next_n={next_n}"
+            assert check_topk(metadata, outputs, captured, 2048).equal, f"next_n={next_n}: replay {replay}"
         assert not any(bool(select.state.any()) for select in fused._selects.values())

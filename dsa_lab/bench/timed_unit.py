@@ -44,6 +44,8 @@ from dsa_lab.topk import (
     topk_per_row,
 )
 
+FUSED_KERNEL = "fused ("  # how a fused backend's rows name their top-k kernel: 'fused (<backend>)'
+
 
 def timed_step(
     unit: str,
@@ -181,7 +183,7 @@ def _check_fused(
         compare_selections(gather_selections(metadata, list(calls)), expected, logits, atol=bound * scale, rtol=0.0)
         for calls in (selections, again)
     ]
-    return TopkCheck(min(agreements, key=lambda a: a.rows_equal), poisoned_out, f"fused ({backend.name})")
+    return TopkCheck(min(agreements, key=lambda a: a.rows_equal), poisoned_out, f"{FUSED_KERNEL}{backend.name})")
 
 
 def check_topk(

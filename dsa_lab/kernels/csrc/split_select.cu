@@ -12,9 +12,10 @@
 //     the candidates the threshold bin owes by the key's low 20 bits (two 10-bit digits in shared memory), from
 //     the whole row instead when they overflowed the buffer (counted in `fallbacks`).
 //
-// Round 15 measured the three designs on the H100 (lab notes): counting every score, then collecting through
-// global atomics a warp; counting a sample for a floor, then filtering; and this one, whose collecting pass
-// touches L2 once a CTA. A row of at most k tokens writes its positions and -1 after. Picks are in no order.
+// Round 15 measured the designs on the H100 (lab notes): counting every score, then collecting through global
+// atomics a warp; counting a sample for a floor, then filtering; this one, whose collecting pass touches L2 once
+// a CTA; and this one with four loads a thread in flight and each launch started early (programmatic dependent
+// launch: it waits for the kernel before it inside, not in the stream). A row of at most k tokens writes its positions and -1 after. Picks are in no order.
 // No host synchronisation and no cooperative launch: a CUDA graph captures it, and a CTA never waits for
 // another. The state (histograms, counters) must be zero before the first call; every call leaves it so.
 
@@ -32,6 +33,7 @@ constexpr int kBins = 1 << kTopBits;  // the threshold bin's digit
 constexpr int kLowShift = 32 - kTopBits;
 constexpr int kLowBins = 1 << 10;  // the low 20 bits: two digits
 constexpr int kStaged = 2048;      // positions a CTA stages a list before writing it out
+constexpr int kUnroll = 4;         // float4 loads a thread keeps in flight
 constexpr int kCapacity = 8192;    // candidates a row, all staged in shared memory by the resolving CTA
 constexpr size_t kResolveShared = kCapacity * (sizeof(uint32_t) + sizeof(int));
 
@@ -50,19 +52,40 @@ __device__ __forceinline__ int row_length(const int *lengths, int row, int width
     return min(min(max(lengths[row], 0), width), static_cast<int>(gridDim.x) * chunk);
 }
 
-// Calls f(key, position) for every position of [begin, end) of `row`, four scores a thread a step.
+// Calls f(key, position) for every position of [begin, end) of `row`: kUnroll float4 loads a thread in flight
+// before any is used (a streaming pass over a serving batch's rows is bound by the loads in flight), then four
+// scores each.
 template <class F>
 __device__ __forceinline__ void for_each_key(const float *__restrict__ row, int begin, int end, F f) {
+    constexpr int kStep = 4 * kThreads;  // the CTA's scores a float4 load
     const bool aligned = (reinterpret_cast<uintptr_t>(row + begin) & 15) == 0;
-    for (int i = begin + 4 * static_cast<int>(threadIdx.x); i < end; i += 4 * kThreads) {
-        if (aligned && i + 3 < end) {
-            const float4 q = *reinterpret_cast<const float4 *>(row + i);
-            f(order_key(q.x), i), f(order_key(q.y), i + 1), f(order_key(q.z), i + 2), f(order_key(q.w), i + 3);
-        } else {
-            for (int j = i; j < min(i + 4, end); ++j) f(order_key(row[j]), j);
+    for (int base = begin + 4 * static_cast<int>(threadIdx.x); base < end; base += kStep * kUnroll) {
+        float4 q[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const int i = base + u * kStep;
+            if (aligned && i + 3 < end) {
+                q[u] = *reinterpret_cast<const float4 *>(row + i);
+            } else {
+                q[u].x = i < end ? row[i] : 0.0f, q[u].y = i + 1 < end ? row[i + 1] : 0.0f;
+                q[u].z = i + 2 < end ? row[i + 2] : 0.0f, q[u].w = i + 3 < end ? row[i + 3] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const int i = base + u * kStep;
+            if (i < end) f(order_key(q[u].x), i);
+            if (i + 1 < end) f(order_key(q[u].y), i + 1);
+            if (i + 2 < end) f(order_key(q[u].z), i + 2);
+            if (i + 3 < end) f(order_key(q[u].w), i + 3);
         }
     }
 }
+
+// Programmatic dependent launch (sm_90): a kernel launched with it starts while the one before it finishes and
+// waits here, before its first read, for that one's writes; `let_next_start` lets the next kernel's CTAs start.
+__device__ __forceinline__ void wait_for_previous_kernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void let_next_start() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
 // A list of positions a CTA gathers in shared memory, then writes out with one global atomic (`flush`); past
 // kStaged it writes straight to global memory, an atomic a position.
@@ -184,6 +207,8 @@ __global__ __launch_bounds__(kThreads) void count_kernel(const float *__restrict
                                                          int chunk, int *__restrict__ hist, int *__restrict__ state) {
     __shared__ int local[kBins];
     __shared__ int threshold, above;
+    wait_for_previous_kernel();
+    let_next_start();
     const int row = blockIdx.y, n = row_length(lengths, row, width, chunk), begin = blockIdx.x * chunk;
     if (n <= k || begin >= n) return;
     for (int b = threadIdx.x; b < kBins; b += kThreads) local[b] = 0;
@@ -210,6 +235,7 @@ __global__ __launch_bounds__(kThreads, 1) void collect_kernel(const float *__res
     extern __shared__ unsigned char resolve_shared[];
     __shared__ int staged_above[kStaged], staged_in_bin[kStaged], hist[kLowBins];
     __shared__ int count_above, count_in_bin, base;
+    wait_for_previous_kernel();
     const int row = blockIdx.y, n = row_length(lengths, row, width, chunk), begin = blockIdx.x * chunk;
     int *dst = out + static_cast<int64_t>(row) * k;
     if (n <= k) {
@@ -300,10 +326,18 @@ extern "C" int dsa_split_select(const float *logits, int64_t stride, const int *
     const dim3 grid((span + chunk - 1) / chunk, rows);
     int *hist = state + static_cast<int64_t>(rows) * kStateInts;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    count_kernel<<<grid, kThreads, 0, s>>>(logits, stride, lengths, width, k, chunk, hist, state);
-    collect_kernel<<<grid, kThreads, kResolveShared, s>>>(logits, stride, lengths, width, k, chunk, out, state,
-                                                          candidates, fallbacks);
-    const cudaError_t status = cudaGetLastError();
+    cudaLaunchAttribute early[1];
+    early[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    early[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid, config.blockDim = dim3(kThreads), config.stream = s;
+    config.attrs = early, config.numAttrs = 1;
+    cudaError_t status = cudaLaunchKernelEx(&config, count_kernel, logits, stride, lengths, width, k, chunk, hist, state);
+    config.dynamicSmemBytes = kResolveShared;
+    if (status == cudaSuccess)
+        status = cudaLaunchKernelEx(&config, collect_kernel, logits, stride, lengths, width, k, chunk, out, state,
+                                    candidates, fallbacks);
+    if (status == cudaSuccess) status = cudaGetLastError();
     if (status != cudaSuccess) {
         snprintf(message, message_len, "split_select launch: %s", cudaGetErrorString(status));
         return 1;
