@@ -14,6 +14,7 @@ from dsa_lab.axes import TIMED_UNITS
 from dsa_lab.batch.acceptance import AcceptanceSpec, accepted_batch
 from dsa_lab.batch.plan import DEEPSEEK_V32_MAX_MODEL_LEN, LaunchPlan
 from dsa_lab.batch.workload import ContextSpec, random_inputs
+from dsa_lab.bench.presets import SERVING_ACCEPTANCE
 from dsa_lab.bench.timed_unit import check_topk, timed_step
 from dsa_lab.bench.timing import TimingConfig, time_step
 from dsa_lab.decode import check_launches, launch_call, native_sizes_for, pack_launch, scheduled
@@ -85,8 +86,8 @@ def test_the_fused_step_picks_from_gluons_logits_and_replays_in_a_graph() -> Non
     if not fused.availability(device).ok:
         pytest.skip(f"gluon-fused: {fused.availability(device).reason}")
     seq_lens = (*ContextSpec.parse("mixed:2048-131072").seq_lens(15, 0), 1000)  # one shorter than k
-    for next_n in (1, 3, 4):
-        batch = accepted_batch(seq_lens, AcceptanceSpec.parse("v4flash-vllm41044"), next_n, seed=next_n)
+    for next_n, curve in ((1, "v4flash-vllm41044"), *SERVING_ACCEPTANCE[1:3]):  # n = 1, 3 and 4
+        batch = accepted_batch(seq_lens, AcceptanceSpec.parse(curve), next_n, seed=next_n)
         inputs = random_inputs(batch, seed=2, device=device)
         plan = LaunchPlan(batch.seq_lens, batch.max_decode_len, "native", decode_lens=batch.decode_lens,
                           logits_width=DEEPSEEK_V32_MAX_MODEL_LEN)  # fmt: skip
