@@ -52,6 +52,16 @@ def fused_step_table(results: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+RESULT_COLUMNS = ("fused", "fused_us", "best", "best_us", "ratio", "goal", "met")
+
+
+def shown_columns(table: pd.DataFrame) -> list[str]:
+    """What a table for people shows of `fused_step_table`: the step's axes, every other axis that varies, then the
+    results."""
+    point = [c for c in axes.POINT_KEYS if c in table and (c in axes.STEP_KEYS or table[c].nunique() > 1)]
+    return [*point, *(c for c in RESULT_COLUMNS if c in table)]
+
+
 def fused_reading(table: pd.DataFrame) -> str:
     """Markdown: where the fused step met issue 27's goals, where it missed, and its range against the best
     unfused step."""

@@ -82,9 +82,12 @@ def route_ratio(split: pd.DataFrame) -> pd.DataFrame:
 
 def one_chart(split: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """The rows of `split` one chart draws (one context, timer and top-k: `SHOWN_FIRST`'s where the run has them,
-    else its first), and a note naming the others the run holds ('' when it holds none)."""
+    else its first; an axis the frame lacks is not chosen on), and a note naming the others the run holds ('' when
+    it holds none)."""
     picked, others = split, []
     for axis, preferred in SHOWN_FIRST.items():
+        if axis not in picked:
+            continue
         values = list(dict.fromkeys(picked[axis]))
         value = preferred if preferred in values else values[0]
         others += [f"{axis} {v}" for v in values if v != value]

@@ -82,6 +82,11 @@ def family_of(name: str) -> tuple[str, ...]:
     return tuple(n for n, b in _BACKENDS.items() if b.family == family)
 
 
+def fused_backends() -> tuple[str, ...]:
+    """The backends whose unit is the whole step (`fuses_topk`: logits and top-k in one call), in registration order."""
+    return tuple(n for n, b in _BACKENDS.items() if b.fuses_topk)
+
+
 def preset_backends(preset: str) -> tuple[str, ...]:
     """The backends that join a sweep preset, in registration order."""
     return tuple(n for n, b in _BACKENDS.items() if preset in b.presets)

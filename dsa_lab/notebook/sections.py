@@ -17,7 +17,7 @@ import pandas as pd
 
 from dsa_lab import axes
 from dsa_lab.analysis.frames import one_view
-from dsa_lab.kernels import vllm_backend
+from dsa_lab.kernels import fused_backends, vllm_backend
 from dsa_lab.markup import md_code
 from dsa_lab.notebook.runs import (
     SWEEP_HOW,
@@ -190,6 +190,12 @@ WHOLE_STEP = Section(
 VLLM_STEP = Section(
     "step split with vLLM's top-k",  # notebook 02's split of each option's step into its logits and its top-k
     {"backend": (vllm_backend().name,), "timed": ("logits", "logits+topk"), "topk_impl": ("vllm",)},
+    how=STEP_HOW,
+    cards=SM90_CARDS,
+)
+FUSED_STEP = Section(
+    "fused step",  # issue 27: a fused backend's whole step beside every unfused option's logits and vLLM's top-k
+    {"backend": (*fused_backends()[:1], vllm_backend().name), "timed": ("logits+topk",), "topk_impl": ("vllm",)},
     how=STEP_HOW,
     cards=SM90_CARDS,
 )

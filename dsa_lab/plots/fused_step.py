@@ -1,5 +1,5 @@
-"""Issue 27's fused step against the best unfused one (logits, then vLLM's top-k), per batch size: notebook 03's
-chart and table. Drawing only: the frame comes from `analysis.fused_step`."""
+"""Issue 27's fused step against the best unfused one (logits, then vLLM's top-k), per batch size, with the issue's
+goals: notebook 03's chart and table. Drawing only: the frame comes from `analysis.fused_step`."""
 
 from __future__ import annotations
 
@@ -8,37 +8,42 @@ import pandas as pd
 from matplotlib.figure import Figure
 from pandas.io.formats.style import Styler
 
+from dsa_lab.analysis.fused_step import shown_columns
 from dsa_lab.analysis.labels import axis_value_title
 from dsa_lab.plots.style import FOOTER_STYLE, backend_color, backend_marker
 from dsa_lab.plots.tables import FoldedTable, folded
 
-UNFUSED_COLOR = "0.35"
+UNFUSED_COLOR = "0.35"  # the unfused step: the line at 1
+GOAL_COLOR = "#d62728"
 
 
 def plot_fused_step(table: pd.DataFrame, footer: str = "") -> Figure:
-    """One panel per next_n: at each batch size the fused step and the best unfused step (µs, log scale), each
-    fused point labelled with its ratio to the unfused one. `table`: one context and timer of
-    `analysis.fused_step.fused_step_table`."""
+    """One panel per next_n: at each batch size the fused step over the best unfused step (logits, then vLLM's
+    top-k; below 1 the fused step is faster), issue 27's goal for it where it sets one (red ticks), and under each
+    batch the best unfused step in µs. `table`: one context and timer of `analysis.fused_step.fused_step_table`."""
     panels = sorted(table["next_n"].unique())
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 0.6, 3.6), squeeze=False, sharey=True)
     for ax, next_n in zip(axes[0], panels):
         panel = table[table["next_n"] == next_n].sort_values("batch")
-        best = panel.drop_duplicates("batch")
-        ax.plot(best["batch"], best["best_us"], color=UNFUSED_COLOR, linestyle="--", marker="o", markersize=4,
-                label="best unfused option + vLLM's top-k")  # fmt: skip
+        batches = list(dict.fromkeys(panel["batch"]))
+        xs = {batch: i for i, batch in enumerate(batches)}
         for fused, rows in panel.groupby("fused", sort=False):
-            ax.plot(rows["batch"], rows["fused_us"], color=backend_color(fused), marker=backend_marker(fused),
-                    markersize=7, label=f"{fused} (fused step)")  # fmt: skip
-            for batch, us, ratio in zip(rows["batch"], rows["fused_us"], rows["ratio"]):
-                ax.annotate(f"{ratio:.2f}×", (batch, us), textcoords="offset points", xytext=(0, 7), ha="center",
-                            fontsize=7)  # fmt: skip
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(list(best["batch"]), [str(b) for b in best["batch"]])
-        ax.set_xlabel("B (requests a step)")
+            ax.plot([xs[b] for b in rows["batch"]], rows["ratio"], color=backend_color(fused),
+                    marker=backend_marker(fused), markersize=7, label=f"{fused}: its step / the best unfused step")  # fmt: skip
+            for batch, ratio in zip(rows["batch"], rows["ratio"]):
+                ax.annotate(f"{ratio:.2f}", (xs[batch], ratio), textcoords="offset points", xytext=(0, 7),
+                            ha="center", fontsize=7)  # fmt: skip
+        goals = panel.dropna(subset=["goal"]).drop_duplicates("batch")
+        ax.scatter([xs[b] for b in goals["batch"]], goals["goal"], marker="_", s=400, color=GOAL_COLOR, zorder=3,
+                   label="issue 27's goal (at most)")  # fmt: skip
+        best = panel.drop_duplicates("batch").set_index("batch")["best_us"]
+        ax.set_xticks(range(len(batches)), [f"{b}\n{best[b]:.0f} µs" for b in batches], fontsize=8)
+        ax.axhline(1.0, color=UNFUSED_COLOR, linewidth=0.8, linestyle=":")
+        ax.set_xlabel("B (the best unfused step)")
         ax.set_title(f"next_n = {next_n}", fontsize=10)
-        ax.grid(alpha=0.3, which="both")
-    axes[0][0].set_ylabel("step time (µs)")
+        ax.grid(axis="y", alpha=0.3)
+        ax.margins(y=0.1)  # a goal's tick is never drawn on the frame
+    axes[0][0].set_ylabel("fused step / best unfused step")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8, frameon=False)
     first = table.iloc[0]
@@ -56,6 +61,4 @@ def style_fused_step(table: pd.DataFrame) -> FoldedTable:
     def style(rows: pd.DataFrame) -> Styler:
         return rows.style.format(precision=2, na_rep="—", escape="html").hide(axis="index")
 
-    shown = [c for c in ("context", "timer", "batch", "next_n", "fused", "fused_us", "best", "best_us", "ratio",
-                         "goal", "met") if c in table]  # fmt: skip
-    return folded(table[shown], style, "The fused step against the best unfused one, every workload")
+    return folded(table[shown_columns(table)], style, "The fused step against the best unfused one, every workload")
