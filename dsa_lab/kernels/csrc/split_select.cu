@@ -12,10 +12,11 @@
 //     the candidates the threshold bin owes by the key's low 20 bits (two 10-bit digits in shared memory), from
 //     the whole row instead when they overflowed the buffer (counted in `fallbacks`).
 //
-// Round 15 measured the designs on the H100 (lab notes): counting every score, then collecting through global
-// atomics a warp; counting a sample for a floor, then filtering; this one, whose collecting pass touches L2 once
-// a CTA; and this one with four loads a thread in flight and each launch started early (programmatic dependent
-// launch: it waits for the kernel before it inside, not in the stream). A row of at most k tokens writes its positions and -1 after. Picks are in no order.
+// Round 15 measured four designs on the H100 (lab notes): counting every score, then collecting through global
+// atomics a warp; counting a sample for a floor, then filtering; counting every score, then staging the
+// collected lists in shared memory (an L2 atomic a list a CTA); and, this file, the third with four loads a
+// thread in flight and each launch started early (programmatic dependent launch: a kernel waits for the one
+// before it inside, not in the stream). A row of at most k tokens writes its positions and -1 after. Picks are in no order.
 // No host synchronisation and no cooperative launch: a CUDA graph captures it, and a CTA never waits for
 // another. The state (histograms, counters) must be zero before the first call; every call leaves it so.
 

@@ -3,10 +3,11 @@
 Gluon's logits kernel writes a launch's scores into a scratch the size of its scored columns, and our split
 select (`kernels.split_select`: every row over many CTAs, a histogram merged through L2 atomics, then a collecting
 pass) picks each row's best k from it in the same stream: three launches, no host synchronisation, one CUDA
-graph. At B <= 16 the scratch (at most 1-17 MB) stays in the H100's 50 MB L2 between the launches, so the
-logits never reach HBM there; at serving batches they do, and this step is the L2 hand-off design of lab notes
-round 15, not yet the logits-and-histogram kernel the round's next step names. Its picks are what vLLM's
-`SparseIndexerTopk` writes: int32 `[rows, k]`, -1 past a short row, in no order.
+graph. At B <= 16 the scratch is a few MB (3.6 MB on mixed 2K-128K contexts at next_n = 3), small enough to stay
+in the H100's 50 MB L2 between the launches (whether any line reaches HBM was not measured); at serving batches
+it is not. This is the L2 hand-off design of lab notes round 15, not yet the logits-and-histogram kernel the
+round's next step names. Its picks are what vLLM's `SparseIndexerTopk` writes: int32 `[rows, k]`, -1 past a short
+row, in no order.
 """
 
 from __future__ import annotations
