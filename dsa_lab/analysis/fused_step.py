@@ -12,12 +12,13 @@ import pandas as pd
 
 from dsa_lab import axes
 from dsa_lab.analysis.frames import ok_rows
+from dsa_lab.analysis.step_split import STEP
 from dsa_lab.bench.timed_unit import FUSED_KERNEL
 
-STEP = "logits+topk"
 # Issue 27's goals: at most this share of the best unfused step at each batch size, for these next_n.
 GOALS = {1: 0.70, 16: 0.70, 64: 0.90, 128: 0.90}
 GOAL_NEXT_N = (1, 3, 4)
+RESULT_COLUMNS = ("fused", "fused_us", "best", "best_us", "ratio", "goal", "met")  # beside each workload's axes
 
 
 def goal_for(batch: int, next_n: int) -> float | None:
@@ -33,7 +34,7 @@ def fused_step_table(results: pd.DataFrame) -> pd.DataFrame:
     ok = ok_rows(results)
     steps = ok[(ok["timed"] == STEP) & (ok["timer"] != "replay")]
     if steps.empty or "topk_kernel" not in steps:
-        return pd.DataFrame(columns=["fused", "batch", "next_n", "fused_us", "best", "best_us", "ratio", "goal", "met"])
+        return pd.DataFrame(columns=list(RESULT_COLUMNS))
     is_fused = steps["topk_kernel"].astype(str).str.startswith(FUSED_KERNEL)
     unfused = steps[~is_fused & (steps["topk_impl"] == "vllm")]
     workload = [c for c in axes.POINT_KEYS if c in steps.columns and c not in ("timed", "topk_impl")]
@@ -50,9 +51,6 @@ def fused_step_table(results: pd.DataFrame) -> pd.DataFrame:
     return table.sort_values([*(c for c in ("context", "timer") if c in table), "next_n", "batch"]).reset_index(
         drop=True
     )
-
-
-RESULT_COLUMNS = ("fused", "fused_us", "best", "best_us", "ratio", "goal", "met")
 
 
 def shown_columns(table: pd.DataFrame) -> list[str]:
