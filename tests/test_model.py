@@ -41,9 +41,13 @@ def test_fits_are_what_the_shipped_sweeps_give(h200_points):
     assert {**calibration.fit_efficiencies(points), **calibration.fit_efficiencies(later)} == fits()
     # every backend with a kernel to model declares its fits; the one without says so
     assert set(modeled_backends()) == {b for b in backend_names() if get_backend(b).model_traits}
+    fused = {name: get_backend(name) for name in backend_names() if get_backend(name).fuses_topk}
     assert unmodeled("sm90") == {
-        "reference": "backend 'reference' declares no model_traits (how its kernel spends its work)"
-    }
+        "reference": "backend 'reference' declares no model_traits (how its kernel spends its work)",
+        **{name: f"backend {name!r} fuses the top-k: its unit is the step, and the model times logits kernels"
+           for name in fused},
+    }  # fmt: skip
+    assert fused and not any(b.model_traits or b.model_fits for b in fused.values())
 
 
 def test_the_model_names_what_it_cannot_time(monkeypatch):

@@ -64,7 +64,9 @@ def unmodeled(arch: str) -> dict[str, str]:
     out = {}
     for name in backend_names():
         backend = get_backend(name)
-        if not backend.model_traits:
+        if backend.fuses_topk:
+            out[name] = f"backend {name!r} fuses the top-k: its unit is the step, and the model times logits kernels"
+        elif not backend.model_traits:
             out[name] = f"backend {name!r} declares no model_traits (how its kernel spends its work)"
         elif arch not in backend.model_traits:
             out[name] = f"backend {name!r} has no kernel on {arch} to model (it models {sorted(backend.model_traits)})"

@@ -12,13 +12,14 @@ row, in no order.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 
 from dsa_lab.errors import BackendUnavailable
 from dsa_lab.kernels.convention import LogitsCall
-from dsa_lab.kernels.descriptor import RULE, Availability
+from dsa_lab.kernels.descriptor import RULE, Availability, KernelFit, ModelTraits
 from dsa_lab.kernels.gluon.launch import GluonNativeBackend
 from dsa_lab.kernels.registry import register_backend
 from dsa_lab.kernels.split_select import SPLIT_SELECT, SplitSelect
@@ -34,6 +35,10 @@ class GluonFusedBackend(GluonNativeBackend):
     color = "#17becf"
     presets = ("step",)
     fuses_topk = True
+    # The performance model times a logits kernel; this backend's unit is the step, so it models nothing (and its
+    # logits kernel is `gluon`'s, modeled there).
+    model_traits: ClassVar[Mapping[str, ModelTraits]] = {}
+    model_fits: ClassVar[Mapping[str, KernelFit]] = {}
 
     def __init__(self) -> None:
         self._selects: dict[tuple[int, int, int], SplitSelect] = {}
