@@ -80,8 +80,9 @@ def compile_case(kind: str, next_n: int) -> dict:
     if kind == "fused":  # issue 27's step: Gluon's kernel and the split select's library, built into a temp dir
         import tempfile
 
-        os.environ["DSA_LAB_SPLIT_SELECT"] = tempfile.mkdtemp(prefix="split_select_")
-        described, kernel = get_backend("gluon-fused").compile_ahead(90, next_n, HEADS, HEAD_DIM)
+        with tempfile.TemporaryDirectory(prefix="split_select_") as folder:  # gone after: the disk as it was
+            os.environ["DSA_LAB_SPLIT_SELECT"] = folder
+            described, kernel = get_backend("gluon-fused").compile_ahead(90, next_n, HEADS, HEAD_DIM)
         return {"kind": kind, "next_n": next_n, "config": described, **resource_counts(kernel)}
     if kind != "gluon":  # the schedule or the tail fill, plain Triton
         return {
