@@ -11,11 +11,11 @@ atomic a list, and the last CTA of the row picks what the bin owes exactly (lab 
 from __future__ import annotations
 
 import ctypes
-import functools
 from pathlib import Path
 
 import torch
 
+from dsa_lab.kernels.convention import num_sms
 from dsa_lab.kernels.nvcc import CudaSource
 
 SPLIT_SELECT = CudaSource(Path(__file__).parent / "csrc" / "split_select.cu", "DSA_LAB_SPLIT_SELECT")
@@ -42,11 +42,6 @@ def _bind(library: ctypes.CDLL) -> ctypes.CDLL:
     return library
 
 
-@functools.cache
-def _sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 class SplitSelect:
     """One step shape's selection, `(logits, lengths, max_seq_len) -> int32 [rows, k]` (-1 past a short row, in no
     order): its output, its state (zeroed here; each call leaves it zero), its candidates and `fallbacks` (rows
@@ -56,7 +51,7 @@ class SplitSelect:
 
     def __init__(self, rows: int, k: int, device: torch.device) -> None:
         self.library, self.rows, self.k = _bind(SPLIT_SELECT.load(device)), rows, k
-        self.sms = _sms(device.index if device.index is not None else torch.cuda.current_device())
+        self.sms = num_sms(device.index if device.index is not None else torch.cuda.current_device())
         self.out = torch.empty((rows, k), dtype=torch.int32, device=device)
         self.state = torch.zeros(self.library.dsa_split_select_state_ints(rows), dtype=torch.int32, device=device)
         capacity = self.library.dsa_split_select_capacity()
